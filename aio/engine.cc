@@ -1,0 +1,599 @@
+// The strata_aio front end: validates requests, splits them into pieces,
+// spreads the pieces over the rings and tracks their completion. The
+// backends (uring_backend.cc, thread_backend.cc) only move pieces.
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "aio/internal.h"
+
+namespace strata::aio {
+
+using internal::FileImpl;
+using internal::Op;
+using internal::Piece;
+
+std::string_view BackendName(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kIoUring:
+      return "io_uring";
+    case Backend::kThreads:
+      return "threads";
+  }
+  return "unknown";
+}
+
+Result<Backend> ParseBackend(std::string_view name) {
+  if (name == "auto") return Backend::kAuto;
+  if (name == "io_uring" || name == "uring") return Backend::kIoUring;
+  if (name == "threads") return Backend::kThreads;
+  return Status(StatusCode::kInvalidArgument,
+                "unknown aio backend '" + std::string(name) +
+                    "'; use auto, io_uring or threads");
+}
+
+namespace internal {
+
+Handle MakeHandle(Op* op) { return Handle(op); }
+
+void RefOp(Op* op) { op->refs.fetch_add(1, std::memory_order_relaxed); }
+
+void UnrefOp(Op* op) {
+  if (op->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete op;
+}
+
+// Note [EAGAIN budget]
+// EAGAIN and EINTR mean "try again", but a device that answers EAGAIN
+// forever would spin a ring thread at 100%. After this many consecutive
+// retries of one piece we give up and report the errno.
+constexpr uint32_t kMaxRetries = 10000;
+
+Progress Advance(Piece& piece, int result, int* err) {
+  if (result == -EINTR || result == -EAGAIN) {
+    if (++piece.retries > kMaxRetries) {
+      *err = -result;
+      return Progress::kFailed;
+    }
+    return Progress::kResubmit;
+  }
+  if (result < 0) {
+    *err = -result;
+    return Progress::kFailed;
+  }
+  if (result == 0) {
+    // No progress: a read at end of file, or a device that wrote nothing.
+    *err = piece.op->write ? EIO : ENODATA;
+    return Progress::kFailed;
+  }
+  piece.retries = 0;
+  piece.done += static_cast<uint32_t>(result);
+  return piece.done >= piece.len ? Progress::kDone : Progress::kResubmit;
+}
+
+uint32_t NextLength(const Piece& piece) {
+  const uint32_t rest = piece.len - piece.done;
+  FaultInjector* fi = piece.op->injector;
+  if (fi == nullptr) return rest;
+  const uint32_t n =
+      fi->SubmitLength(piece.op->write, piece.offset + piece.done, rest);
+  return n == 0 || n > rest ? rest : n;
+}
+
+namespace {
+
+// The kernel's result as the fault injector rewrites it (and the data, for
+// reads, as it corrupts it).
+int FilterResult(const Piece& piece, uint32_t submitted, int result) {
+  FaultInjector* fi = piece.op->injector;
+  if (fi == nullptr) return result;
+  const uint64_t offset = piece.offset + piece.done;
+  result = fi->CompletionResult(piece.op->write, offset, submitted, result);
+  if (!piece.op->write && result > 0) {
+    fi->AfterRead(offset, piece.buf + piece.done,
+                  static_cast<uint32_t>(result));
+  }
+  return result;
+}
+
+}  // namespace
+
+// Defined below, once Engine::Impl is complete.
+void CompletePiece(Piece* piece, int err);
+
+bool Settle(Piece* piece, uint32_t submitted, int result) {
+  int err = 0;
+  switch (Advance(*piece, FilterResult(*piece, submitted, result), &err)) {
+    case Progress::kResubmit:
+      return true;
+    case Progress::kDone:
+      CompletePiece(piece, 0);
+      return false;
+    case Progress::kFailed:
+      CompletePiece(piece, err);
+      return false;
+  }
+  return false;
+}
+
+void Counters::AddTo(EngineStats* s) const {
+  s->transfers += transfers.load(std::memory_order_relaxed);
+  s->resubmits += resubmits.load(std::memory_order_relaxed);
+  s->fixed_buffer += fixed_buffer.load(std::memory_order_relaxed);
+  s->fixed_file += fixed_file.load(std::memory_order_relaxed);
+  s->batches += batches.load(std::memory_order_relaxed);
+}
+
+}  // namespace internal
+
+class Engine::Impl {
+ public:
+  explicit Impl(const EngineOptions& options) : options_(options) {}
+  ~Impl();
+
+  Status Init();
+  Result<File*> OpenFile(const std::string& path, const FileOptions& options);
+  Status CloseFile(File* file);
+  Status RegisterBuffer(void* data, size_t bytes);
+  Status UnregisterBuffer(void* data);
+  Result<Handle> Submit(Request request);
+  Status WaitAll();
+  void Finish(Op* op);
+  EngineStats stats() const { return backend_->stats(); }
+
+  EngineOptions options_;
+  EngineInfo info_;
+
+ private:
+  struct Registered {
+    uintptr_t owner;  // the address RegisterBuffer() was given
+    uintptr_t start;
+    size_t bytes;
+    int index;  // -1 when the rings refused it
+  };
+  Status Validate(const Request& r, FileImpl* file) const;
+  int BufferIndex(const void* buf, size_t len) const;
+
+  std::unique_ptr<internal::Backend> backend_;
+  std::mutex files_mu_;
+  std::vector<std::unique_ptr<FileImpl>> files_;  // by slot
+  mutable std::shared_mutex buffers_mu_;
+  std::vector<Registered> buffers_;  // sorted by start
+  std::atomic<uint32_t> next_ring_{0};
+  std::atomic<uint64_t> outstanding_{0};
+  std::mutex error_mu_;
+  Status first_error_;
+  friend class Engine;
+};
+
+namespace {
+
+// Applies STRATA_AIO_BACKEND, which wins over the options.
+Result<Backend> EffectiveBackend(Backend requested) {
+  const char* env = std::getenv("STRATA_AIO_BACKEND");
+  if (env == nullptr || *env == '\0') return requested;
+  Result<Backend> forced = ParseBackend(env);
+  if (!forced.ok()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "STRATA_AIO_BACKEND: " + forced.status().message());
+  }
+  return *forced;
+}
+
+Status ValidateOptions(const EngineOptions& o) {
+  if (o.rings < 1 || o.rings > 64) {
+    return Status(StatusCode::kInvalidArgument,
+                  "aio rings must be 1..64, got " + std::to_string(o.rings));
+  }
+  if (o.queue_depth < 1 || o.queue_depth > 4096) {
+    return Status(StatusCode::kInvalidArgument,
+                  "aio queue_depth must be 1..4096, got " +
+                      std::to_string(o.queue_depth));
+  }
+  if (o.block_size < 4096 || o.block_size % 4096 != 0 ||
+      o.block_size > (size_t{1} << 30)) {
+    return Status(StatusCode::kInvalidArgument,
+                  "aio block_size must be a multiple of 4096 between 4 KiB "
+                  "and 1 GiB, got " +
+                      std::to_string(o.block_size));
+  }
+  return Status::Ok();
+}
+
+void WarnFallbackOnce(const std::string& reason) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::fprintf(stderr,
+                 "strata aio: io_uring unavailable (%s); using the "
+                 "pread/pwrite thread-pool backend\n",
+                 reason.c_str());
+  });
+}
+
+void WarnUnregisteredOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::fprintf(stderr,
+                 "strata aio: the kernel refused to register a buffer "
+                 "(memlock limit?); serving it without fixed buffers\n");
+  });
+}
+
+}  // namespace
+
+Status Engine::Impl::Init() {
+  Status st = ValidateOptions(options_);
+  if (!st.ok()) return st;
+  Result<Backend> backend = EffectiveBackend(options_.backend);
+  if (!backend.ok()) return backend.status();
+  info_.rings = options_.rings;
+  info_.queue_depth = options_.queue_depth;
+  info_.block_size = options_.block_size;
+  if (*backend != Backend::kThreads) {
+    auto uring = internal::CreateUringBackend(options_, &info_);
+    if (uring.ok()) {
+      backend_ = std::move(*uring);
+      info_.backend = Backend::kIoUring;
+    } else if (*backend == Backend::kIoUring) {
+      return uring.status();
+    } else {
+      info_.fallback_reason = uring.status().message();
+      WarnFallbackOnce(info_.fallback_reason);
+    }
+  } else {
+    info_.fallback_reason = "threads backend requested";
+  }
+  if (!backend_) {
+    backend_ = internal::CreateThreadBackend(options_, &info_);
+    info_.backend = Backend::kThreads;
+  }
+  info_.threads = backend_->threads();
+  return Status::Ok();
+}
+
+Engine::Impl::~Impl() {
+  (void)WaitAll();
+  // Join the engine threads before the state they complete into goes away.
+  backend_.reset();
+}
+
+Result<File*> Engine::Impl::OpenFile(const std::string& path,
+                                     const FileOptions& options) {
+  auto file = internal::OpenFileImpl(path, options);
+  if (!file.ok()) return file.status();
+  std::lock_guard<std::mutex> lock(files_mu_);
+  int slot = 0;
+  while (slot < static_cast<int>(files_.size()) && files_[slot]) ++slot;
+  if (slot == static_cast<int>(files_.size())) files_.emplace_back();
+  FileImpl* f = file->get();
+  f->slot = slot;
+  f->fixed = slot < internal::kMaxFixedFiles && options_.use_fixed_files &&
+             backend_->AddFile(slot, f->fd());
+  files_[slot] = std::move(*file);
+  return static_cast<File*>(f);
+}
+
+Status Engine::Impl::CloseFile(File* file) {
+  std::lock_guard<std::mutex> lock(files_mu_);
+  // Look the pointer up before touching it: it may be stale.
+  auto it = std::find_if(files_.begin(), files_.end(),
+                         [&](const auto& f) { return f.get() == file; });
+  if (file == nullptr || it == files_.end()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "CloseFile: not an open file of this engine");
+  }
+  FileImpl* f = it->get();
+  if (f->inflight.load(std::memory_order_acquire) != 0) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "CloseFile('" + f->path() +
+                      "'): requests are still in flight; wait for them "
+                      "first");
+  }
+  if (f->fixed) backend_->RemoveFile(f->slot);
+  it->reset();
+  return Status::Ok();
+}
+
+Status Engine::Impl::RegisterBuffer(void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "RegisterBuffer: null or empty buffer");
+  }
+  const uintptr_t start = reinterpret_cast<uintptr_t>(data);
+  std::unique_lock<std::shared_mutex> lock(buffers_mu_);
+  std::vector<bool> used(internal::kMaxFixedBuffers, false);
+  for (const Registered& r : buffers_) {
+    if (start < r.start + r.bytes && r.start < start + bytes) {
+      return Status(StatusCode::kInvalidArgument,
+                    "RegisterBuffer: range overlaps a registered buffer");
+    }
+    if (r.index >= 0) used[r.index] = true;
+  }
+  // The kernel takes at most 1 GiB per registered buffer.
+  constexpr size_t kMaxChunk = size_t{1} << 30;
+  bool refused = false;
+  int next_free = 0;
+  for (size_t at = 0; at < bytes; at += kMaxChunk) {
+    Registered reg{start, start + at, std::min(kMaxChunk, bytes - at), -1};
+    if (options_.use_fixed_buffers && info_.fixed_buffers && !refused) {
+      while (next_free < internal::kMaxFixedBuffers && used[next_free]) {
+        ++next_free;
+      }
+      if (next_free < internal::kMaxFixedBuffers &&
+          backend_->AddBuffer(next_free, reinterpret_cast<void*>(reg.start),
+                              reg.bytes)) {
+        reg.index = next_free;
+        used[next_free] = true;
+      } else {
+        refused = true;
+      }
+    }
+    auto pos = std::lower_bound(buffers_.begin(), buffers_.end(), reg,
+                                [](const Registered& a, const Registered& b) {
+                                  return a.start < b.start;
+                                });
+    buffers_.insert(pos, reg);
+  }
+  if (refused) WarnUnregisteredOnce();
+  return Status::Ok();
+}
+
+Status Engine::Impl::UnregisterBuffer(void* data) {
+  const uintptr_t owner = reinterpret_cast<uintptr_t>(data);
+  std::unique_lock<std::shared_mutex> lock(buffers_mu_);
+  const size_t before = buffers_.size();
+  std::erase_if(buffers_, [&](const Registered& r) {
+    if (r.owner != owner) return false;
+    if (r.index >= 0) backend_->RemoveBuffer(r.index);
+    return true;
+  });
+  if (buffers_.size() == before) {
+    return Status(StatusCode::kInvalidArgument,
+                  "UnregisterBuffer: buffer was not registered");
+  }
+  return Status::Ok();
+}
+
+int Engine::Impl::BufferIndex(const void* buf, size_t len) const {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buf);
+  std::shared_lock<std::shared_mutex> lock(buffers_mu_);
+  auto it = std::upper_bound(
+      buffers_.begin(), buffers_.end(), p,
+      [](uintptr_t v, const Registered& r) { return v < r.start; });
+  if (it == buffers_.begin()) return -1;
+  --it;
+  return p + len <= it->start + it->bytes ? it->index : -1;
+}
+
+Status Engine::Impl::Validate(const Request& r, FileImpl* f) const {
+  const char* what = r.write ? "write" : "read";
+  if (f == nullptr || r.buf == nullptr) {
+    return Status(StatusCode::kInvalidArgument,
+                  std::string(what) + ": null file or buffer");
+  }
+  if (r.len == 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  std::string(what) + " of 0 bytes on '" + f->path() + "'");
+  }
+  if (r.write && f->read_only()) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "write to '" + f->path() + "', which was opened read-only");
+  }
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(r.buf);
+  const uint32_t ma = f->mem_align();
+  const uint32_t oa = f->offset_align();
+  if (addr % ma != 0 || r.offset % oa != 0 || r.len % oa != 0) {
+    char text[512];
+    std::snprintf(
+        text, sizeof(text),
+        "misaligned %s on '%s' (buffer %p, offset %llu, length %zu): "
+        "O_DIRECT on this file system needs the buffer aligned to %u bytes "
+        "and the offset and length to multiples of %u; allocate with "
+        "PinnedBuffer or aligned_alloc and round sizes up",
+        what, f->path().c_str(), r.buf,
+        static_cast<unsigned long long>(r.offset), r.len, ma, oa);
+    return Status(StatusCode::kInvalidArgument, text);
+  }
+  if (!r.write && r.offset + r.len > f->size()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "read of [" + std::to_string(r.offset) + ", " +
+                      std::to_string(r.offset + r.len) + ") past the end of '" +
+                      f->path() + "' (" + std::to_string(f->size()) +
+                      " bytes)");
+  }
+  return Status::Ok();
+}
+
+Result<Handle> Engine::Impl::Submit(Request r) {
+  auto* f = static_cast<FileImpl*>(r.file);
+  Status st = Validate(r, f);
+  if (!st.ok()) return st;
+  if (r.write) f->GrowTo(r.offset + r.len);
+
+  const size_t bs = options_.block_size;
+  const auto count = static_cast<uint32_t>((r.len + bs - 1) / bs);
+  auto* op = new Op;
+  op->engine = this;
+  op->file = f;
+  op->injector = options_.fault_injector;
+  op->write = r.write;
+  op->len = r.len;
+  op->offset = r.offset;
+  op->on_complete = std::move(r.on_complete);
+  op->pieces = std::make_unique<Piece[]>(count);
+  op->pending.store(count, std::memory_order_relaxed);
+  char* base = static_cast<char*>(r.buf);
+  for (uint32_t i = 0; i < count; ++i) {
+    Piece& p = op->pieces[i];
+    const size_t at = size_t{i} * bs;
+    p.op = op;
+    p.buf = base + at;
+    p.offset = r.offset + at;
+    p.len = static_cast<uint32_t>(std::min(bs, r.len - at));
+  }
+  // Fixed-buffer lookup per piece: a request may straddle registrations.
+  for (uint32_t i = 0; i < count; ++i) {
+    op->pieces[i].buf_index = BufferIndex(op->pieces[i].buf, op->pieces[i].len);
+  }
+  Handle handle = internal::MakeHandle(op);
+  internal::RefOp(op);  // the handle's reference; the engine holds the first
+  f->inflight.fetch_add(1, std::memory_order_relaxed);
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+
+  const int rings = options_.rings;
+  if (r.ring >= 0 || rings == 1 || count == 1) {
+    const int ring = r.ring >= 0
+                         ? r.ring % rings
+                         : static_cast<int>(next_ring_.fetch_add(1) % rings);
+    std::vector<Piece*> all(count);
+    for (uint32_t i = 0; i < count; ++i) all[i] = &op->pieces[i];
+    backend_->Submit(ring, all.data(), count);
+    return handle;
+  }
+  const uint32_t first = next_ring_.fetch_add(count);
+  std::vector<Piece*> batch;
+  batch.reserve(count / rings + 1);
+  for (int k = 0; k < rings; ++k) {
+    batch.clear();
+    for (uint32_t i = 0; i < count; ++i) {
+      if (static_cast<int>((first + i) % rings) == k) {
+        batch.push_back(&op->pieces[i]);
+      }
+    }
+    if (!batch.empty()) backend_->Submit(k, batch.data(), batch.size());
+  }
+  return handle;
+}
+
+void Engine::Impl::Finish(Op* op) {
+  op->file->inflight.fetch_sub(1, std::memory_order_release);
+  if (!op->status.ok()) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (first_error_.ok()) first_error_ = op->status;
+  }
+  if (op->on_complete) op->on_complete(op->status);
+  op->complete.store(1, std::memory_order_release);
+  op->complete.notify_all();
+  // Decrement after the callback so that work it submits keeps WaitAll()
+  // waiting.
+  if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    outstanding_.notify_all();
+  }
+  internal::UnrefOp(op);
+}
+
+Status Engine::Impl::WaitAll() {
+  for (uint64_t n = outstanding_.load(std::memory_order_acquire); n != 0;
+       n = outstanding_.load(std::memory_order_acquire)) {
+    outstanding_.wait(n, std::memory_order_acquire);
+  }
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return std::exchange(first_error_, Status::Ok());
+}
+
+// `err` is 0 on success or a positive errno.
+void internal::CompletePiece(Piece* piece, int err) {
+  Op* op = piece->op;
+  if (err != 0 && !op->failed.exchange(true, std::memory_order_acq_rel)) {
+    op->status =
+        IoStatus(err, op->write, op->file->path(), piece->offset + piece->done,
+                 piece->len - piece->done);
+  }
+  if (op->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    op->engine->Finish(op);
+  }
+}
+
+Handle::Handle(const Handle& other) : op_(other.op_) {
+  if (op_) internal::RefOp(op_);
+}
+
+Handle& Handle::operator=(const Handle& other) {
+  if (this != &other) {
+    if (other.op_) internal::RefOp(other.op_);
+    if (op_) internal::UnrefOp(op_);
+    op_ = other.op_;
+  }
+  return *this;
+}
+
+Handle::Handle(Handle&& other) noexcept
+    : op_(std::exchange(other.op_, nullptr)) {}
+
+Handle& Handle::operator=(Handle&& other) noexcept {
+  if (this != &other) {
+    if (op_) internal::UnrefOp(op_);
+    op_ = std::exchange(other.op_, nullptr);
+  }
+  return *this;
+}
+
+Handle::~Handle() {
+  if (op_) internal::UnrefOp(op_);
+}
+
+bool Handle::Poll() const {
+  STRATA_CHECK(op_ != nullptr);
+  return op_->complete.load(std::memory_order_acquire) != 0;
+}
+
+Status Handle::Wait() const {
+  STRATA_CHECK(op_ != nullptr);
+  op_->complete.wait(0, std::memory_order_acquire);
+  return op_->status;
+}
+
+Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  Status st = impl->Init();
+  if (!st.ok()) return st;
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+const EngineInfo& Engine::info() const { return impl_->info_; }
+
+EngineStats Engine::stats() const { return impl_->stats(); }
+
+Result<File*> Engine::OpenFile(const std::string& path,
+                               const FileOptions& options) {
+  return impl_->OpenFile(path, options);
+}
+
+Status Engine::CloseFile(File* file) { return impl_->CloseFile(file); }
+
+Status Engine::RegisterBuffer(void* data, size_t bytes) {
+  return impl_->RegisterBuffer(data, bytes);
+}
+
+Status Engine::UnregisterBuffer(void* data) {
+  return impl_->UnregisterBuffer(data);
+}
+
+Result<Handle> Engine::Submit(Request request) {
+  return impl_->Submit(std::move(request));
+}
+
+Result<Handle> Engine::Read(File* file, void* buf, size_t len, uint64_t offset,
+                            Callback on_complete) {
+  return impl_->Submit(
+      Request{file, buf, len, offset, false, -1, std::move(on_complete)});
+}
+
+Result<Handle> Engine::Write(File* file, const void* buf, size_t len,
+                             uint64_t offset, Callback on_complete) {
+  return impl_->Submit(Request{file, const_cast<void*>(buf), len, offset, true,
+                               -1, std::move(on_complete)});
+}
+
+Status Engine::WaitAll() { return impl_->WaitAll(); }
+
+}  // namespace strata::aio

@@ -1,0 +1,194 @@
+// Opening files for strata_aio: create, O_DIRECT with a buffered fallback,
+// the real direct-I/O alignment, and preallocation.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "aio/internal.h"
+
+namespace strata::aio::internal {
+namespace {
+
+constexpr uint32_t kDefaultDioAlign = 4096;
+
+std::string ParentDir(const std::string& path) {
+  std::string parent = std::filesystem::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+Status OpenError(int err, const std::string& path) {
+  const std::string dir = ParentDir(path);
+  if (err == ENOENT) {
+    return Status(StatusCode::kNotFound,
+                  "cannot open '" + path + "': directory '" + dir +
+                      "' does not exist; create it (mkdir -p " + dir +
+                      ") or choose another path");
+  }
+  if (err == ENOTDIR) {
+    return Status(StatusCode::kInvalidArgument,
+                  "cannot open '" + path +
+                      "': a component of the path is not a directory");
+  }
+  if (err == EISDIR) {
+    return Status(
+        StatusCode::kInvalidArgument,
+        "cannot open '" + path + "': it is a directory; name a file inside it");
+  }
+  return ErrnoStatus(err, "cannot open '" + path + "'");
+}
+
+// Direct-I/O alignment from statx(STATX_DIOALIGN), 4096 where the kernel
+// or the file system does not report it.
+void DioAlignment(int fd, uint32_t* mem_align, uint32_t* offset_align) {
+  *mem_align = kDefaultDioAlign;
+  *offset_align = kDefaultDioAlign;
+  struct statx stx = {};
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) != 0) return;
+  if (!(stx.stx_mask & STATX_DIOALIGN)) return;
+  if (stx.stx_dio_mem_align != 0) *mem_align = stx.stx_dio_mem_align;
+  if (stx.stx_dio_offset_align != 0) {
+    *offset_align = stx.stx_dio_offset_align;
+  }
+}
+
+Status NoSpaceError(const std::string& path, uint64_t size) {
+  std::string msg = "cannot preallocate " + HumanBytes(size) + " for '" + path +
+                    "': no space left on the file system";
+  struct statvfs vfs = {};
+  if (statvfs(ParentDir(path).c_str(), &vfs) == 0) {
+    msg += " (" + HumanBytes(uint64_t{vfs.f_bavail} * vfs.f_frsize) + " free)";
+  }
+  msg += "; free space there, choose a directory with room, or ask for less";
+  return Status(StatusCode::kNoSpace, std::move(msg));
+}
+
+// Grows the file to `size` bytes with real blocks where the file system
+// supports fallocate, else by truncation.
+Status Preallocate(int fd, const std::string& path, uint64_t size) {
+  int rc;
+  do {
+    rc = fallocate(fd, 0, 0, static_cast<off_t>(size));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return Status::Ok();
+  const int err = errno;
+  if (err == ENOSPC || err == EDQUOT) return NoSpaceError(path, size);
+  if (err != EOPNOTSUPP) {
+    return ErrnoStatus(err, "cannot preallocate '" + path + "'");
+  }
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    return ErrnoStatus(errno, "cannot extend '" + path + "'");
+  }
+  return Status::Ok();
+}
+
+// Opens without O_CREAT first so we know whether we created the file, and
+// may remove it again if preallocation fails.
+int OpenFd(const std::string& path, int flags, bool create, bool* created) {
+  *created = false;
+  int fd = open(path.c_str(), flags);
+  if (fd >= 0 || errno != ENOENT || !create) return fd;
+  fd = open(path.c_str(), flags | O_CREAT | O_EXCL, 0644);
+  if (fd >= 0) *created = true;
+  if (fd < 0 && errno == EEXIST) fd = open(path.c_str(), flags);
+  return fd;
+}
+
+}  // namespace
+
+FileImpl::FileImpl(std::string path, int fd, uint64_t size, bool direct,
+                   bool read_only, uint32_t mem_align, uint32_t offset_align)
+    : path_(std::move(path)),
+      fd_(fd),
+      size_(size),
+      direct_(direct),
+      read_only_(read_only),
+      mem_align_(mem_align),
+      offset_align_(offset_align) {}
+
+FileImpl::~FileImpl() { close(fd_); }
+
+void FileImpl::GrowTo(uint64_t end) {
+  uint64_t cur = size_.load(std::memory_order_relaxed);
+  while (cur < end && !size_.compare_exchange_weak(cur, end)) {
+  }
+}
+
+Status FileImpl::Sync() {
+  if (fdatasync(fd_) != 0) {
+    return ErrnoStatus(errno, "fdatasync of '" + path_ + "' failed");
+  }
+  return Status::Ok();
+}
+
+Status FileImpl::DropCache() {
+  if (direct_) return Status::Ok();
+  Status st = Sync();
+  if (!st.ok()) return st;
+  const int rc = posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+  if (rc != 0) return ErrnoStatus(rc, "posix_fadvise of '" + path_ + "'");
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
+                                               const FileOptions& options) {
+  const int base = (options.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC;
+  bool created = false;
+  bool direct = options.direct;
+  int fd = -1;
+  if (direct) {
+    fd = OpenFd(path, base | O_DIRECT, options.create, &created);
+    if (fd < 0 && errno == EINVAL) {
+      // The file system refuses O_DIRECT (ramfs, some FUSE and overlay
+      // mounts). Serve the file buffered rather than failing, and say so.
+      direct = false;
+      bool created_again = false;
+      fd = OpenFd(path, base, options.create, &created_again);
+      created = created || created_again;
+      if (fd >= 0) {
+        std::fprintf(stderr,
+                     "strata aio: '%s': file system does not support "
+                     "O_DIRECT; using buffered I/O (results are "
+                     "'buffered')\n",
+                     path.c_str());
+      }
+    }
+  } else {
+    fd = OpenFd(path, base, options.create, &created);
+  }
+  if (fd < 0) return OpenError(errno, path);
+
+  struct stat st = {};
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoStatus(err, "cannot stat '" + path + "'");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return Status(StatusCode::kInvalidArgument,
+                  "'" + path + "' is not a regular file");
+  }
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (options.size > size && !options.read_only) {
+    Status pre = Preallocate(fd, path, options.size);
+    if (!pre.ok()) {
+      close(fd);
+      if (created) unlink(path.c_str());
+      return pre;
+    }
+    size = options.size;
+  }
+  uint32_t mem_align = 1;
+  uint32_t offset_align = 1;
+  if (direct) DioAlignment(fd, &mem_align, &offset_align);
+  return std::make_unique<FileImpl>(path, fd, size, direct, options.read_only,
+                                    mem_align, offset_align);
+}
+
+}  // namespace strata::aio::internal

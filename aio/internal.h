@@ -1,0 +1,161 @@
+// Internal types shared by the aio front end (engine.cc) and its backends.
+// Not installed; nothing outside aio/ includes this.
+#ifndef STRATA_AIO_INTERNAL_H_
+#define STRATA_AIO_INTERNAL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/aio.h"
+
+namespace strata::aio::internal {
+
+class FileImpl final : public File {
+ public:
+  FileImpl(std::string path, int fd, uint64_t size, bool direct, bool read_only,
+           uint32_t mem_align, uint32_t offset_align);
+  ~FileImpl() override;
+
+  const std::string& path() const override { return path_; }
+  uint64_t size() const override {
+    return size_.load(std::memory_order_acquire);
+  }
+  bool direct() const override { return direct_; }
+  bool read_only() const override { return read_only_; }
+  uint32_t mem_align() const override { return mem_align_; }
+  uint32_t offset_align() const override { return offset_align_; }
+  Status Sync() override;
+  Status DropCache() override;
+
+  int fd() const { return fd_; }
+  // Slot in the engine's file table, which is also the index in every
+  // ring's registered-file table (when registration succeeded).
+  int slot = -1;
+  bool fixed = false;
+  std::atomic<int64_t> inflight{0};
+  void GrowTo(uint64_t end);
+
+ private:
+  std::string path_;
+  int fd_;
+  std::atomic<uint64_t> size_;
+  bool direct_;
+  bool read_only_;
+  uint32_t mem_align_;
+  uint32_t offset_align_;
+};
+
+// Opens `path` as described in strata/aio.h, printing the one-line warning
+// when the file system refuses O_DIRECT and the file falls back to buffered.
+Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
+                                               const FileOptions& options);
+
+struct Op;
+
+// One block-size slice of a request: the unit a backend submits.
+struct Piece {
+  Op* op = nullptr;
+  char* buf = nullptr;
+  uint64_t offset = 0;
+  uint32_t len = 0;
+  uint32_t done = 0;       // bytes already transferred
+  uint32_t submitted = 0;  // bytes of the transfer in flight
+  uint32_t retries = 0;    // EAGAIN/EINTR resubmissions
+  int buf_index = -1;      // registered-buffer index, or -1
+};
+
+struct Op {
+  std::atomic<int> refs{1};
+  std::atomic<uint32_t> pending{0};  // pieces not finished
+  std::atomic<uint32_t> complete{0};
+  std::atomic<bool> failed{false};
+  Status status;  // written once, by the first failing piece
+  Engine::Impl* engine = nullptr;
+  FileImpl* file = nullptr;
+  FaultInjector* injector = nullptr;
+  bool write = false;
+  size_t len = 0;
+  uint64_t offset = 0;
+  Callback on_complete;
+  std::unique_ptr<Piece[]> pieces;
+};
+
+void RefOp(Op* op);
+void UnrefOp(Op* op);
+
+// What one transfer's result means for its piece.
+enum class Progress { kDone, kResubmit, kFailed };
+
+// The single place that interprets a transfer result (bytes or -errno):
+// short transfers and EINTR/EAGAIN resubmit the remainder, zero-byte
+// progress and other errors fail. Sets *err to a positive errno on kFailed.
+Progress Advance(Piece& piece, int result, int* err);
+
+// Bytes to submit next for `piece`: the remainder, or less under a fault
+// injector.
+uint32_t NextLength(const Piece& piece);
+
+// Called by a backend for every finished transfer of `submitted` bytes,
+// on the thread that reaped it. Applies the fault injector, then Advance(),
+// and completes the piece unless its remainder must be resubmitted, in
+// which case it returns true and the backend submits the piece again.
+bool Settle(Piece* piece, uint32_t submitted, int result);
+
+// errno -> Status, for every I/O failure. The one place this happens.
+Status IoStatus(int err, bool write, const std::string& path, uint64_t offset,
+                uint64_t len);
+// errno -> Status for failures outside a transfer (open, setup, ...).
+Status ErrnoStatus(int err, const std::string& what);
+// "ENOSPC (No space left on device)".
+std::string ErrnoText(int err);
+// "1.5 GiB", "512 KiB", "4096 B".
+std::string HumanBytes(uint64_t bytes);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual int threads() const = 0;
+  // Registers an open file under `slot` where the backend can; returns
+  // whether it did.
+  virtual bool AddFile(int slot, int fd) = 0;
+  virtual void RemoveFile(int slot) = 0;
+  // Registers [data, data+bytes) at fixed-buffer index `index`; returns
+  // whether every ring accepted it.
+  virtual bool AddBuffer(int index, void* data, size_t bytes) = 0;
+  virtual void RemoveBuffer(int index) = 0;
+  // Queues pieces for `ring`. Thread-safe; never blocks on I/O.
+  virtual void Submit(int ring, Piece* const* pieces, size_t count) = 0;
+  virtual EngineStats stats() const = 0;
+};
+
+// Per-thread counters: one writer (the thread that owns them), any reader.
+struct Counters {
+  std::atomic<uint64_t> transfers{0};
+  std::atomic<uint64_t> resubmits{0};
+  std::atomic<uint64_t> fixed_buffer{0};
+  std::atomic<uint64_t> fixed_file{0};
+  std::atomic<uint64_t> batches{0};
+
+  static void Bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
+    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+  void AddTo(EngineStats* s) const;
+};
+
+// Most files and buffer slots the rings register.
+inline constexpr int kMaxFixedFiles = 1024;
+inline constexpr int kMaxFixedBuffers = 1024;
+
+// Creates the io_uring backend, filling info->ring_setup, fixed_files and
+// fixed_buffers. Fails with kUnavailable when io_uring cannot be set up.
+Result<std::unique_ptr<Backend>> CreateUringBackend(
+    const EngineOptions& options, EngineInfo* info);
+std::unique_ptr<Backend> CreateThreadBackend(const EngineOptions& options,
+                                             EngineInfo* info);
+
+}  // namespace strata::aio::internal
+
+#endif  // STRATA_AIO_INTERNAL_H_

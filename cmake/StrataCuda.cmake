@@ -1,0 +1,15 @@
+# STRATA_WITH_CUDA: AUTO enables CUDA when nvcc is found (PATH or
+# /usr/local/cuda), ON requires it, OFF skips it. Sets STRATA_CUDA_ENABLED.
+set(STRATA_CUDA_ENABLED OFF)
+if(NOT STRATA_WITH_CUDA STREQUAL "OFF")
+  find_program(STRATA_NVCC nvcc HINTS /usr/local/cuda/bin ENV CUDA_HOME PATH_SUFFIXES bin)
+  if(STRATA_NVCC)
+    set(CMAKE_CUDA_COMPILER ${STRATA_NVCC})
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(STRATA_CUDA_ENABLED ON)
+  elseif(STRATA_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "STRATA_WITH_CUDA=ON but nvcc was not found; install the CUDA toolkit or use AUTO/OFF")
+  endif()
+endif()
+message(STATUS "strata: CUDA ${STRATA_CUDA_ENABLED}")

@@ -1,0 +1,265 @@
+// strata/aio.h: asynchronous file I/O over io_uring, with a thread-pool
+// fallback. Library strata_aio; it depends on nothing else in strata.
+//
+// What it does
+// - An Engine owns one or more rings. Each ring has one thread that alone
+//   submits to and reaps from it, so the kernel's SINGLE_ISSUER and
+//   DEFER_TASKRUN modes apply. Requests from any thread are queued to a ring
+//   and submitted in batches.
+// - A request larger than `block_size` is split into block-size pieces that
+//   are spread over the rings; at most `queue_depth` pieces are in flight per
+//   ring. Short transfers, EINTR and EAGAIN are completed by resubmitting the
+//   remainder; the caller only ever sees a whole request succeed or fail.
+// - Files are opened once, preallocated, kept open and registered with every
+//   ring. They use O_DIRECT unless the file system refuses it, in which case
+//   the file falls back to buffered I/O with a one-line warning and reports
+//   direct() == false.
+// - If io_uring cannot be set up (seccomp, io_uring_disabled, old kernel),
+//   Backend::kAuto falls back to a pread/pwrite thread pool and says so once
+//   on stderr. STRATA_AIO_BACKEND=threads|io_uring forces a backend and wins
+//   over EngineOptions::backend.
+//
+// Ownership
+// - The Engine owns its Files. A File* stays valid until CloseFile() or the
+//   Engine's destruction.
+// - Buffers belong to the caller and must stay valid, and untouched by the
+//   caller for writes' sake, until the request completes.
+// - A Handle shares ownership of its request's completion record; dropping a
+//   Handle does not cancel the request.
+//
+// Alignment
+// - Direct files require the buffer address, offset and length to be
+//   multiples of mem_align()/offset_align(), read from statx(STATX_DIOALIGN)
+//   or 4096 where the kernel does not say. A misaligned request is rejected
+//   with kInvalidArgument naming the requirement; it is never bounced.
+//
+// Thread safety
+// - Every Engine method may be called from any thread concurrently.
+// - Completion callbacks run on an engine thread. They may submit more
+//   requests but must not block (no Wait(), no WaitAll(), no sleeping).
+//
+// Failure
+// - Errors are Status values that carry the errno, the file, the offset and
+//   the length. Nothing throws.
+// - ~Engine() waits for every outstanding request before it returns.
+#ifndef STRATA_AIO_H_
+#define STRATA_AIO_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "strata/export.h"
+#include "strata/status.h"
+
+namespace strata::aio {
+
+enum class Backend { kAuto, kIoUring, kThreads };
+
+STRATA_EXPORT std::string_view BackendName(Backend backend);
+// Accepts "auto", "io_uring" (or "uring") and "threads".
+STRATA_EXPORT Result<Backend> ParseBackend(std::string_view name);
+
+// Testing hook: lets a test shorten transfers and replace completion results
+// so that the resubmission and error paths run for real. Must be thread-safe;
+// it is called from engine threads. Not for production use.
+class STRATA_EXPORT FaultInjector {
+ public:
+  virtual ~FaultInjector() = default;
+  // Bytes to actually submit for a piece of `len` bytes (1..len).
+  virtual uint32_t SubmitLength(bool write, uint64_t offset, uint32_t len) {
+    (void)write, (void)offset;
+    return len;
+  }
+  // Replaces the kernel's result (bytes or -errno) of a transfer.
+  virtual int CompletionResult(bool write, uint64_t offset, uint32_t len,
+                               int result) {
+    (void)write, (void)offset, (void)len;
+    return result;
+  }
+  // Sees (and may corrupt) the `bytes` a successful read just delivered.
+  virtual void AfterRead(uint64_t offset, char* data, uint32_t bytes) {
+    (void)offset, (void)data, (void)bytes;
+  }
+};
+
+struct EngineOptions {
+  Backend backend = Backend::kAuto;
+  int rings = 1;                  // rings (threads backend: pool shards)
+  int queue_depth = 32;           // pieces in flight per ring, 1..4096
+  size_t block_size = 1u << 20;   // split size; multiple of 4096, <= 1 GiB
+  bool use_fixed_buffers = true;  // register buffers given to
+                                  // RegisterBuffer() with every ring
+  bool use_fixed_files = true;    // register files with every ring
+  FaultInjector* fault_injector = nullptr;  // testing only; not owned
+};
+
+// What the engine actually runs with, after fallbacks.
+struct EngineInfo {
+  Backend backend = Backend::kAuto;
+  int rings = 0;
+  int queue_depth = 0;
+  size_t block_size = 0;
+  int threads = 0;              // engine threads (ring threads or pool size)
+  std::string ring_setup;       // accepted io_uring setup flags, e.g.
+                                // "single_issuer,defer_taskrun"
+  bool fixed_files = false;     // files are registered with the rings
+  bool fixed_buffers = false;   // RegisterBuffer() registers with the rings
+  std::string fallback_reason;  // why io_uring is not in use; empty if it is
+};
+
+// Counters since the engine opened, summed over its threads.
+struct EngineStats {
+  uint64_t transfers = 0;     // reads/writes handed to the kernel
+  uint64_t resubmits = 0;     // of those, remainders after short
+                              // transfers, EINTR or EAGAIN
+  uint64_t fixed_buffer = 0;  // transfers that used a registered buffer
+  uint64_t fixed_file = 0;    // transfers that used a registered file
+  uint64_t batches = 0;       // submissions (io_uring_enter calls that
+                              // submitted; one per transfer for threads)
+};
+
+struct FileOptions {
+  uint64_t size = 0;   // preallocate (fallocate) to at least this size
+  bool create = true;  // create the file if it does not exist
+  bool direct = true;  // O_DIRECT; falls back to buffered if refused
+  bool read_only = false;
+};
+
+// An open file. Obtained from Engine::OpenFile; owned by the Engine.
+class STRATA_EXPORT File {
+ public:
+  virtual ~File() = default;
+  virtual const std::string& path() const = 0;
+  virtual uint64_t size() const = 0;
+  virtual bool direct() const = 0;
+  virtual bool read_only() const = 0;
+  virtual uint32_t mem_align() const = 0;     // 1 for buffered files
+  virtual uint32_t offset_align() const = 0;  // 1 for buffered files
+  // fdatasync(): makes completed writes durable.
+  virtual Status Sync() = 0;
+  // Drops the file's clean pages from the page cache (buffered files only;
+  // a no-op for direct files).
+  virtual Status DropCache() = 0;
+};
+
+// Called once, on an engine thread, when a request completes.
+using Callback = std::function<void(const Status&)>;
+
+struct Request {
+  File* file = nullptr;
+  void* buf = nullptr;
+  size_t len = 0;
+  uint64_t offset = 0;
+  bool write = false;
+  int ring = -1;         // pin every piece to this ring; -1 spreads them
+  Callback on_complete;  // optional
+};
+
+class Handle;
+namespace internal {
+struct Op;
+Handle MakeHandle(Op* op);
+}  // namespace internal
+
+// One submitted request. Copyable; copies refer to the same request.
+class STRATA_EXPORT Handle {
+ public:
+  Handle() = default;
+  Handle(const Handle& other);
+  Handle& operator=(const Handle& other);
+  Handle(Handle&& other) noexcept;
+  Handle& operator=(Handle&& other) noexcept;
+  ~Handle();
+
+  bool valid() const { return op_ != nullptr; }
+  // True once the request has completed (successfully or not).
+  bool Poll() const;
+  // Blocks until the request completes; returns its outcome. Repeatable.
+  Status Wait() const;
+
+ private:
+  friend Handle internal::MakeHandle(internal::Op* op);
+  explicit Handle(internal::Op* op) : op_(op) {}
+  internal::Op* op_ = nullptr;
+};
+
+// Memory allocated once and locked in RAM (pinned), on a chosen NUMA node
+// where libnuma can place it. Move-only; frees on destruction.
+struct PinOptions {
+  bool lock = true;        // mlock(); failure is an error naming the fix
+  int numa_node = -1;      // -1: the calling thread's node
+  bool huge_pages = true;  // ask for transparent huge pages (best effort)
+};
+
+class STRATA_EXPORT PinnedBuffer {
+ public:
+  // Size is rounded up to a multiple of 4096; memory is zero-filled and
+  // 4096-aligned (2 MiB-aligned when huge pages are requested).
+  static Result<PinnedBuffer> Allocate(size_t bytes,
+                                       const PinOptions& options = {});
+  PinnedBuffer() = default;
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer();
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool locked() const { return locked_; }
+  int numa_node() const { return numa_node_; }  // -1 when unknown
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  bool locked_ = false;
+  int numa_node_ = -1;
+};
+
+class STRATA_EXPORT Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Open(const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const EngineInfo& info() const;
+  EngineStats stats() const;
+
+  // Opens (and creates, preallocates) `path`. Errors name the path and the
+  // fix: a missing directory, a read-only file system, a full disk.
+  Result<File*> OpenFile(const std::string& path,
+                         const FileOptions& options = {});
+  // Fails with kFailedPrecondition while requests on the file are in flight.
+  Status CloseFile(File* file);
+
+  // Registers [data, data+bytes) as fixed buffers on every ring, so requests
+  // inside it skip per-I/O page pinning. Best effort: returns OK and serves
+  // requests unregistered if the kernel refuses. Unregister before freeing.
+  Status RegisterBuffer(void* data, size_t bytes);
+  Status UnregisterBuffer(void* data);
+
+  Result<Handle> Submit(Request request);
+  Result<Handle> Read(File* file, void* buf, size_t len, uint64_t offset,
+                      Callback on_complete = {});
+  Result<Handle> Write(File* file, const void* buf, size_t len, uint64_t offset,
+                       Callback on_complete = {});
+
+  // Waits until no request is outstanding. Returns the first error of the
+  // requests that completed since the previous WaitAll(), or OK.
+  Status WaitAll();
+
+  class Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::aio
+
+#endif  // STRATA_AIO_H_

@@ -1,0 +1,31 @@
+# Sourced by scripts/main.sh and scripts/test.sh: installs the Debian
+# packages strata needs (apt-get update runs once, and only if something is
+# missing), then configures and builds a CMake preset. CUDA is used when
+# nvcc is found (STRATA_WITH_CUDA=AUTO); nothing here installs it.
+
+STRATA_PACKAGES=(
+  build-essential cmake pkg-config
+  liburing-dev libnuma-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  fio
+)
+
+strata_install_deps() {
+  local missing=() pkg
+  for pkg in "${STRATA_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
+      missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  echo "strata: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+strata_build() {
+  cmake --preset "$1" >/dev/null
+  cmake --build --preset "$1" -j"$(nproc)"
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, then builds and runs every
+# test under AddressSanitizer+UBSan, ThreadSanitizer, and finally the default
+# RelWithDebInfo build, whose CTest summary ends the output.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+strata_install_deps
+for preset in asan tsan default; do
+  echo "== strata: $preset build and tests"
+  strata_build "$preset"
+  ctest --preset "$preset" -j"$(nproc)"
+done

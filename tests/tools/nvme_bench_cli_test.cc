@@ -1,0 +1,165 @@
+// strata-nvme-bench as a user runs it: the real binary, small files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/testutil/testutil.h"
+
+namespace strata::bench {
+namespace {
+
+struct Outcome {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+Outcome Bench(const std::string& args, const std::string& env = "") {
+  const std::string cmd =
+      env + " " STRATA_BENCH_BIN " " + args + " --quiet 2>&1";
+  Outcome out;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) {
+    out.output.append(buf.data(), n);
+  }
+  const int ws = pclose(p);
+  out.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+  return out;
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+bool HaveFio() { return std::system("fio --version >/dev/null 2>&1") == 0; }
+
+TEST(NvmeBenchCliTest, SweepsEveryCombinationAndWritesJson) {
+  testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  const Outcome o = Bench("--path " + dir.path() +
+                          " --rw read,write,randread,randwrite --bs 64K,128K"
+                          " --qd 1,4 --threads 1,2 --size 8M --json " +
+                          json);
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_TRUE(Contains(o.output, "GB/s")) << o.output;
+  EXPECT_TRUE(Contains(o.output, "GiB/s"));
+  EXPECT_TRUE(Contains(o.output, "p99.9 us"));
+  const nlohmann::json records = ReadJson(json);
+  ASSERT_TRUE(records.is_array());
+  EXPECT_EQ(records.size(), 4u * 2 * 2 * 2);
+  for (const auto& r : records) {
+    EXPECT_EQ(r["bytes"].get<uint64_t>(), 8u << 20);
+    EXPECT_GT(r["gb_per_s"].get<double>(), 0);
+    EXPECT_GT(r["iops"].get<double>(), 0);
+    EXPECT_GT(r["lat_us"]["p50"].get<double>(), 0);
+    EXPECT_TRUE(r["cpu"].contains("usr"));
+    EXPECT_FALSE(r.contains("ratio_vs_fio"));
+  }
+  // The file the benchmark created is gone.
+  EXPECT_FALSE(std::filesystem::exists(dir.File("strata-nvme-bench.dat")));
+}
+
+TEST(NvmeBenchCliTest, ComparesWithFioInTheSameRun) {
+  if (!HaveFio()) GTEST_SKIP() << "fio is not installed";
+  testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  const Outcome o = Bench("--path " + dir.path() +
+                          " --rw read,randwrite --bs 128K --qd 8 --size 16M"
+                          " --vs-fio --repeat 2 --recommend --json " +
+                          json);
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_TRUE(Contains(o.output, "fio GB/s")) << o.output;
+  EXPECT_TRUE(Contains(o.output, "recommended for read")) << o.output;
+  EXPECT_TRUE(Contains(o.output, "aio config"));
+  const nlohmann::json records = ReadJson(json);
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& r : records) {
+    EXPECT_GT(r["fio_gb_per_s"].get<double>(), 0);
+    EXPECT_GT(r["ratio_vs_fio"].get<double>(), 0);
+    EXPECT_EQ(r["runs_gb_per_s"].size(), 2u);
+  }
+}
+
+TEST(NvmeBenchCliTest, VerifyFindsNoMismatches) {
+  testutil::ScratchDir dir;
+  const Outcome o =
+      Bench("--path " + dir.path() +
+            " --verify --verify-ops 500 --verify-max 512K --bs 64K --qd 8"
+            " --size 16M");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_TRUE(Contains(o.output, " 0 mismatched words")) << o.output;
+}
+
+TEST(NvmeBenchCliTest, RunsOnTheThreadBackend) {
+  testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  const Outcome o = Bench("--path " + dir.path() +
+                              " --rw write,read --bs 64K --qd 4 --size 8M "
+                              "--json " +
+                              json,
+                          "STRATA_AIO_BACKEND=threads");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_TRUE(Contains(o.output, "backend threads")) << o.output;
+  for (const auto& r : ReadJson(json)) EXPECT_EQ(r["backend"], "threads");
+}
+
+TEST(NvmeBenchCliTest, BadInputGetsAClearError) {
+  testutil::ScratchDir dir;
+  const Outcome missing = Bench("--path " + dir.path() + "/nope/deeper/f");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_TRUE(Contains(missing.output, "does not exist")) << missing.output;
+  EXPECT_TRUE(Contains(missing.output, "mkdir -p"));
+
+  const Outcome bad_bs = Bench("--path " + dir.path() + " --bs 6000");
+  EXPECT_EQ(bad_bs.status, 2);
+  EXPECT_TRUE(Contains(bad_bs.output, "--bs")) << bad_bs.output;
+
+  // Someone else's file is never written without --overwrite.
+  const std::string theirs = dir.File("theirs.bin");
+  std::ofstream(theirs) << std::string(1 << 20, 'x');
+  const Outcome refused =
+      Bench("--path " + theirs + " --rw write --bs 64K --size 1M");
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_TRUE(Contains(refused.output, "--overwrite")) << refused.output;
+  std::ifstream in(theirs);
+  std::string content((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(content, std::string(1 << 20, 'x'));
+  EXPECT_TRUE(std::filesystem::exists(theirs));
+}
+
+TEST(NvmeBenchCliTest, FullFileSystemIsReported) {
+  testutil::Mount small("tmpfs", "size=4m");
+  if (!small.ok()) GTEST_SKIP() << small.error();
+  const Outcome o = Bench("--path " + small.path() + " --size 64M");
+  EXPECT_EQ(o.status, 1);
+  EXPECT_TRUE(Contains(o.output, "no space")) << o.output;
+  EXPECT_FALSE(
+      std::filesystem::exists(small.path() + "/strata-nvme-bench.dat"));
+}
+
+TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {
+  const Outcome o = Bench("--help");
+  ASSERT_EQ(o.status, 0);
+  for (const char* opt :
+       {"--path",      "--rw",     "--bs",         "--qd",         "--threads",
+        "--size",      "--time",   "--backend",    "--buffered",   "--no-pin",
+        "--vs-fio",    "--fio",    "--fio-opt",    "--repeat",     "--json",
+        "--recommend", "--verify", "--verify-ops", "--verify-max", "--keep",
+        "--overwrite", "--seed",   "--quiet"}) {
+    EXPECT_TRUE(Contains(o.output, opt)) << opt;
+  }
+}
+
+}  // namespace
+}  // namespace strata::bench

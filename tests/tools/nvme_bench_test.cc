@@ -1,0 +1,287 @@
+// strata-nvme-bench building blocks: sizes, permutations, latency
+// percentiles, fio's JSON, recommendations, jobs and the verifier.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "tests/testutil/testutil.h"
+#include "tools/nvme_bench/cli.h"
+#include "tools/nvme_bench/fio.h"
+#include "tools/nvme_bench/latency.h"
+#include "tools/nvme_bench/report.h"
+#include "tools/nvme_bench/verify.h"
+#include "tools/nvme_bench/workload.h"
+
+namespace strata::bench {
+namespace {
+
+TEST(ParseSizeTest, AcceptsBinaryUnits) {
+  EXPECT_EQ(*ParseSize("4096"), 4096u);
+  EXPECT_EQ(*ParseSize("128K"), 128u << 10);
+  EXPECT_EQ(*ParseSize("1m"), 1u << 20);
+  EXPECT_EQ(*ParseSize("2GiB"), 2ull << 30);
+  EXPECT_EQ(*ParseSize("1T"), 1ull << 40);
+  for (const char* bad : {"", "K", "-1", "1X", "1.5G", "12KK"}) {
+    EXPECT_FALSE(ParseSize(bad).ok()) << bad;
+  }
+}
+
+TEST(CommandLineTest, ParsesListsAndDefaults) {
+  const char* argv[] = {"strata-nvme-bench",
+                        "--path",
+                        "/x",
+                        "--rw",
+                        "read,randwrite",
+                        "--bs",
+                        "128K,1M",
+                        "--qd",
+                        "1,32",
+                        "--threads",
+                        "2",
+                        "--vs-fio"};
+  bool exit_now = false;
+  auto o = ParseCommandLine(12, const_cast<char**>(argv), &exit_now);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_FALSE(exit_now);
+  EXPECT_EQ(o->rw, (std::vector<Rw>{Rw::kRead, Rw::kRandWrite}));
+  EXPECT_EQ(o->bs, (std::vector<size_t>{128 << 10, 1 << 20}));
+  EXPECT_EQ(o->qd, (std::vector<int>{1, 32}));
+  EXPECT_EQ(o->threads, (std::vector<int>{2}));
+  EXPECT_EQ(o->repeat, 3);  // the default with --vs-fio
+  EXPECT_EQ(o->size, 1ull << 30);
+}
+
+TEST(CommandLineTest, RejectsBadValuesWithTheirName) {
+  bool exit_now = false;
+  const char* bad_bs[] = {"b", "--path", "/x", "--bs", "1000"};
+  auto a = ParseCommandLine(5, const_cast<char**>(bad_bs), &exit_now);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("--bs"), std::string::npos);
+  const char* bad_rw[] = {"b", "--path", "/x", "--rw", "readwrite"};
+  auto b = ParseCommandLine(5, const_cast<char**>(bad_rw), &exit_now);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("readwrite"), std::string::npos);
+  const char* no_path[] = {"b"};
+  EXPECT_FALSE(
+      ParseCommandLine(1, const_cast<char**>(no_path), &exit_now).ok());
+}
+
+TEST(PermutationTest, IsABijectionForEverySize) {
+  for (uint64_t n : {1ull, 2ull, 3ull, 7ull, 64ull, 1000ull, 4097ull}) {
+    for (uint64_t seed : {1ull, 99ull}) {
+      const Permutation p(n, seed);
+      std::vector<bool> seen(n, false);
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t v = p(i);
+        ASSERT_LT(v, n);
+        ASSERT_FALSE(seen[v]) << "n=" << n << " i=" << i;
+        seen[v] = true;
+      }
+    }
+  }
+}
+
+TEST(PermutationTest, IsNotTheIdentity) {
+  const Permutation p(1 << 16, 5);
+  int fixed = 0;
+  for (uint64_t i = 0; i < (1 << 16); ++i) fixed += p(i) == i;
+  EXPECT_LT(fixed, 32);
+}
+
+TEST(LatencyHistogramTest, PercentilesAreWithinTheBucketError) {
+  LatencyHistogram h;
+  std::mt19937_64 rng(1);
+  std::lognormal_distribution<double> dist(11, 1.5);  // ~60 us median
+  std::vector<uint64_t> values;
+  for (int i = 0; i < 100000; ++i) {
+    values.push_back(static_cast<uint64_t>(dist(rng)) + 1);
+    h.Record(values.back());
+  }
+  std::sort(values.begin(), values.end());
+  EXPECT_EQ(h.count(), values.size());
+  for (double q : {0.5, 0.99, 0.999}) {
+    const double exact = values[static_cast<size_t>(q * values.size()) - 1];
+    EXPECT_NEAR(h.Percentile(q), exact, exact / 64 + 1) << q;
+  }
+}
+
+TEST(LatencyHistogramTest, BucketsTileTheRange) {
+  for (int b = 0; b + 1 < LatencyHistogram::kBuckets; ++b) {
+    ASSERT_EQ(LatencyHistogram::BucketHigh(b),
+              LatencyHistogram::BucketLow(b + 1))
+        << b;
+    ASSERT_EQ(LatencyHistogram::BucketOf(LatencyHistogram::BucketLow(b)), b);
+  }
+  EXPECT_EQ(LatencyHistogram().Percentile(0.5), 0);
+}
+
+TEST(FioTest, ParsesFiosJson) {
+  std::ifstream in(STRATA_TEST_DATA "/fio_randread.json");
+  std::stringstream text;
+  text << "fio: a warning fio printed before the JSON\n" << in.rdbuf();
+  JobSpec spec{Rw::kRandRead, 128 << 10, 8, 2, 128 << 20};
+  auto r = ParseFioJson(text.str(), spec);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->bytes, 134217728u);
+  EXPECT_EQ(r->ios, 1024u);
+  EXPECT_NEAR(r->gb_per_s(), 1.328888396, 1e-9);
+  EXPECT_NEAR(r->lat_p50_us, 1318.912, 1e-9);
+  EXPECT_NEAR(r->lat_p99_us, 3489.792, 1e-9);
+  EXPECT_NEAR(r->lat_p999_us, 3883.008, 1e-9);
+  EXPECT_NEAR(r->usr_pct, 3.608247, 1e-9);
+  EXPECT_FALSE(ParseFioJson("no json here", spec).ok());
+  EXPECT_FALSE(ParseFioJson("{\"jobs\": []}", spec).ok());
+}
+
+TEST(FioTest, CommandRunsTheSameJob) {
+  JobSpec spec{Rw::kRandWrite, 1 << 20, 32, 4, 1 << 30, 0, 7};
+  const auto cmd = FioCommand("fio", "/d/f", spec, true, {"--fixedbufs"});
+  auto has = [&](const std::string& arg) {
+    return std::find(cmd.begin(), cmd.end(), arg) != cmd.end();
+  };
+  EXPECT_TRUE(has("--ioengine=io_uring"));
+  EXPECT_TRUE(has("--rw=randwrite"));
+  EXPECT_TRUE(has("--bs=1048576"));
+  EXPECT_TRUE(has("--iodepth=32"));
+  EXPECT_TRUE(has("--numjobs=4"));
+  EXPECT_TRUE(has("--size=268435456"));
+  EXPECT_TRUE(has("--offset_increment=268435456"));
+  EXPECT_TRUE(has("--direct=1"));
+  EXPECT_TRUE(has("--filename=/d/f"));
+  EXPECT_EQ(cmd.back(), "--fixedbufs");
+  spec.seconds = 2.5;
+  const auto timed = FioCommand("fio", "/d/f", spec, false, {});
+  EXPECT_NE(std::find(timed.begin(), timed.end(), "--runtime=2500ms"),
+            timed.end());
+  EXPECT_NE(std::find(timed.begin(), timed.end(), "--end_fsync=1"),
+            timed.end());
+}
+
+JobResult Fake(Rw rw, size_t bs, int qd, int threads, double gbps) {
+  JobResult r;
+  r.spec = JobSpec{rw, bs, qd, threads, 1 << 30};
+  r.backend = "io_uring";
+  r.bytes = static_cast<uint64_t>(gbps * 1e9);
+  r.seconds = 1;
+  return r;
+}
+
+TEST(ReportTest, RecommendsTheCheapestNearBestConfiguration) {
+  std::vector<Row> rows(4);
+  rows[0].strata = Fake(Rw::kRead, 1 << 20, 128, 1, 3.00);
+  rows[1].strata = Fake(Rw::kRead, 1 << 20, 32, 1, 2.97);  // within 2%
+  rows[2].strata = Fake(Rw::kRead, 1 << 20, 8, 1, 2.00);
+  rows[3].strata = Fake(Rw::kWrite, 128 << 10, 32, 2, 1.50);
+  const std::string text = Recommend(rows);
+  EXPECT_NE(text.find("recommended for read: bs=1M qd=32 threads=1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\"queue_depth\": 32"), std::string::npos);
+  EXPECT_NE(text.find("recommended for write: bs=128K qd=32 threads=2"),
+            std::string::npos);
+}
+
+TEST(ReportTest, JsonRecordHasTheDocumentedFields) {
+  Row row;
+  row.strata = Fake(Rw::kRead, 1 << 20, 32, 1, 2.0);
+  row.fio = Fake(Rw::kRead, 1 << 20, 32, 1, 1.6);
+  const nlohmann::json j = RowJson(row);
+  for (const char* key : {"rw", "bs", "qd", "threads", "direct", "backend",
+                          "bytes", "seconds", "gb_per_s", "gib_per_s", "iops",
+                          "lat_us", "cpu", "fio_gb_per_s", "ratio_vs_fio"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_TRUE(j["lat_us"].contains("p999"));
+  EXPECT_TRUE(j["cpu"].contains("sys"));
+  EXPECT_NEAR(j["ratio_vs_fio"].get<double>(), 1.25, 1e-12);
+  EXPECT_NEAR(j["gib_per_s"].get<double>(), 2e9 / (1 << 30), 1e-9);
+  EXPECT_EQ(MedianIndex({3.0, 1.0, 2.0}), 2u);
+}
+
+class WorkloadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = aio::Engine::Open(aio::EngineOptions{});
+    ASSERT_TRUE(e.ok());
+    auto f = (*e)->OpenFile(path_, aio::FileOptions{kSize});
+    ASSERT_TRUE(f.ok());
+    direct_ = (*f)->direct();
+    auto b = aio::PinnedBuffer::Allocate(kPool, aio::PinOptions{false});
+    ASSERT_TRUE(b.ok());
+    pool_ = std::move(*b);
+  }
+  static constexpr uint64_t kSize = 16 << 20;
+  static constexpr size_t kPool = 8 << 20;
+  testutil::ScratchDir dir_;
+  std::string path_ = dir_.File("bench.dat");
+  bool direct_ = true;
+  aio::PinnedBuffer pool_;
+};
+
+TEST_F(WorkloadTest, EveryPatternMovesTheWholeFile) {
+  for (Rw rw : {Rw::kWrite, Rw::kRead, Rw::kRandWrite, Rw::kRandRead}) {
+    const JobSpec spec{rw, 64 << 10, 4, 2, kSize};
+    auto r = RunJob(spec, Target{path_, direct_}, pool_.data(), pool_.size(),
+                    nullptr);
+    ASSERT_TRUE(r.ok()) << RwName(rw) << ": " << r.status().ToString();
+    EXPECT_EQ(r->bytes, kSize);
+    EXPECT_EQ(r->ios, kSize / (64 << 10));
+    EXPECT_GT(r->seconds, 0);
+    EXPECT_GT(r->lat_p50_us, 0);
+    EXPECT_LE(r->lat_p50_us, r->lat_p999_us);
+  }
+}
+
+TEST_F(WorkloadTest, TimeBasedRunsLoopOverTheFile) {
+  const JobSpec spec{Rw::kRandRead, 64 << 10, 2, 1, 1 << 20, 0.3};
+  auto r =
+      RunJob(spec, Target{path_, direct_}, pool_.data(), pool_.size(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GE(r->seconds, 0.3);
+  EXPECT_GT(r->bytes, 1u << 20);  // more than one pass over 1 MiB
+}
+
+TEST_F(WorkloadTest, ReportsIoErrors) {
+  testutil::ErrnoInjector eio(EIO, 0, kSize);
+  const JobSpec spec{Rw::kRead, 64 << 10, 4, 1, kSize};
+  auto r = RunJob(spec, Target{path_, direct_, aio::Backend::kAuto, &eio},
+                  pool_.data(), pool_.size(), nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("EIO"), std::string::npos);
+}
+
+TEST_F(WorkloadTest, VerifyPassesOnAHealthyFile) {
+  VerifyOptions vo;
+  vo.ops = 400;
+  vo.max_bytes = 256 << 10;
+  vo.block_size = 64 << 10;
+  vo.qd = 8;
+  vo.threads = 2;
+  auto r = RunVerify(Target{path_, direct_}, kSize, vo, pool_.data(),
+                     pool_.size(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->mismatched_words, 0u) << r->first_mismatch;
+  EXPECT_GT(r->writes, kSize / vo.max_bytes);
+  EXPECT_GE(r->bytes_read, kSize);
+}
+
+TEST_F(WorkloadTest, VerifyCatchesACorruptedRead) {
+  testutil::BitFlipInjector flip(5 << 20);
+  VerifyOptions vo;
+  vo.ops = 50;
+  vo.max_bytes = 256 << 10;
+  auto r = RunVerify(Target{path_, direct_, aio::Backend::kAuto, &flip}, kSize,
+                     vo, pool_.data(), pool_.size(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(flip.flipped.load());
+  EXPECT_EQ(r->mismatched_words, 1u);
+  EXPECT_NE(r->first_mismatch.find("offset 5242880"), std::string::npos)
+      << r->first_mismatch;
+}
+
+}  // namespace
+}  // namespace strata::bench

@@ -1,0 +1,218 @@
+#include "tools/nvme_bench/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <cctype>
+
+namespace strata::bench {
+namespace {
+
+constexpr char kDescription[] =
+    R"(strata-nvme-bench: NVMe throughput and latency through strata's io_uring engine.
+
+Runs every combination of --rw x --bs x --qd x --threads on one file, after
+creating, preallocating and prefilling it with incompressible data. Reads and
+writes use O_DIRECT, so the page cache never inflates a result; where the file
+system refuses O_DIRECT the run says "buffered", drops the file's cache before
+each read job and counts the final fdatasync of each write job.
+
+A job with T threads uses T rings; each owns 1/T of the file and keeps qd
+requests of bs bytes in flight (fio: numjobs=T, offset_increment=size/T).
+GB/s is 10^9 bytes/s, GiB/s is 2^30 bytes/s; latency is submit to completion;
+CPU % is the whole process, as a percentage of one core.
+
+Examples:
+  strata-nvme-bench --path /mnt/nvme --rw read,write --bs 1M --qd 32 --size 2G --vs-fio
+  strata-nvme-bench --path /mnt/nvme --rw randread --bs 4K,128K --qd 1,32,128 --recommend
+  strata-nvme-bench --path /mnt/nvme --verify --verify-ops 10000)";
+
+std::vector<std::string> Split(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const size_t end = comma == std::string::npos ? text.size() : comma;
+    if (end > start) out.push_back(text.substr(start, end - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+Status Invalid(const std::string& msg) {
+  return Status(StatusCode::kInvalidArgument, msg);
+}
+
+Result<std::vector<int>> ParseInts(const std::string& flag,
+                                   const std::string& text, int lo, int hi) {
+  std::vector<int> out;
+  for (const std::string& item : Split(text)) {
+    size_t used = 0;
+    long v = 0;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v < lo || v > hi) {
+      return Invalid(flag + ": '" + item + "' is not an integer in " +
+                     std::to_string(lo) + ".." + std::to_string(hi));
+    }
+    out.push_back(static_cast<int>(v));
+  }
+  if (out.empty()) return Invalid(flag + ": empty list");
+  return out;
+}
+
+}  // namespace
+
+Result<uint64_t> ParseSize(const std::string& text) {
+  size_t used = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    return Invalid("'" + text + "' is not a size (e.g. 4096, 128K, 1M, 2G)");
+  }
+  uint64_t mult = 1;
+  std::string suffix = text.substr(used);
+  if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b')) {
+    suffix.pop_back();
+  }
+  if (suffix.size() == 2 && (suffix[1] == 'i' || suffix[1] == 'I')) {
+    suffix.pop_back();
+  }
+  if (suffix.size() == 1) {
+    switch (std::toupper(static_cast<unsigned char>(suffix[0]))) {
+      case 'K':
+        mult = 1ull << 10;
+        break;
+      case 'M':
+        mult = 1ull << 20;
+        break;
+      case 'G':
+        mult = 1ull << 30;
+        break;
+      case 'T':
+        mult = 1ull << 40;
+        break;
+      default:
+        mult = 0;
+    }
+  } else if (!suffix.empty()) {
+    mult = 0;
+  }
+  if (mult == 0 || text.empty() || text[0] == '-') {
+    return Invalid("'" + text + "' is not a size (e.g. 4096, 128K, 1M, 2G)");
+  }
+  return static_cast<uint64_t>(v) * mult;
+}
+
+Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
+  *exit_now = false;
+  BenchOptions o;
+  std::string rw = "read,write", bs = "1M", qd = "32", threads = "1";
+  std::string size = "1G", verify_max = "4M";
+  CLI::App app(kDescription, "strata-nvme-bench");
+  app.get_formatter()->column_width(34);
+  app.add_option("--path", o.path,
+                 "Directory (a strata-nvme-bench.dat file is created in it and "
+                 "removed afterwards) or file to test")
+      ->required();
+  app.add_option("--rw", rw, "Access patterns: read,write,randread,randwrite")
+      ->capture_default_str();
+  app.add_option("--bs", bs, "Request sizes, multiples of 4K, e.g. 128K,1M,8M")
+      ->capture_default_str();
+  app.add_option("--qd", qd, "Queue depths (requests in flight per thread)")
+      ->capture_default_str();
+  app.add_option("--threads", threads,
+                 "Thread counts; each thread is one ring with its own slice "
+                 "of the file")
+      ->capture_default_str();
+  app.add_option("--size", size,
+                 "File size; each job moves this many bytes once unless "
+                 "--time is given")
+      ->capture_default_str();
+  app.add_option("--time", o.seconds,
+                 "Seconds per job, looping over the file (0: one pass)");
+  app.add_option("--backend", o.backend,
+                 "aio backend: auto, io_uring or threads "
+                 "(STRATA_AIO_BACKEND overrides)")
+      ->capture_default_str();
+  app.add_flag("--buffered", o.buffered,
+               "Do not use O_DIRECT (results are labelled buffered)");
+  app.add_flag("!--no-pin", o.pin,
+               "Do not lock the I/O buffers in memory (for a low "
+               "RLIMIT_MEMLOCK)");
+  app.add_flag("--vs-fio", o.vs_fio,
+               "Run fio's io_uring engine on the same file and job, "
+               "interleaved with each strata run, and report the ratio");
+  app.add_option("--fio", o.fio, "fio executable")->capture_default_str();
+  app.add_option("--fio-opt", o.fio_opts,
+                 "Extra fio option, repeatable, e.g. --fio-opt=--fixedbufs");
+  app.add_option("--repeat", o.repeat,
+                 "Runs per configuration, alternating with fio; the median "
+                 "is reported (default 3 with --vs-fio, else 1)")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--json", o.json, "Write one JSON record per configuration");
+  app.add_flag("--recommend", o.recommend,
+               "Print the best configuration per pattern and an aio config");
+  app.add_flag("--verify", o.verify,
+               "Instead of the sweep: write patterned data, then read it back "
+               "and check it, with random sizes at random aligned offsets");
+  app.add_option("--verify-ops", o.verify_ops, "Random operations for --verify")
+      ->capture_default_str();
+  app.add_option("--verify-max", verify_max,
+                 "Largest random request for --verify")
+      ->capture_default_str();
+  app.add_flag("--keep", o.keep, "Keep the file the benchmark created");
+  app.add_flag("--overwrite", o.overwrite,
+               "Allow writing to an existing file named by --path");
+  app.add_option("--seed", o.seed, "Seed for random offsets and data")
+      ->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "No progress on stderr");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    *exit_now = true;
+    app.exit(e);
+    return o;
+  } catch (const CLI::ParseError& e) {
+    return Invalid(e.what() + std::string("; run with --help for usage"));
+  }
+
+  if (app.count("--repeat") == 0) o.repeat = o.vs_fio ? 3 : 1;
+  o.rw.clear();
+  for (const std::string& item : Split(rw)) {
+    Result<Rw> r = ParseRw(item);
+    if (!r.ok()) return r.status();
+    o.rw.push_back(*r);
+  }
+  if (o.rw.empty()) return Invalid("--rw: empty list");
+  o.bs.clear();
+  for (const std::string& item : Split(bs)) {
+    Result<uint64_t> b = ParseSize(item);
+    if (!b.ok()) return Invalid("--bs: " + b.status().message());
+    if (*b < 4096 || *b % 4096 != 0 || *b > (1ull << 30)) {
+      return Invalid("--bs: '" + item +
+                     "' must be a multiple of 4K between 4K and 1G");
+    }
+    o.bs.push_back(*b);
+  }
+  if (o.bs.empty()) return Invalid("--bs: empty list");
+  auto q = ParseInts("--qd", qd, 1, 4096);
+  if (!q.ok()) return q.status();
+  o.qd = *q;
+  auto t = ParseInts("--threads", threads, 1, 64);
+  if (!t.ok()) return t.status();
+  o.threads = *t;
+  Result<uint64_t> sz = ParseSize(size);
+  if (!sz.ok()) return Invalid("--size: " + sz.status().message());
+  o.size = *sz;
+  Result<uint64_t> vm = ParseSize(verify_max);
+  if (!vm.ok()) return Invalid("--verify-max: " + vm.status().message());
+  o.verify_max = *vm;
+  if (o.seconds < 0) return Invalid("--time must be >= 0");
+  return o;
+}
+
+}  // namespace strata::bench

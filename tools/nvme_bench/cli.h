@@ -1,0 +1,49 @@
+// strata-nvme-bench command line.
+#ifndef STRATA_TOOLS_NVME_BENCH_CLI_H_
+#define STRATA_TOOLS_NVME_BENCH_CLI_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/status.h"
+#include "tools/nvme_bench/workload.h"
+
+namespace strata::bench {
+
+struct BenchOptions {
+  std::string path;
+  std::vector<Rw> rw = {Rw::kRead, Rw::kWrite};
+  std::vector<size_t> bs = {1u << 20};
+  std::vector<int> qd = {32};
+  std::vector<int> threads = {1};
+  uint64_t size = 1ull << 30;
+  double seconds = 0;
+  std::string backend = "auto";
+  bool buffered = false;
+  bool pin = true;
+  bool vs_fio = false;
+  std::string fio = "fio";
+  std::vector<std::string> fio_opts;
+  int repeat = 1;  // 3 with --vs-fio unless given
+  std::string json;
+  bool recommend = false;
+  bool verify = false;
+  uint64_t verify_ops = 10000;
+  uint64_t verify_max = 4u << 20;
+  bool keep = false;
+  bool overwrite = false;
+  uint64_t seed = 1;
+  bool quiet = false;
+};
+
+// "4096", "128K", "1M", "2G", "1T" (binary units, case-insensitive).
+Result<uint64_t> ParseSize(const std::string& text);
+
+// Parses argv. Sets *exit_now (and returns defaults) when --help or
+// --version was printed.
+Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now);
+
+}  // namespace strata::bench
+
+#endif  // STRATA_TOOLS_NVME_BENCH_CLI_H_

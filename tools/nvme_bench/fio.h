@@ -1,0 +1,33 @@
+// Running fio's io_uring engine on the same file and job as a strata run,
+// for strata-nvme-bench --vs-fio.
+#ifndef STRATA_TOOLS_NVME_BENCH_FIO_H_
+#define STRATA_TOOLS_NVME_BENCH_FIO_H_
+
+#include <string>
+#include <vector>
+
+#include "strata/status.h"
+#include "tools/nvme_bench/workload.h"
+
+namespace strata::bench {
+
+// The fio command line for `spec` on `path`: ioengine=io_uring, numjobs =
+// threads, each job on its own size/threads slice, total latency
+// percentiles, JSON output. `extra` options are appended verbatim.
+std::vector<std::string> FioCommand(const std::string& fio,
+                                    const std::string& path,
+                                    const JobSpec& spec, bool direct,
+                                    const std::vector<std::string>& extra);
+
+// Parses fio's --output-format=json (text before the first '{' is
+// ignored) into a JobResult: throughput, IOPS, total-latency percentiles
+// and CPU, summed or averaged over jobs.
+Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec);
+
+// Runs the command and parses its output. Errors say how to install fio.
+Result<JobResult> RunFio(const std::vector<std::string>& command,
+                         const JobSpec& spec);
+
+}  // namespace strata::bench
+
+#endif  // STRATA_TOOLS_NVME_BENCH_FIO_H_

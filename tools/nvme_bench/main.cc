@@ -1,0 +1,372 @@
+// strata-nvme-bench: see --help, and docs/PERF.md for measured figures.
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "strata/aio.h"
+#include "tools/nvme_bench/cli.h"
+#include "tools/nvme_bench/fio.h"
+#include "tools/nvme_bench/report.h"
+#include "tools/nvme_bench/verify.h"
+#include "tools/nvme_bench/workload.h"
+
+namespace strata::bench {
+namespace {
+
+constexpr char kFileName[] = "strata-nvme-bench.dat";
+constexpr size_t kPrefillChunk = 1u << 20;
+constexpr int kPrefillDepth = 8;
+
+// A status line on stderr: rewritten in place on a terminal, one line every
+// few seconds otherwise.
+class Progress {
+ public:
+  explicit Progress(bool enabled)
+      : enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0) {}
+
+  void Update(const std::string& text) {
+    if (!enabled_) return;
+    const uint64_t now = NowNs();
+    if (tty_) {
+      std::fprintf(stderr, "\r\033[K%s", text.c_str());
+    } else if (now - last_ns_ >= 5'000'000'000ull) {
+      std::fprintf(stderr, "%s\n", text.c_str());
+    } else {
+      return;
+    }
+    last_ns_ = now;
+    dirty_ = tty_;
+  }
+
+  void Clear() {
+    if (dirty_) std::fprintf(stderr, "\r\033[K");
+    dirty_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool tty_;
+  bool dirty_ = false;
+  uint64_t last_ns_ = 0;
+};
+
+struct Placement {
+  std::string file;
+  bool ours = false;  // created (or named) by the benchmark: may be written
+                      // and is removed afterwards unless --keep
+};
+
+Result<Placement> Place(const BenchOptions& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path path(o.path);
+  if (fs::is_directory(path, ec)) {
+    return Placement{(path / kFileName).string(), true};
+  }
+  if (fs::exists(path, ec)) {
+    if (!fs::is_regular_file(path, ec)) {
+      return Status(
+          StatusCode::kInvalidArgument,
+          "--path '" + o.path + "' is neither a directory nor a regular file");
+    }
+    return Placement{o.path, false};
+  }
+  const fs::path parent =
+      path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (!fs::is_directory(parent, ec)) {
+    return Status(StatusCode::kNotFound,
+                  "--path '" + o.path + "': directory '" + parent.string() +
+                      "' does not exist; create it (mkdir -p " +
+                      parent.string() + ") or name an existing directory");
+  }
+  return Placement{o.path, true};
+}
+
+void FillRandom(char* buf, size_t bytes, uint64_t seed) {
+  auto* words = reinterpret_cast<uint64_t*>(buf);
+  for (size_t i = 0; i < bytes / 8; ++i) words[i] = Mix64(seed + i);
+}
+
+// Writes the whole file once with fresh incompressible data per chunk, so
+// reads hit allocated, written blocks (not holes or unwritten extents).
+Status Prefill(aio::Engine* engine, aio::File* file, char* pool, uint64_t size,
+               uint64_t seed, Progress* progress) {
+  std::vector<aio::Handle> inflight(kPrefillDepth);
+  uint64_t i = 0;
+  for (uint64_t off = 0; off < size; off += kPrefillChunk, ++i) {
+    aio::Handle& slot = inflight[i % kPrefillDepth];
+    if (slot.valid()) {
+      Status st = slot.Wait();
+      if (!st.ok()) return st;
+    }
+    char* buf = pool + (i % kPrefillDepth) * kPrefillChunk;
+    const size_t len = std::min<uint64_t>(kPrefillChunk, size - off);
+    FillRandom(buf, len, Mix64(seed) ^ off);
+    auto h = engine->Write(file, buf, len, off);
+    if (!h.ok()) return h.status();
+    slot = std::move(*h);
+    progress->Update(fmt::format("prefill: {:.0f}%", 100.0 * off / size));
+  }
+  Status st = engine->WaitAll();
+  if (!st.ok()) return st;
+  progress->Clear();
+  return file->Sync();
+}
+
+std::string Describe(const aio::EngineInfo& info, const aio::File& file,
+                     const std::string& path, bool pinned) {
+  std::string io = file.direct()
+                       ? fmt::format("O_DIRECT (align mem {} / offset {})",
+                                     file.mem_align(), file.offset_align())
+                       : "buffered (the file system refused O_DIRECT)";
+  std::string backend(aio::BackendName(info.backend));
+  if (info.backend == aio::Backend::kIoUring) {
+    backend += fmt::format(" ({}{}{})", info.ring_setup,
+                           info.fixed_files ? ", fixed files" : "",
+                           info.fixed_buffers ? ", fixed buffers" : "");
+  } else {
+    backend +=
+        fmt::format(" ({} threads: {})", info.threads, info.fallback_reason);
+  }
+  return fmt::format(
+      "strata-nvme-bench: {} ({}), {}\n  backend {}, {} buffers\n"
+      "  GB/s = 1e9 B/s, GiB/s = 2^30 B/s; latency = submit to completion; "
+      "CPU % of one core, whole process\n",
+      path, SizeText(file.size()), io, backend, pinned ? "pinned" : "unpinned");
+}
+
+size_t PoolBytes(const BenchOptions& o) {
+  size_t need = kPrefillChunk * kPrefillDepth;
+  const size_t bs = *std::max_element(o.bs.begin(), o.bs.end());
+  const size_t qd = *std::max_element(o.qd.begin(), o.qd.end());
+  const size_t th = *std::max_element(o.threads.begin(), o.threads.end());
+  if (o.verify) {
+    need = std::max<size_t>(need, o.verify_max * o.qd[0] * o.threads[0]);
+  } else {
+    need = std::max(need, bs * qd * th);
+  }
+  return need;
+}
+
+Status CheckWritable(const BenchOptions& o, const Placement& place,
+                     const aio::File& file) {
+  if (place.ours || o.overwrite) return Status::Ok();
+  const bool writes =
+      o.verify || std::any_of(o.rw.begin(), o.rw.end(), IsWrite);
+  if (writes || file.size() < o.size) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "'" + place.file +
+                      "' already exists and this run would write to it; "
+                      "pass --overwrite to allow that, or give --path a "
+                      "directory");
+  }
+  return Status::Ok();
+}
+
+// Runs one configuration --repeat times, alternating strata and fio.
+Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
+                   const Target& target, aio::PinnedBuffer& pool,
+                   const std::string& label, Progress* progress) {
+  Row row;
+  std::vector<JobResult> strata_runs, fio_runs;
+  auto strata_run = [&]() -> Status {
+    auto r = RunJob(spec, target, pool.data(), pool.size(),
+                    [&](uint64_t bytes, double secs) {
+                      const uint64_t total = spec.size / spec.bs * spec.bs;
+                      progress->Update(fmt::format(
+                          "{}: {:.0f}% {:.3f} GB/s", label,
+                          spec.seconds > 0 ? 100 * secs / spec.seconds
+                                           : 100.0 * bytes / total,
+                          secs > 0 ? bytes / secs / 1e9 : 0.0));
+                    });
+    if (!r.ok()) return r.status();
+    row.strata_gbps.push_back(r->gb_per_s());
+    strata_runs.push_back(std::move(*r));
+    return Status::Ok();
+  };
+  auto fio_run = [&]() -> Status {
+    progress->Update(label + ": fio");
+    auto r = RunFio(
+        FioCommand(o.fio, target.path, spec, target.direct, o.fio_opts), spec);
+    if (!r.ok()) return r.status();
+    row.fio_gbps.push_back(r->gb_per_s());
+    fio_runs.push_back(std::move(*r));
+    return Status::Ok();
+  };
+  for (int rep = 0; rep < o.repeat; ++rep) {
+    const bool fio_first = o.vs_fio && rep % 2 == 1;
+    Status st = fio_first ? fio_run() : strata_run();
+    if (st.ok() && o.vs_fio) st = fio_first ? strata_run() : fio_run();
+    if (!st.ok()) return st;
+  }
+  progress->Clear();
+  row.strata = strata_runs[MedianIndex(row.strata_gbps)];
+  if (o.vs_fio) row.fio = fio_runs[MedianIndex(row.fio_gbps)];
+  return row;
+}
+
+Status Sweep(const BenchOptions& o, const Target& target,
+             aio::PinnedBuffer& pool, Progress* progress) {
+  std::vector<JobSpec> specs;
+  for (Rw rw : o.rw) {
+    for (size_t bs : o.bs) {
+      for (int qd : o.qd) {
+        for (int th : o.threads) {
+          specs.push_back(JobSpec{rw, bs, qd, th, o.size, o.seconds, o.seed});
+        }
+      }
+    }
+  }
+  std::printf("%s\n", TableHeader(o.vs_fio).c_str());
+  std::fflush(stdout);
+  std::vector<Row> rows;
+  nlohmann::json records = nlohmann::json::array();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const JobSpec& s = specs[i];
+    const std::string label =
+        fmt::format("[{}/{}] {} bs={} qd={} threads={}", i + 1, specs.size(),
+                    RwName(s.rw), SizeText(s.bs), s.qd, s.threads);
+    Result<Row> row = RunRow(o, s, target, pool, label, progress);
+    if (!row.ok()) return row.status();
+    std::printf("%s\n", TableRow(*row).c_str());
+    std::fflush(stdout);
+    records.push_back(RowJson(*row));
+    rows.push_back(std::move(*row));
+  }
+  if (!o.json.empty()) {
+    std::ofstream out(o.json);
+    out << records.dump(2) << "\n";
+    if (!out) {
+      return Status(StatusCode::kIoError,
+                    "cannot write --json file '" + o.json + "'");
+    }
+  }
+  if (o.recommend) std::printf("\n%s", Recommend(rows).c_str());
+  return Status::Ok();
+}
+
+Result<bool> Verify(const BenchOptions& o, const Target& target,
+                    aio::PinnedBuffer& pool, Progress* progress) {
+  VerifyOptions vo;
+  vo.ops = o.verify_ops;
+  vo.max_bytes = o.verify_max;
+  vo.block_size = o.bs[0];
+  vo.qd = o.qd[0];
+  vo.threads = o.threads[0];
+  vo.seed = o.seed;
+  auto r = RunVerify(target, o.size, vo, pool.data(), pool.size(),
+                     [&](uint64_t done, double) {
+                       progress->Update(fmt::format("verify: {}", done));
+                     });
+  progress->Clear();
+  if (!r.ok()) return r.status();
+  std::printf(
+      "verify: %llu random ops plus full write and read-back passes; %llu "
+      "writes (%s), %llu reads (%s) in %.1f s; %llu mismatched words\n",
+      static_cast<unsigned long long>(o.verify_ops),
+      static_cast<unsigned long long>(r->writes),
+      SizeText(r->bytes_written).c_str(),
+      static_cast<unsigned long long>(r->reads),
+      SizeText(r->bytes_read).c_str(), r->seconds,
+      static_cast<unsigned long long>(r->mismatched_words));
+  if (r->mismatched_words != 0) {
+    std::printf("verify: FAILED, first mismatch at %s\n",
+                r->first_mismatch.c_str());
+  }
+  return r->mismatched_words == 0;
+}
+
+// Removes the benchmark's own file on every way out of Run(), unless --keep.
+class RemoveOnExit {
+ public:
+  RemoveOnExit(const Placement& place, bool keep)
+      : path_(place.ours && !keep ? place.file : "") {}
+  ~RemoveOnExit() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove(path_, ec);
+  }
+
+ private:
+  std::string path_;
+};
+
+Status RunOnFile(const BenchOptions& o, const Placement& place,
+                 aio::Backend backend, aio::PinnedBuffer& pool,
+                 bool* verified) {
+  // Someone else's file is neither grown nor written until CheckWritable
+  // has allowed it.
+  const bool may_write = place.ours || o.overwrite;
+  auto session =
+      OpenSession(Target{place.file, !o.buffered, backend}, 1, kPrefillDepth,
+                  kPrefillChunk, may_write ? o.size : 0);
+  if (!session.ok()) return session.status();
+  aio::File* file = session->file;
+  Status st = CheckWritable(o, place, *file);
+  if (!st.ok()) return st;
+  std::printf(
+      "%s", Describe(session->engine->info(), *file, place.file, pool.locked())
+                .c_str());
+  std::fflush(stdout);
+  const Target target{place.file, file->direct(), backend};
+  Progress progress(!o.quiet);
+  if (o.verify) {
+    session->engine.reset();
+    Result<bool> ok = Verify(o, target, pool, &progress);
+    if (!ok.ok()) return ok.status();
+    *verified = *ok;
+    return Status::Ok();
+  }
+  if (may_write) {
+    st = Prefill(session->engine.get(), file, static_cast<char*>(pool.data()),
+                 o.size, o.seed, &progress);
+    if (!st.ok()) return st;
+  }
+  session->engine.reset();
+  return Sweep(o, target, pool, &progress);
+}
+
+// Returns the process exit status.
+Result<int> Run(const BenchOptions& o) {
+  Result<aio::Backend> backend = aio::ParseBackend(o.backend);
+  if (!backend.ok()) return backend.status();
+  Result<Placement> place = Place(o);
+  if (!place.ok()) return place.status();
+  aio::PinOptions pin;
+  pin.lock = o.pin;
+  auto pool = aio::PinnedBuffer::Allocate(PoolBytes(o), pin);
+  if (!pool.ok()) return pool.status();
+  FillRandom(static_cast<char*>(pool->data()), pool->size(), o.seed);
+  RemoveOnExit cleanup(*place, o.keep);
+  bool verified = true;
+  Status st = RunOnFile(o, *place, *backend, *pool, &verified);
+  if (!st.ok()) return st;
+  return verified ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) {
+  bool exit_now = false;
+  auto options = strata::bench::ParseCommandLine(argc, argv, &exit_now);
+  if (!options.ok()) {
+    std::fprintf(stderr, "strata-nvme-bench: %s\n",
+                 options.status().message().c_str());
+    return 2;
+  }
+  if (exit_now) return 0;
+  auto rc = strata::bench::Run(*options);
+  if (!rc.ok()) {
+    std::fprintf(stderr, "strata-nvme-bench: error: %s\n",
+                 rc.status().ToString().c_str());
+    return 1;
+  }
+  return *rc;
+}

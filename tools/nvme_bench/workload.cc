@@ -1,0 +1,309 @@
+#include "tools/nvme_bench/workload.h"
+
+#include <sys/resource.h>
+
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace strata::bench {
+namespace {
+
+// One ring's share of the job: a contiguous slice of the file.
+struct Worker {
+  int ring = 0;
+  uint64_t first_block = 0;
+  uint64_t blocks = 0;
+  std::atomic<uint64_t> next{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> ios{0};
+  LatencyHistogram lat;
+};
+
+class Job;
+
+struct Slot {
+  Job* job;
+  Worker* worker;
+  char* buf;
+  uint64_t start_ns = 0;
+};
+
+// Keeps qd requests in flight per worker, resubmitting from completions.
+class Job {
+ public:
+  Job(const JobSpec& spec, aio::Engine* engine, aio::File* file)
+      : spec_(spec), engine_(engine), file_(file) {}
+
+  Status Run(char* buffers, const ProgressFn& progress, double* seconds);
+  const std::vector<std::unique_ptr<Worker>>& workers() const {
+    return workers_;
+  }
+
+ private:
+  bool Issue(Slot* slot);
+  void OnComplete(Slot* slot, const Status& status);
+  uint64_t BlockOf(const Worker& w, uint64_t i) const;
+  void Fail(const Status& status);
+  // A slot (or the start-up guard) has no more work; the last one to retire
+  // stamps the end of the run.
+  void Retire(uint64_t now);
+
+  const JobSpec spec_;
+  aio::Engine* engine_;
+  aio::File* file_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<Slot> slots_;
+  uint64_t deadline_ns_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> active_{0};
+  std::atomic<uint64_t> end_ns_{0};
+  std::mutex error_mu_;
+  Status error_;
+};
+
+uint64_t Job::BlockOf(const Worker& w, uint64_t i) const {
+  if (!IsRandom(spec_.rw)) return w.first_block + i % w.blocks;
+  const uint64_t pass = i / w.blocks;
+  const Permutation perm(w.blocks, Mix64(spec_.seed + w.ring * 7919 + pass));
+  return w.first_block + perm(i % w.blocks);
+}
+
+bool Job::Issue(Slot* slot) {
+  if (stop_.load(std::memory_order_relaxed)) return false;
+  Worker& w = *slot->worker;
+  const uint64_t now = NowNs();
+  if (spec_.seconds > 0 && now >= deadline_ns_) return false;
+  const uint64_t i = w.next.fetch_add(1, std::memory_order_relaxed);
+  if (spec_.seconds <= 0 && i >= w.blocks) return false;
+  aio::Request req;
+  req.file = file_;
+  req.buf = slot->buf;
+  req.len = spec_.bs;
+  req.offset = BlockOf(w, i) * spec_.bs;
+  req.write = IsWrite(spec_.rw);
+  req.ring = w.ring;
+  req.on_complete = [slot](const Status& st) {
+    slot->job->OnComplete(slot, st);
+  };
+  slot->start_ns = now;
+  Result<aio::Handle> h = engine_->Submit(std::move(req));
+  if (!h.ok()) {
+    Fail(h.status());
+    return false;
+  }
+  return true;
+}
+
+void Job::Fail(const Status& status) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (error_.ok()) error_ = status;
+  stop_.store(true, std::memory_order_relaxed);
+}
+
+void Job::OnComplete(Slot* slot, const Status& status) {
+  const uint64_t now = NowNs();
+  Worker& w = *slot->worker;
+  if (status.ok()) {
+    w.lat.Record(now - slot->start_ns);
+    w.bytes.fetch_add(spec_.bs, std::memory_order_relaxed);
+    w.ios.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    Fail(status);
+  }
+  if (!Issue(slot)) Retire(now);
+}
+
+void Job::Retire(uint64_t now) {
+  if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    end_ns_.store(now, std::memory_order_release);
+  }
+}
+
+Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds) {
+  const uint64_t total_blocks = spec_.size / spec_.bs;
+  const uint64_t per_worker = total_blocks / spec_.threads;
+  if (per_worker == 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--size is too small: each of the " +
+                      std::to_string(spec_.threads) +
+                      " threads needs at least one block of " +
+                      std::to_string(spec_.bs) + " bytes");
+  }
+  for (int t = 0; t < spec_.threads; ++t) {
+    auto w = std::make_unique<Worker>();
+    w->ring = t;
+    w->first_block = per_worker * t;
+    w->blocks = per_worker;
+    workers_.push_back(std::move(w));
+  }
+  slots_.reserve(static_cast<size_t>(spec_.threads) * spec_.qd);
+  for (int t = 0; t < spec_.threads; ++t) {
+    for (int q = 0; q < spec_.qd; ++q) {
+      slots_.push_back(Slot{this, workers_[t].get(), buffers});
+      buffers += spec_.bs;
+    }
+  }
+  const uint64_t start = NowNs();
+  deadline_ns_ = start + static_cast<uint64_t>(spec_.seconds * 1e9);
+  // One extra count guards against the run ending while slots are issued.
+  active_.store(static_cast<int>(slots_.size()) + 1);
+  for (Slot& s : slots_) {
+    if (!Issue(&s)) Retire(NowNs());
+  }
+  Retire(NowNs());
+  uint64_t last_report = start;
+  while (end_ns_.load(std::memory_order_acquire) == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const uint64_t now = NowNs();
+    if (progress && now - last_report > 500'000'000) {
+      last_report = now;
+      uint64_t bytes = 0;
+      for (const auto& w : workers_) bytes += w->bytes.load();
+      progress(bytes, (now - start) / 1e9);
+    }
+  }
+  *seconds = (end_ns_.load() - start) / 1e9;
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return error_;
+}
+
+}  // namespace
+
+uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string_view RwName(Rw rw) {
+  switch (rw) {
+    case Rw::kRead:
+      return "read";
+    case Rw::kWrite:
+      return "write";
+    case Rw::kRandRead:
+      return "randread";
+    case Rw::kRandWrite:
+      return "randwrite";
+  }
+  return "?";
+}
+
+Result<Rw> ParseRw(std::string_view name) {
+  for (Rw rw : {Rw::kRead, Rw::kWrite, Rw::kRandRead, Rw::kRandWrite}) {
+    if (name == RwName(rw)) return rw;
+  }
+  return Status(StatusCode::kInvalidArgument,
+                "unknown --rw '" + std::string(name) +
+                    "'; use read, write, randread or randwrite");
+}
+
+Permutation::Permutation(uint64_t n, uint64_t seed) : n_(n) {
+  const int bits = n <= 1 ? 2 : 64 - std::countl_zero(n - 1);
+  half_bits_ = (bits + 1) / 2;
+  for (int r = 0; r < 4; ++r) keys_[r] = Mix64(seed * 4 + r);
+}
+
+uint64_t Permutation::Encrypt(uint64_t x) const {
+  const uint64_t mask = (uint64_t{1} << half_bits_) - 1;
+  uint64_t left = x >> half_bits_;
+  uint64_t right = x & mask;
+  for (uint64_t key : keys_) {
+    const uint64_t next = left ^ (Mix64(right ^ key) & mask);
+    left = right;
+    right = next;
+  }
+  return (left << half_bits_) | right;
+}
+
+uint64_t Permutation::operator()(uint64_t i) const {
+  uint64_t y = Encrypt(i);
+  while (y >= n_) y = Encrypt(y);
+  return y;
+}
+
+void CpuTimes(double* user, double* sys) {
+  rusage ru = {};
+  getrusage(RUSAGE_SELF, &ru);
+  *user = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
+  *sys = ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+Result<Session> OpenSession(const Target& target, int rings, int qd,
+                            size_t block_size, uint64_t size) {
+  aio::EngineOptions eo;
+  eo.backend = target.backend;
+  eo.fault_injector = target.fault_injector;
+  eo.rings = rings;
+  eo.queue_depth = qd;
+  eo.block_size = block_size;
+  auto engine = aio::Engine::Open(eo);
+  if (!engine.ok()) return engine.status();
+  aio::FileOptions fo;
+  fo.create = size != 0;
+  fo.size = size;
+  fo.direct = target.direct;
+  auto file = (*engine)->OpenFile(target.path, fo);
+  if (!file.ok()) return file.status();
+  return Session{std::move(*engine), *file};
+}
+
+Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
+                         void* buffers, size_t buffer_bytes,
+                         const ProgressFn& progress) {
+  const size_t need = static_cast<size_t>(spec.threads) * spec.qd * spec.bs;
+  STRATA_CHECK(buffer_bytes >= need);
+  auto session = OpenSession(target, spec.threads, spec.qd, spec.bs, 0);
+  if (!session.ok()) return session.status();
+  aio::Engine* engine = session->engine.get();
+  aio::File* file = session->file;
+  Status st = engine->RegisterBuffer(buffers, need);
+  if (!st.ok()) return st;
+  if (!IsWrite(spec.rw)) {
+    st = file->DropCache();
+    if (!st.ok()) return st;
+  }
+
+  double usr0, sys0, usr1, sys1;
+  CpuTimes(&usr0, &sys0);
+  Job job(spec, engine, file);
+  double seconds = 0;
+  st = job.Run(static_cast<char*>(buffers), progress, &seconds);
+  // Buffered writes only count once they are on the device.
+  if (st.ok() && IsWrite(spec.rw) && !file->direct()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    st = file->Sync();
+    seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+  }
+  CpuTimes(&usr1, &sys1);
+  Status wait = engine->WaitAll();
+  if (st.ok()) st = wait;
+  (void)engine->UnregisterBuffer(buffers);
+  if (!st.ok()) return st;
+
+  JobResult r;
+  r.spec = spec;
+  r.direct = file->direct();
+  r.backend = std::string(aio::BackendName(engine->info().backend));
+  r.seconds = seconds;
+  LatencyHistogram lat;
+  for (const auto& w : job.workers()) {
+    r.bytes += w->bytes.load();
+    r.ios += w->ios.load();
+    lat.Merge(w->lat);
+  }
+  r.lat_p50_us = lat.Percentile(0.50) / 1e3;
+  r.lat_p99_us = lat.Percentile(0.99) / 1e3;
+  r.lat_p999_us = lat.Percentile(0.999) / 1e3;
+  r.usr_pct = seconds > 0 ? (usr1 - usr0) / seconds * 100 : 0;
+  r.sys_pct = seconds > 0 ? (sys1 - sys0) / seconds * 100 : 0;
+  return r;
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,121 @@
+// One strata-nvme-bench configuration run through the strata aio engine.
+//
+// A job of T threads is T rings; thread t owns the t-th slice of the file
+// and keeps `qd` requests of `bs` bytes in flight on its own ring, resubmitting
+// from the completion callback, which is the job fio's io_uring engine runs
+// with numjobs=T, offset_increment=size/T. Random patterns visit every block
+// of the slice once per pass in a seeded pseudo-random order.
+#ifndef STRATA_TOOLS_NVME_BENCH_WORKLOAD_H_
+#define STRATA_TOOLS_NVME_BENCH_WORKLOAD_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "strata/aio.h"
+#include "strata/status.h"
+#include "tools/nvme_bench/latency.h"
+
+namespace strata::bench {
+
+enum class Rw { kRead, kWrite, kRandRead, kRandWrite };
+
+std::string_view RwName(Rw rw);
+Result<Rw> ParseRw(std::string_view name);
+inline bool IsWrite(Rw rw) { return rw == Rw::kWrite || rw == Rw::kRandWrite; }
+inline bool IsRandom(Rw rw) {
+  return rw == Rw::kRandRead || rw == Rw::kRandWrite;
+}
+
+struct JobSpec {
+  Rw rw = Rw::kRead;
+  size_t bs = 1 << 20;
+  int qd = 32;
+  int threads = 1;
+  uint64_t size = 0;   // bytes of the file the job covers, from offset 0
+  double seconds = 0;  // > 0: time based, looping over the file
+  uint64_t seed = 1;
+};
+
+struct JobResult {
+  JobSpec spec;
+  bool direct = true;
+  std::string backend;
+  uint64_t bytes = 0;
+  uint64_t ios = 0;
+  double seconds = 0;
+  double lat_p50_us = 0;
+  double lat_p99_us = 0;
+  double lat_p999_us = 0;
+  double usr_pct = 0;  // of one core, over the run
+  double sys_pct = 0;
+
+  double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+  double gib_per_s() const {
+    return seconds > 0 ? bytes / seconds / (1024.0 * 1024 * 1024) : 0;
+  }
+  double iops() const { return seconds > 0 ? ios / seconds : 0; }
+};
+
+// splitmix64's finalizer: a cheap, well-mixed 64-bit hash.
+inline uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t NowNs();
+
+// Bijection on [0, n) that visits blocks in a pseudo-random order: a
+// 4-round Feistel network on the next power of four, cycle-walked into
+// range. Random access, O(1) memory.
+class Permutation {
+ public:
+  Permutation(uint64_t n, uint64_t seed);
+  uint64_t operator()(uint64_t i) const;
+
+ private:
+  uint64_t Encrypt(uint64_t x) const;
+  uint64_t n_;
+  int half_bits_;
+  uint64_t keys_[4];
+};
+
+// Called about twice a second with the bytes moved so far.
+using ProgressFn = std::function<void(uint64_t bytes, double seconds)>;
+
+// The file a job runs on and how the engine should treat it.
+struct Target {
+  std::string path;
+  bool direct = true;
+  aio::Backend backend = aio::Backend::kAuto;
+  aio::FaultInjector* fault_injector = nullptr;  // tests only
+};
+
+// An engine shaped for one run, with the target file open on it.
+struct Session {
+  std::unique_ptr<aio::Engine> engine;
+  aio::File* file = nullptr;
+};
+
+// Opens an engine of `rings` rings of depth `qd` that splits at
+// `block_size`, and opens the target on it, creating and preallocating it to
+// `size` bytes when `size` is not 0.
+Result<Session> OpenSession(const Target& target, int rings, int qd,
+                            size_t block_size, uint64_t size);
+
+// Runs `spec` on `target` with buffers carved from `buffers` (at least
+// threads * qd * bs bytes, aligned for O_DIRECT). Opens its own engine so
+// that rings and queue depth match the spec, and registers the buffers.
+Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
+                         void* buffers, size_t buffer_bytes,
+                         const ProgressFn& progress);
+
+// Process CPU time (user, system) in seconds.
+void CpuTimes(double* user, double* sys);
+
+}  // namespace strata::bench
+
+#endif  // STRATA_TOOLS_NVME_BENCH_WORKLOAD_H_
