@@ -49,12 +49,20 @@ void UnrefOp(Op* op) {
   if (op->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete op;
 }
 
+namespace {
+
+// What one transfer's result means for its piece.
+enum class Progress { kDone, kResubmit, kFailed };
+
 // Note [EAGAIN budget]
 // EAGAIN and EINTR mean "try again", but a device that answers EAGAIN
 // forever would spin a ring thread at 100%. After this many consecutive
 // retries of one piece we give up and report the errno.
 constexpr uint32_t kMaxRetries = 10000;
 
+// The single place that interprets a transfer result (bytes or -errno):
+// short transfers and EINTR/EAGAIN resubmit the remainder, zero-byte
+// progress and other errors fail. Sets *err to a positive errno on kFailed.
 Progress Advance(Piece& piece, int result, int* err) {
   if (result == -EINTR || result == -EAGAIN) {
     if (++piece.retries > kMaxRetries) {
@@ -76,6 +84,8 @@ Progress Advance(Piece& piece, int result, int* err) {
   piece.done += static_cast<uint32_t>(result);
   return piece.done >= piece.len ? Progress::kDone : Progress::kResubmit;
 }
+
+}  // namespace
 
 uint32_t NextLength(const Piece& piece) {
   const uint32_t rest = piece.len - piece.done;

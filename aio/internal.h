@@ -86,14 +86,6 @@ struct Op {
 void RefOp(Op* op);
 void UnrefOp(Op* op);
 
-// What one transfer's result means for its piece.
-enum class Progress { kDone, kResubmit, kFailed };
-
-// The single place that interprets a transfer result (bytes or -errno):
-// short transfers and EINTR/EAGAIN resubmit the remainder, zero-byte
-// progress and other errors fail. Sets *err to a positive errno on kFailed.
-Progress Advance(Piece& piece, int result, int* err);
-
 // Bytes to submit next for `piece`: the remainder, or less under a fault
 // injector.
 uint32_t NextLength(const Piece& piece);
