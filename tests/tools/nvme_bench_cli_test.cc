@@ -151,12 +151,30 @@ TEST(NvmeBenchCliTest, FullFileSystemIsReported) {
 TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {
   const Outcome o = Bench("--help");
   ASSERT_EQ(o.status, 0);
-  for (const char* opt :
-       {"--path",      "--rw",     "--bs",         "--qd",         "--threads",
-        "--size",      "--time",   "--backend",    "--buffered",   "--no-pin",
-        "--vs-fio",    "--fio",    "--fio-opt",    "--repeat",     "--json",
-        "--recommend", "--verify", "--verify-ops", "--verify-max", "--keep",
-        "--overwrite", "--seed",   "--quiet"}) {
+  for (const char* opt : {"--path",
+                          "--rw",
+                          "--bs",
+                          "--qd",
+                          "--threads",
+                          "--size",
+                          "--time",
+                          "--backend",
+                          "--buffered",
+                          "--no-pin",
+                          "--no-huge-pages",
+                          "--vs-fio",
+                          "--fio",
+                          "--fio-opt",
+                          "--repeat",
+                          "--json",
+                          "--recommend",
+                          "--verify",
+                          "--verify-ops",
+                          "--verify-max",
+                          "--keep",
+                          "--overwrite",
+                          "--seed",
+                          "--quiet"}) {
     EXPECT_TRUE(Contains(o.output, opt)) << opt;
   }
 }

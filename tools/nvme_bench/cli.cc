@@ -143,6 +143,9 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   app.add_flag("!--no-pin", o.pin,
                "Do not lock the I/O buffers in memory (for a low "
                "RLIMIT_MEMLOCK)");
+  app.add_flag("!--no-huge-pages", o.huge_pages,
+               "Back the I/O buffers with 4 KiB pages instead of transparent "
+               "huge pages (as fio's default buffers are)");
   app.add_flag("--vs-fio", o.vs_fio,
                "Run fio's io_uring engine on the same file and job, "
                "interleaved with each strata run, and report the ratio");

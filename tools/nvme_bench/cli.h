@@ -22,6 +22,7 @@ struct BenchOptions {
   std::string backend = "auto";
   bool buffered = false;
   bool pin = true;
+  bool huge_pages = true;
   bool vs_fio = false;
   std::string fio = "fio";
   std::vector<std::string> fio_opts;

@@ -121,7 +121,7 @@ Status Prefill(aio::Engine* engine, aio::File* file, char* pool, uint64_t size,
 }
 
 std::string Describe(const aio::EngineInfo& info, const aio::File& file,
-                     const std::string& path, bool pinned) {
+                     const std::string& path, bool pinned, bool huge_pages) {
   std::string io = file.direct()
                        ? fmt::format("O_DIRECT (align mem {} / offset {})",
                                      file.mem_align(), file.offset_align())
@@ -132,14 +132,16 @@ std::string Describe(const aio::EngineInfo& info, const aio::File& file,
                            info.fixed_files ? ", fixed files" : "",
                            info.fixed_buffers ? ", fixed buffers" : "");
   } else {
-    backend +=
-        fmt::format(" ({} threads: {})", info.threads, info.fallback_reason);
+    backend += fmt::format(
+        " (pread/pwrite pool of threads x qd threads, at most 64: {})",
+        info.fallback_reason);
   }
   return fmt::format(
-      "strata-nvme-bench: {} ({}), {}\n  backend {}, {} buffers\n"
+      "strata-nvme-bench: {} ({}), {}\n  backend {}, {} buffers{}\n"
       "  GB/s = 1e9 B/s, GiB/s = 2^30 B/s; latency = submit to completion; "
       "CPU % of one core, whole process\n",
-      path, SizeText(file.size()), io, backend, pinned ? "pinned" : "unpinned");
+      path, SizeText(file.size()), io, backend, pinned ? "pinned" : "unpinned",
+      huge_pages ? " on huge pages" : "");
 }
 
 size_t PoolBytes(const BenchOptions& o) {
@@ -267,15 +269,16 @@ Result<bool> Verify(const BenchOptions& o, const Target& target,
                      });
   progress->Clear();
   if (!r.ok()) return r.status();
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
   std::printf(
-      "verify: %llu random ops plus full write and read-back passes; %llu "
-      "writes (%s), %llu reads (%s) in %.1f s; %llu mismatched words\n",
-      static_cast<unsigned long long>(o.verify_ops),
-      static_cast<unsigned long long>(r->writes),
-      SizeText(r->bytes_written).c_str(),
-      static_cast<unsigned long long>(r->reads),
-      SizeText(r->bytes_read).c_str(), r->seconds,
-      static_cast<unsigned long long>(r->mismatched_words));
+      "%s",
+      fmt::format("verify: {} random ops plus full write and "
+                  "read-back passes; {} writes ({:.2f} GiB), {} "
+                  "reads ({:.2f} GiB) in {:.1f} s; {} mismatched "
+                  "words\n",
+                  o.verify_ops, r->writes, r->bytes_written / kGiB, r->reads,
+                  r->bytes_read / kGiB, r->seconds, r->mismatched_words)
+          .c_str());
   if (r->mismatched_words != 0) {
     std::printf("verify: FAILED, first mismatch at %s\n",
                 r->first_mismatch.c_str());
@@ -310,9 +313,9 @@ Status RunOnFile(const BenchOptions& o, const Placement& place,
   aio::File* file = session->file;
   Status st = CheckWritable(o, place, *file);
   if (!st.ok()) return st;
-  std::printf(
-      "%s", Describe(session->engine->info(), *file, place.file, pool.locked())
-                .c_str());
+  std::printf("%s", Describe(session->engine->info(), *file, place.file,
+                             pool.locked(), o.huge_pages)
+                        .c_str());
   std::fflush(stdout);
   const Target target{place.file, file->direct(), backend};
   Progress progress(!o.quiet);
@@ -340,6 +343,7 @@ Result<int> Run(const BenchOptions& o) {
   if (!place.ok()) return place.status();
   aio::PinOptions pin;
   pin.lock = o.pin;
+  pin.huge_pages = o.huge_pages;
   auto pool = aio::PinnedBuffer::Allocate(PoolBytes(o), pin);
   if (!pool.ok()) return pool.status();
   FillRandom(static_cast<char*>(pool->data()), pool->size(), o.seed);
