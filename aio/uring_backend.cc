@@ -53,7 +53,12 @@ thread_local Ring* tls_ring = nullptr;
 class Ring {
  public:
   Ring(int index, int queue_depth) : index_(index), qd_(queue_depth) {}
-  ~Ring() { Stop(); }
+  ~Ring() {
+    Stop();
+    // Closed only here, after the ring thread is gone: a Wake() racing with
+    // the thread's exit must never write to a closed (or reused) fd.
+    if (efd_ >= 0) close(efd_);
+  }
 
   // Starts the ring thread and waits until its ring is set up.
   Status Start() {
@@ -115,7 +120,6 @@ class Ring {
     tls_ring = this;
     Loop();
     io_uring_queue_exit(&ring_);
-    close(efd_);
   }
 
   Status Setup() {
@@ -136,6 +140,7 @@ class Ring {
     }
     if (rc != 0) {
       close(efd_);
+      efd_ = -1;
       return Status(StatusCode::kUnavailable,
                     "io_uring_queue_init failed with " + ErrnoText(-rc) +
                         " (blocked by seccomp, the kernel.io_uring_disabled "
