@@ -19,6 +19,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <future>
@@ -148,10 +151,57 @@ class Ring {
                         "STRATA_AIO_BACKEND=threads to use the thread-pool "
                         "backend");
     }
+    // A sandbox may allow io_uring_setup yet deny io_uring_enter: prove the
+    // ring works with a no-op before anything depends on it.
+    if (Status st = ProbeNop(); !st.ok()) {
+      io_uring_queue_exit(&ring_);
+      close(efd_);
+      efd_ = -1;
+      return st;
+    }
     fixed_files_ = io_uring_register_files_sparse(&ring_, kMaxFixedFiles) == 0;
     fixed_buffers_ =
         io_uring_register_buffers_sparse(&ring_, kMaxFixedBuffers) == 0;
     return Status::Ok();
+  }
+
+  Status ProbeNop() {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    STRATA_CHECK(sqe != nullptr);
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, nullptr);
+    int rc;
+    do {
+      rc = io_uring_submit_and_wait(&ring_, 1);
+    } while (rc == -EINTR);
+    io_uring_cqe* cqe = nullptr;
+    if (rc >= 0) rc = io_uring_peek_cqe(&ring_, &cqe);
+    if (rc >= 0) io_uring_cqe_seen(&ring_, cqe);
+    if (rc >= 0) return Status::Ok();
+    return Status(StatusCode::kUnavailable,
+                  "io_uring_enter failed with " + ErrnoText(-rc) +
+                      " (blocked by seccomp?); set STRATA_AIO_BACKEND=threads "
+                      "to use the thread-pool backend");
+  }
+
+  // Submits what is prepped and, when `wait`, blocks for one completion.
+  // Without waiting it still runs deferred completions (GETEVENTS), so a
+  // ring kept busy by other threads never starves its own completions.
+  void Enter(bool wait) {
+    const int rc = wait ? io_uring_submit_and_wait(&ring_, 1)
+                        : io_uring_submit_and_get_events(&ring_);
+    if (rc >= 0 || rc == -EINTR || rc == -EAGAIN || rc == -EBUSY ||
+        rc == -ETIME) {
+      return;
+    }
+    if (rc == -ENOMEM) {
+      // The kernel is short of memory for the submission: back off, retry.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return;
+    }
+    std::fprintf(stderr, "strata aio: io_uring_enter failed with %s\n",
+                 ErrnoText(-rc).c_str());
+    std::abort();
   }
 
   void Stop() {
@@ -247,10 +297,7 @@ class Ring {
         ++prepped;
       }
       if (prepped > 0) Counters::Bump(counters_.batches);
-      const unsigned wait_nr = MaySleep() ? 1 : 0;
-      int rc = io_uring_submit_and_wait(&ring_, wait_nr);
-      STRATA_CHECK(rc >= 0 || rc == -EINTR || rc == -EAGAIN || rc == -EBUSY ||
-                   rc == -ETIME);
+      Enter(MaySleep());
       poll_armed = Reap() && poll_armed;
     }
   }

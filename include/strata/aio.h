@@ -36,7 +36,11 @@
 // Thread safety
 // - Every Engine method may be called from any thread concurrently.
 // - Completion callbacks run on an engine thread. They may submit more
-//   requests but must not block (no Wait(), no WaitAll(), no sleeping).
+//   requests but must not block: no Wait(), WaitAll(), sleeping, nor
+//   OpenFile/CloseFile/RegisterBuffer/UnregisterBuffer (these run on every
+//   ring thread and wait for it).
+// - Closing a file, or unregistering a buffer, while another thread submits
+//   requests on it is a race in the caller, as with close(2).
 //
 // Failure
 // - Errors are Status values that carry the errno, the file, the offset and
@@ -234,12 +238,15 @@ class STRATA_EXPORT Engine {
   // fix: a missing directory, a read-only file system, a full disk.
   Result<File*> OpenFile(const std::string& path,
                          const FileOptions& options = {});
-  // Fails with kFailedPrecondition while requests on the file are in flight.
+  // Fails with kFailedPrecondition while requests on the file are in flight
+  // (including while their completion callbacks run).
   Status CloseFile(File* file);
 
   // Registers [data, data+bytes) as fixed buffers on every ring, so requests
   // inside it skip per-I/O page pinning. Best effort: returns OK and serves
-  // requests unregistered if the kernel refuses. Unregister before freeing.
+  // requests unregistered if the kernel refuses. Unregister before freeing;
+  // UnregisterBuffer fails with kFailedPrecondition while requests using the
+  // buffer are in flight.
   Status RegisterBuffer(void* data, size_t bytes);
   Status UnregisterBuffer(void* data);
 

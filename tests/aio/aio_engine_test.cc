@@ -342,16 +342,51 @@ TEST_P(AioEngineTest, CompletesShortTransfers) {
             2u * ((1 << 20) / 4096 - (1 << 20) / (64 << 10)));
 }
 
+// Answers the first `n` transfers with EINTR and EAGAIN, alternately.
+class RetryInjector : public FaultInjector {
+ public:
+  explicit RetryInjector(int n) : left_(n) {}
+  int CompletionResult(bool, uint64_t, uint32_t, int result) override {
+    const int left = left_.fetch_sub(1);
+    if (left <= 0) return result;
+    ++injected;
+    return left % 2 ? -EINTR : -EAGAIN;
+  }
+  std::atomic<int> injected{0};
+
+ private:
+  std::atomic<int> left_;
+};
+
 TEST_P(AioEngineTest, RetriesEagainAndEintr) {
-  testutil::ErrnoInjector again(EAGAIN, 0, 1 << 20, 5);
+  RetryInjector retry(6);
+  EngineOptions o;
+  o.fault_injector = &retry;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer out = Buffer(1 << 20);
+  PinnedBuffer in = Buffer(1 << 20);
+  FillRandom(out.data(), out.size(), 11);
+  EXPECT_TRUE(e->Write(f, out.data(), out.size(), 0)->Wait().ok());
+  EXPECT_TRUE(e->Read(f, in.data(), in.size(), 0)->Wait().ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), out.size()), 0);
+  EXPECT_EQ(retry.injected.load(), 6);
+  EXPECT_EQ(e->stats().resubmits, 6u);
+}
+
+TEST_P(AioEngineTest, GivesUpOnEndlessEagain) {
+  testutil::ErrnoInjector again(EAGAIN, 0, 1 << 20);  // forever
   EngineOptions o;
   o.fault_injector = &again;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
   ASSERT_NE(f, nullptr);
   PinnedBuffer buf = Buffer(1 << 20);
-  EXPECT_TRUE(e->Write(f, buf.data(), buf.size(), 0)->Wait().ok());
-  EXPECT_EQ(again.injected.load(), 5u);
+  const Status st = e->Write(f, buf.data(), buf.size(), 0)->Wait();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("EAGAIN"), std::string::npos) << st.message();
+  EXPECT_EQ(again.injected.load(), 10001u);  // Note [EAGAIN budget]
 }
 
 TEST_P(AioEngineTest, ReportsEioWithFileOffsetAndLength) {
@@ -411,6 +446,78 @@ TEST_P(AioEngineTest, CloseFileRefusesWhileRequestsAreInFlight) {
   ASSERT_TRUE(h->Wait().ok());
   EXPECT_TRUE(e->CloseFile(f).ok());
   EXPECT_EQ(e->CloseFile(f).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(AioEngineTest, CloseFileWaitsForCallbacksThatResubmit) {
+  EngineOptions o;
+  o.block_size = 64 << 10;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(64 << 10);
+  std::atomic<int> left{300};
+  std::atomic<bool> chain_done{false};
+  std::function<void(const Status&)> next = [&](const Status& st) {
+    EXPECT_TRUE(st.ok());
+    if (--left > 0) {
+      EXPECT_TRUE(e->Read(f, buf.data(), buf.size(), 0, next).ok());
+    } else {
+      chain_done = true;
+    }
+  };
+  ASSERT_TRUE(e->Read(f, buf.data(), buf.size(), 0, next).ok());
+  // The chain's file is never closed under it: CloseFile succeeds only
+  // after the last callback has returned.
+  Status st;
+  do {
+    st = e->CloseFile(f);
+  } while (!st.ok());
+  EXPECT_TRUE(chain_done.load());
+  EXPECT_TRUE(e->WaitAll().ok());
+}
+
+TEST_P(AioEngineTest, UnregisterRefusesWhileTheBufferIsInUse) {
+  GateInjector gate;
+  EngineOptions o;
+  o.fault_injector = &gate;
+  OPEN_OR_SKIP(e, o);
+  if (!e->info().fixed_buffers) GTEST_SKIP() << "no fixed buffers here";
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(1 << 20);
+  ASSERT_TRUE(e->RegisterBuffer(buf.data(), buf.size()).ok());
+  auto h = e->Read(f, buf.data(), buf.size(), 0);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(e->UnregisterBuffer(buf.data()).code(),
+            StatusCode::kFailedPrecondition);
+  gate.Open();
+  EXPECT_TRUE(h->Wait().ok()) << h->Wait().ToString();
+  EXPECT_TRUE(e->UnregisterBuffer(buf.data()).ok());
+}
+
+// Registration runs on the ring threads while their callbacks submit (and
+// so look buffers up): neither may wait for the other.
+TEST_P(AioEngineTest, RegisteringWhileCallbacksSubmitDoesNotDeadlock) {
+  EngineOptions o;
+  o.block_size = 64 << 10;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer io = Buffer(64 << 10);
+  PinnedBuffer reg = Buffer(1 << 20);
+  std::atomic<bool> stop{false};
+  std::function<void(const Status&)> next = [&](const Status&) {
+    if (!stop) {
+      EXPECT_TRUE(e->Read(f, io.data(), io.size(), 0, next).ok());
+    }
+  };
+  ASSERT_TRUE(e->Read(f, io.data(), io.size(), 0, next).ok());
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(e->RegisterBuffer(reg.data(), reg.size()).ok());
+    ASSERT_TRUE(e->UnregisterBuffer(reg.data()).ok());
+  }
+  stop = true;
+  EXPECT_TRUE(e->WaitAll().ok());
 }
 
 TEST_P(AioEngineTest, DeliversWhatTheFaultInjectorCorrupts) {

@@ -182,12 +182,13 @@ TEST(AioEnvTest, BadEnvironmentValueIsAnError) {
   EXPECT_TRUE(Contains(e.status().message(), "STRATA_AIO_BACKEND"));
 }
 
-// Makes io_uring_setup fail with EPERM, as a container's seccomp profile
-// does. Irreversible: call only in a forked child.
-void BlockIoUring() {
+// Makes the system call `nr` (io_uring_setup by default) fail with EPERM,
+// as a container's seccomp profile does. Irreversible: call only in a
+// forked child.
+void BlockIoUring(int nr = __NR_io_uring_setup) {
   sock_filter filter[] = {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
@@ -222,6 +223,18 @@ TEST(AioEnvDeathTest, BlockedIoUringFallsBackToThreadsAndSaysSo) {
       },
       ::testing::ExitedWithCode(0),
       "io_uring unavailable \\(io_uring_queue_init failed with EPERM");
+}
+
+TEST(AioEnvDeathTest, BlockedIoUringEnterFallsBackToThreads) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        BlockIoUring(__NR_io_uring_enter);
+        unsetenv("STRATA_AIO_BACKEND");
+        auto e = Engine::Open(EngineOptions{});
+        _exit(e.ok() && (*e)->info().backend == Backend::kThreads ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "io_uring_enter failed with EPERM");
 }
 
 TEST(AioEnvDeathTest, BlockedIoUringIsAnErrorWhenRequested) {

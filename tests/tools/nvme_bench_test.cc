@@ -70,6 +70,25 @@ TEST(CommandLineTest, RejectsBadValuesWithTheirName) {
       ParseCommandLine(1, const_cast<char**>(no_path), &exit_now).ok());
 }
 
+TEST(CommandLineTest, SizeMustHoldABlockPerThreadInWhole4KUnits) {
+  bool exit_now = false;
+  for (const char* size : {"0", "256", "6000"}) {
+    const char* argv[] = {"b", "--path", "/x", "--size", size};
+    auto o = ParseCommandLine(5, const_cast<char**>(argv), &exit_now);
+    ASSERT_FALSE(o.ok()) << size;
+    EXPECT_NE(o.status().message().find("--size"), std::string::npos);
+  }
+  const char* small[] = {"b",         "--path", "/x",     "--bs", "1M",
+                         "--threads", "4",      "--size", "2M"};
+  auto o = ParseCommandLine(9, const_cast<char**>(small), &exit_now);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("too small"), std::string::npos);
+  const char* verify[] = {"b", "--path", "/x", "--verify", "--size", "1M"};
+  auto v = ParseCommandLine(6, const_cast<char**>(verify), &exit_now);
+  ASSERT_FALSE(v.ok());  // --verify-max 4M does not fit in 1M
+  EXPECT_NE(v.status().message().find("--verify-max"), std::string::npos);
+}
+
 TEST(PermutationTest, IsABijectionForEverySize) {
   for (uint64_t n : {1ull, 2ull, 3ull, 7ull, 64ull, 1000ull, 4097ull}) {
     for (uint64_t seed : {1ull, 99ull}) {
@@ -243,6 +262,14 @@ TEST_F(WorkloadTest, TimeBasedRunsLoopOverTheFile) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_GE(r->seconds, 0.3);
   EXPECT_GT(r->bytes, 1u << 20);  // more than one pass over 1 MiB
+}
+
+TEST_F(WorkloadTest, RefusesTimedBufferedReads) {
+  const JobSpec spec{Rw::kRead, 64 << 10, 2, 1, 1 << 20, 0.2};
+  auto r = RunJob(spec, Target{path_, /*direct=*/false}, pool_.data(),
+                  pool_.size(), nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("page cache"), std::string::npos);
 }
 
 TEST_F(WorkloadTest, ReportsIoErrors) {

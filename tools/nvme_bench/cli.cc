@@ -1,6 +1,7 @@
 #include "tools/nvme_bench/cli.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 
 namespace strata::bench {
@@ -61,6 +62,30 @@ Result<std::vector<int>> ParseInts(const std::string& flag,
   }
   if (out.empty()) return Invalid(flag + ": empty list");
   return out;
+}
+
+// --size must hold one block per thread of every configuration, in whole
+// 4 KiB units (the largest direct-I/O alignment we meet).
+Result<BenchOptions> CheckSize(BenchOptions o) {
+  if (o.size == 0 || o.size % 4096 != 0) {
+    return Invalid("--size must be a positive multiple of 4K");
+  }
+  if (o.verify) {
+    if (o.verify_max < 4096 || o.verify_max % 4096 != 0 ||
+        o.verify_max > o.size) {
+      return Invalid("--verify-max must be a multiple of 4K, at most --size");
+    }
+    return o;
+  }
+  const uint64_t bs = *std::max_element(o.bs.begin(), o.bs.end());
+  const uint64_t th = *std::max_element(o.threads.begin(), o.threads.end());
+  if (o.size < bs * th) {
+    return Invalid("--size " + std::to_string(o.size) +
+                   " is too small: each thread needs at least one --bs "
+                   "block (largest bs x threads = " +
+                   std::to_string(bs * th) + ")");
+  }
+  return o;
 }
 
 }  // namespace
@@ -215,7 +240,7 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   if (!vm.ok()) return Invalid("--verify-max: " + vm.status().message());
   o.verify_max = *vm;
   if (o.seconds < 0) return Invalid("--time must be >= 0");
-  return o;
+  return CheckSize(o);
 }
 
 }  // namespace strata::bench

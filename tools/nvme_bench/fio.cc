@@ -65,10 +65,12 @@ Result<std::string> Capture(const std::vector<std::string>& argv) {
   return out;
 }
 
-double Percentile(const nlohmann::json& lat, const char* key) {
-  if (!lat.contains("percentile")) return 0;
-  const auto& p = lat["percentile"];
-  return p.contains(key) ? p[key].get<double>() / 1e3 : 0;
+// lat_ns.percentile[key] in microseconds; 0 if fio did not report it.
+double Percentile(const nlohmann::json& dir, const char* key) {
+  const auto lat = dir.find("lat_ns");
+  if (lat == dir.end() || !lat->contains("percentile")) return 0;
+  const auto& p = lat->at("percentile");
+  return p.contains(key) ? p.at(key).get<double>() / 1e3 : 0;
 }
 
 }  // namespace
@@ -120,8 +122,13 @@ Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
   if (doc.is_discarded() || !doc.contains("jobs") || doc["jobs"].empty()) {
     return Status(StatusCode::kInternal, "cannot parse fio's JSON output");
   }
-  const auto& job = doc["jobs"][0];
-  const auto& dir = job[IsWrite(spec.rw) ? "write" : "read"];
+  const nlohmann::json& job = doc["jobs"][0];
+  const char* key = IsWrite(spec.rw) ? "write" : "read";
+  if (!job.contains(key)) {
+    return Status(StatusCode::kInternal,
+                  std::string("fio's JSON has no '") + key + "' section");
+  }
+  const nlohmann::json& dir = job.at(key);
   JobResult r;
   r.spec = spec;
   r.backend = "fio-io_uring";
@@ -129,10 +136,9 @@ Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
   r.ios = dir.value("total_ios", uint64_t{0});
   const double bw = dir.value("bw_bytes", 0.0);
   r.seconds = bw > 0 ? r.bytes / bw : 0;
-  const auto& lat = dir["lat_ns"];
-  r.lat_p50_us = Percentile(lat, "50.000000");
-  r.lat_p99_us = Percentile(lat, "99.000000");
-  r.lat_p999_us = Percentile(lat, "99.900000");
+  r.lat_p50_us = Percentile(dir, "50.000000");
+  r.lat_p99_us = Percentile(dir, "99.000000");
+  r.lat_p999_us = Percentile(dir, "99.900000");
   r.usr_pct = job.value("usr_cpu", 0.0);
   r.sys_pct = job.value("sys_cpu", 0.0);
   if (r.bytes == 0 || r.seconds <= 0) {

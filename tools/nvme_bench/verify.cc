@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -114,7 +115,13 @@ bool Verifier::Collides(const Span& span) const {
 Status Verifier::Submit(Slot& s) {
   const size_t len = s.span.units * unit_;
   const uint64_t off = s.span.first * unit_;
-  if (s.write) Fill(s);
+  if (s.write) {
+    Fill(s);
+  } else {
+    // A read that completes without moving data must not pass on what the
+    // slot held before.
+    std::memset(s.buf, 0xa5, len);
+  }
   s.busy = true;
   Slot* slot = &s;
   auto cb = [this, slot](const Status& st) {

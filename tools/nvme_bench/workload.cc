@@ -50,7 +50,7 @@ class Job {
   void Fail(const Status& status);
   // A slot (or the start-up guard) has no more work; the last one to retire
   // stamps the end of the run.
-  void Retire(uint64_t now);
+  void Retire();
 
   const JobSpec spec_;
   aio::Engine* engine_;
@@ -114,10 +114,13 @@ void Job::OnComplete(Slot* slot, const Status& status) {
   } else {
     Fail(status);
   }
-  if (!Issue(slot)) Retire(now);
+  if (!Issue(slot)) Retire();
 }
 
-void Job::Retire(uint64_t now) {
+void Job::Retire() {
+  // Read the clock here, after Issue() read it to decide to stop: the run
+  // never ends before its deadline.
+  const uint64_t now = NowNs();
   if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     end_ns_.store(now, std::memory_order_release);
   }
@@ -152,9 +155,9 @@ Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds) {
   // One extra count guards against the run ending while slots are issued.
   active_.store(static_cast<int>(slots_.size()) + 1);
   for (Slot& s : slots_) {
-    if (!Issue(&s)) Retire(NowNs());
+    if (!Issue(&s)) Retire();
   }
-  Retire(NowNs());
+  Retire();
   uint64_t last_report = start;
   while (end_ns_.load(std::memory_order_acquire) == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -264,6 +267,14 @@ Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
   Status st = engine->RegisterBuffer(buffers, need);
   if (!st.ok()) return st;
   if (!IsWrite(spec.rw)) {
+    // Time-based reads loop over the file; through the page cache every pass
+    // after the first would be served from memory.
+    if (!file->direct() && spec.seconds > 0) {
+      return Status(StatusCode::kInvalidArgument,
+                    "--time with buffered reads would measure the page "
+                    "cache: use --size (one pass) or a file system that "
+                    "supports O_DIRECT");
+    }
     st = file->DropCache();
     if (!st.ok()) return st;
   }
