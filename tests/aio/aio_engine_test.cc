@@ -45,6 +45,19 @@ class AioEngineTest : public ::testing::TestWithParam<Backend> {
     return f.ok() ? *f : nullptr;
   }
 
+  // Writes `bytes` of random data at offset 0 of `f`, reads them back and
+  // expects them unchanged.
+  void ExpectRoundTrip(Engine& e, File* f, size_t bytes, uint64_t seed) {
+    PinnedBuffer out = Buffer(bytes);
+    PinnedBuffer in = Buffer(bytes);
+    FillRandom(out.data(), bytes, seed);
+    const Status w = e.Write(f, out.data(), bytes, 0)->Wait();
+    ASSERT_TRUE(w.ok()) << w.ToString();
+    const Status r = e.Read(f, in.data(), bytes, 0)->Wait();
+    ASSERT_TRUE(r.ok()) << r.ToString();
+    EXPECT_EQ(std::memcmp(out.data(), in.data(), bytes), 0);
+  }
+
   PinnedBuffer Buffer(size_t bytes) {
     PinOptions po;
     po.lock = false;  // the memlock limit is tested on its own
@@ -106,12 +119,7 @@ TEST_P(AioEngineTest, SpreadsOneLargeRequestOverRings) {
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 4 << 20);
   ASSERT_NE(f, nullptr);
-  PinnedBuffer out = Buffer(4 << 20);
-  PinnedBuffer in = Buffer(4 << 20);
-  FillRandom(out.data(), out.size(), 7);
-  ASSERT_TRUE(e->Write(f, out.data(), out.size(), 0)->Wait().ok());
-  ASSERT_TRUE(e->Read(f, in.data(), in.size(), 0)->Wait().ok());
-  EXPECT_EQ(std::memcmp(out.data(), in.data(), out.size()), 0);
+  ExpectRoundTrip(*e, f, 4 << 20, 7);
   const EngineStats s = e->stats();
   EXPECT_EQ(s.transfers, 2u * (4 << 20) / (32 << 10));
 }
@@ -331,12 +339,7 @@ TEST_P(AioEngineTest, CompletesShortTransfers) {
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
   ASSERT_NE(f, nullptr);
-  PinnedBuffer out = Buffer(1 << 20);
-  PinnedBuffer in = Buffer(1 << 20);
-  FillRandom(out.data(), out.size(), 6);
-  ASSERT_TRUE(e->Write(f, out.data(), out.size(), 0)->Wait().ok());
-  ASSERT_TRUE(e->Read(f, in.data(), in.size(), 0)->Wait().ok());
-  EXPECT_EQ(std::memcmp(out.data(), in.data(), out.size()), 0);
+  ExpectRoundTrip(*e, f, 1 << 20, 6);
   EXPECT_GT(injector.cuts.load(), 0u);
   EXPECT_EQ(e->stats().resubmits,
             2u * ((1 << 20) / 4096 - (1 << 20) / (64 << 10)));
@@ -365,12 +368,7 @@ TEST_P(AioEngineTest, RetriesEagainAndEintr) {
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
   ASSERT_NE(f, nullptr);
-  PinnedBuffer out = Buffer(1 << 20);
-  PinnedBuffer in = Buffer(1 << 20);
-  FillRandom(out.data(), out.size(), 11);
-  EXPECT_TRUE(e->Write(f, out.data(), out.size(), 0)->Wait().ok());
-  EXPECT_TRUE(e->Read(f, in.data(), in.size(), 0)->Wait().ok());
-  EXPECT_EQ(std::memcmp(out.data(), in.data(), out.size()), 0);
+  ExpectRoundTrip(*e, f, 1 << 20, 11);
   EXPECT_EQ(retry.injected.load(), 6);
   EXPECT_EQ(e->stats().resubmits, 6u);
 }
