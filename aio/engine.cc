@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -150,40 +149,22 @@ class Engine::Impl {
   Status Init();
   Result<File*> OpenFile(const std::string& path, const FileOptions& options);
   Status CloseFile(File* file);
-  Status RegisterBuffer(void* data, size_t bytes);
-  Status UnregisterBuffer(void* data);
   Result<Handle> Submit(Request request);
   Status WaitAll();
   void Finish(Op* op);
-  void ReleaseSlot(int slot);
+  internal::BufferRegistry& buffers() { return *buffers_; }
   EngineStats stats() const { return backend_->stats(); }
 
   EngineOptions options_;
   EngineInfo info_;
 
  private:
-  // A registered range, at most 1 GiB: see Note [Buffer registration].
-  struct Registered {
-    uintptr_t owner;  // the address RegisterBuffer() was given
-    uintptr_t start;
-    size_t bytes;
-    int slot;   // fixed-buffer slot, or -1 when served unregistered
-    bool live;  // registration finished; requests may use it
-  };
   Status Validate(const Request& r, FileImpl* file) const;
-  // The live fixed-buffer slot holding [buf, buf+len), counted as used
-  // until ReleaseSlot(); -1 if there is none.
-  int AcquireSlot(const void* buf, size_t len);
 
   std::unique_ptr<internal::Backend> backend_;
   std::mutex files_mu_;
   std::vector<std::unique_ptr<FileImpl>> files_;  // by slot
-  std::shared_mutex buffers_mu_;
-  std::vector<Registered> buffers_;  // sorted by start
-  std::vector<bool> slot_taken_ =
-      std::vector<bool>(internal::kMaxFixedBuffers, false);
-  std::unique_ptr<std::atomic<int64_t>[]> slot_users_ =
-      std::make_unique<std::atomic<int64_t>[]>(internal::kMaxFixedBuffers);
+  std::unique_ptr<internal::BufferRegistry> buffers_;
   std::atomic<uint32_t> next_ring_{0};
   std::atomic<uint64_t> outstanding_{0};
   std::mutex error_mu_;
@@ -235,15 +216,6 @@ void WarnFallbackOnce(const std::string& reason) {
   });
 }
 
-void WarnUnregisteredOnce() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    std::fprintf(stderr,
-                 "strata aio: the kernel refused to register a buffer "
-                 "(memlock limit?); serving it without fixed buffers\n");
-  });
-}
-
 }  // namespace
 
 Status Engine::Impl::Init() {
@@ -273,6 +245,8 @@ Status Engine::Impl::Init() {
     info_.backend = Backend::kThreads;
   }
   info_.threads = backend_->threads();
+  buffers_ = std::make_unique<internal::BufferRegistry>(
+      backend_.get(), options_.use_fixed_buffers && info_.fixed_buffers);
   return Status::Ok();
 }
 
@@ -317,131 +291,6 @@ Status Engine::Impl::CloseFile(File* file) {
   if (f->fixed) backend_->RemoveFile(f->slot);
   it->reset();
   return Status::Ok();
-}
-
-// Note [Buffer registration]
-// Registering with the rings means running code on every ring thread, and a
-// ring thread may itself be inside a completion callback that submits, i.e.
-// that takes buffers_mu_ in AcquireSlot(). So backend calls are never made
-// under buffers_mu_: a registration is first reserved (slot taken, not live),
-// then registered without the lock, then published. Pieces that use a slot
-// are counted in slot_users_ from Submit() to completion, and a buffer with
-// users cannot be unregistered: the kernel would fail them with EFAULT.
-Status Engine::Impl::RegisterBuffer(void* data, size_t bytes) {
-  if (data == nullptr || bytes == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "RegisterBuffer: null or empty buffer");
-  }
-  const uintptr_t owner = reinterpret_cast<uintptr_t>(data);
-  // The kernel takes at most 1 GiB per registered buffer.
-  constexpr size_t kMaxChunk = size_t{1} << 30;
-  std::vector<Registered> chunks;
-  {
-    std::unique_lock<std::shared_mutex> lock(buffers_mu_);
-    for (const Registered& r : buffers_) {
-      if (owner < r.start + r.bytes && r.start < owner + bytes) {
-        return Status(StatusCode::kInvalidArgument,
-                      "RegisterBuffer: range overlaps a registered buffer");
-      }
-    }
-    const bool fixed = options_.use_fixed_buffers && info_.fixed_buffers;
-    for (size_t at = 0; at < bytes; at += kMaxChunk) {
-      Registered reg{owner, owner + at, std::min(kMaxChunk, bytes - at), -1,
-                     false};
-      if (fixed) {
-        auto free = std::find(slot_taken_.begin(), slot_taken_.end(), false);
-        if (free != slot_taken_.end()) {
-          *free = true;
-          reg.slot = static_cast<int>(free - slot_taken_.begin());
-        }
-      }
-      chunks.push_back(reg);
-      buffers_.insert(
-          std::lower_bound(buffers_.begin(), buffers_.end(), reg,
-                           [](const Registered& a, const Registered& b) {
-                             return a.start < b.start;
-                           }),
-          reg);
-    }
-  }
-  std::vector<bool> accepted(chunks.size(), false);
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Registered& c = chunks[i];
-    accepted[i] =
-        c.slot >= 0 &&
-        backend_->AddBuffer(c.slot, reinterpret_cast<void*>(c.start), c.bytes);
-  }
-  bool refused = false;
-  {
-    std::unique_lock<std::shared_mutex> lock(buffers_mu_);
-    for (Registered& r : buffers_) {
-      if (r.owner != owner) continue;
-      const size_t i = (r.start - owner) / kMaxChunk;
-      if (accepted[i]) {
-        r.live = true;
-        continue;
-      }
-      if (r.slot >= 0) {
-        slot_taken_[r.slot] = false;
-        r.slot = -1;
-        refused = true;
-      }
-      r.live = true;  // served without a fixed buffer
-    }
-  }
-  if (refused) WarnUnregisteredOnce();
-  return Status::Ok();
-}
-
-Status Engine::Impl::UnregisterBuffer(void* data) {
-  const uintptr_t owner = reinterpret_cast<uintptr_t>(data);
-  std::vector<int> slots;
-  {
-    std::unique_lock<std::shared_mutex> lock(buffers_mu_);
-    bool found = false;
-    for (const Registered& r : buffers_) {
-      if (r.owner != owner) continue;
-      found = true;
-      const int64_t users =
-          r.slot >= 0 ? slot_users_[r.slot].load(std::memory_order_acquire) : 0;
-      if (!r.live || users != 0) {
-        return Status(StatusCode::kFailedPrecondition,
-                      "UnregisterBuffer: requests using the buffer are "
-                      "still in flight (or it is still being registered); "
-                      "wait for them first");
-      }
-    }
-    if (!found) {
-      return Status(StatusCode::kInvalidArgument,
-                    "UnregisterBuffer: buffer was not registered");
-    }
-    std::erase_if(buffers_, [&](const Registered& r) {
-      if (r.owner != owner) return false;
-      if (r.slot >= 0) slots.push_back(r.slot);
-      return true;
-    });
-  }
-  for (int slot : slots) backend_->RemoveBuffer(slot);
-  std::unique_lock<std::shared_mutex> lock(buffers_mu_);
-  for (int slot : slots) slot_taken_[slot] = false;
-  return Status::Ok();
-}
-
-int Engine::Impl::AcquireSlot(const void* buf, size_t len) {
-  const uintptr_t p = reinterpret_cast<uintptr_t>(buf);
-  std::shared_lock<std::shared_mutex> lock(buffers_mu_);
-  auto it = std::upper_bound(
-      buffers_.begin(), buffers_.end(), p,
-      [](uintptr_t v, const Registered& r) { return v < r.start; });
-  if (it == buffers_.begin()) return -1;
-  --it;
-  if (!it->live || it->slot < 0 || p + len > it->start + it->bytes) return -1;
-  slot_users_[it->slot].fetch_add(1, std::memory_order_relaxed);
-  return it->slot;
-}
-
-void Engine::Impl::ReleaseSlot(int slot) {
-  slot_users_[slot].fetch_sub(1, std::memory_order_release);
 }
 
 Status Engine::Impl::Validate(const Request& r, FileImpl* f) const {
@@ -512,7 +361,8 @@ Result<Handle> Engine::Impl::Submit(Request r) {
   }
   // Fixed-buffer lookup per piece: a request may straddle registrations.
   for (uint32_t i = 0; i < count; ++i) {
-    op->pieces[i].buf_index = AcquireSlot(op->pieces[i].buf, op->pieces[i].len);
+    op->pieces[i].buf_index =
+        buffers_->Acquire(op->pieces[i].buf, op->pieces[i].len);
   }
   Handle handle = internal::MakeHandle(op);
   internal::RefOp(op);  // the handle's reference; the engine holds the first
@@ -574,7 +424,7 @@ Status Engine::Impl::WaitAll() {
 // `err` is 0 on success or a positive errno.
 void internal::CompletePiece(Piece* piece, int err) {
   Op* op = piece->op;
-  if (piece->buf_index >= 0) op->engine->ReleaseSlot(piece->buf_index);
+  if (piece->buf_index >= 0) op->engine->buffers().Release(piece->buf_index);
   if (err != 0 && !op->failed.exchange(true, std::memory_order_acq_rel)) {
     op->status =
         IoStatus(err, op->write, op->file->path(), piece->offset + piece->done,
@@ -646,11 +496,11 @@ Result<File*> Engine::OpenFile(const std::string& path,
 Status Engine::CloseFile(File* file) { return impl_->CloseFile(file); }
 
 Status Engine::RegisterBuffer(void* data, size_t bytes) {
-  return impl_->RegisterBuffer(data, bytes);
+  return impl_->buffers().Register(data, bytes);
 }
 
 Status Engine::UnregisterBuffer(void* data) {
-  return impl_->UnregisterBuffer(data);
+  return impl_->buffers().Unregister(data);
 }
 
 Result<Handle> Engine::Submit(Request request) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,38 @@ struct Counters {
     c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
   void AddTo(EngineStats* s) const;
+};
+
+// Buffers given to Engine::RegisterBuffer and the fixed-buffer slots they
+// occupy on every ring. Thread-safe. See Note [Buffer registration].
+class BufferRegistry {
+ public:
+  // `fixed`: whether the backend's rings accept registered buffers.
+  BufferRegistry(Backend* backend, bool fixed);
+  Status Register(void* data, size_t bytes);
+  // Fails with kFailedPrecondition while pieces hold one of its slots.
+  Status Unregister(void* data);
+  // The slot of a live registration holding [buf, buf+len), held until
+  // Release(); -1 if there is none.
+  int Acquire(const void* buf, size_t len);
+  void Release(int slot);
+
+ private:
+  // A registered range, at most 1 GiB (the kernel's limit per buffer).
+  struct Registered {
+    uintptr_t owner;  // the address Register() was given
+    uintptr_t start;
+    size_t bytes;
+    int slot;   // fixed-buffer slot, or -1 when served unregistered
+    bool live;  // registration finished; requests may use it
+  };
+
+  Backend* backend_;
+  bool fixed_;
+  std::shared_mutex mu_;
+  std::vector<Registered> ranges_;  // sorted by start
+  std::vector<bool> slot_taken_;
+  std::unique_ptr<std::atomic<int64_t>[]> slot_users_;
 };
 
 // Most files and buffer slots the rings register.
