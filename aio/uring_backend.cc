@@ -58,8 +58,9 @@ class Ring {
   Ring(int index, int queue_depth) : index_(index), qd_(queue_depth) {}
   ~Ring() {
     Stop();
-    // Closed only here, after the ring thread is gone: a Wake() racing with
-    // the thread's exit must never write to a closed (or reused) fd.
+    // Closed only here, after the ring thread is gone (or never started): a
+    // Wake() racing with the thread's exit must never write to a closed (or
+    // reused) fd.
     if (efd_ >= 0) close(efd_);
   }
 
@@ -142,8 +143,6 @@ class Ring {
       if (rc != -EINVAL) break;
     }
     if (rc != 0) {
-      close(efd_);
-      efd_ = -1;
       return Status(StatusCode::kUnavailable,
                     "io_uring_queue_init failed with " + ErrnoText(-rc) +
                         " (blocked by seccomp, the kernel.io_uring_disabled "
@@ -155,8 +154,6 @@ class Ring {
     // ring works with a no-op before anything depends on it.
     if (Status st = ProbeNop(); !st.ok()) {
       io_uring_queue_exit(&ring_);
-      close(efd_);
-      efd_ = -1;
       return st;
     }
     fixed_files_ = io_uring_register_files_sparse(&ring_, kMaxFixedFiles) == 0;
