@@ -5,7 +5,7 @@
 
 STRATA_PACKAGES=(
   build-essential cmake pkg-config
-  liburing-dev libnuma-dev
+  liburing-dev libnuma-dev libtbb-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fio

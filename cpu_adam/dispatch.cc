@@ -1,0 +1,112 @@
+// Chooses the kernel table: CPUID picks the best path, STRATA_CPU_ISA or
+// CpuOptimizerOptions::isa can force one.
+#include "cpu_adam/dispatch.h"
+
+#include <cpuid.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace strata {
+
+std::string_view OptimAlgoName(OptimAlgo algo) {
+  switch (algo) {
+    case OptimAlgo::kAdam:
+      return "Adam";
+    case OptimAlgo::kAdamW:
+      return "AdamW";
+    case OptimAlgo::kAdagrad:
+      return "Adagrad";
+    case OptimAlgo::kLion:
+      return "Lion";
+  }
+  return "?";
+}
+
+std::string_view FloatTypeName(FloatType type) {
+  switch (type) {
+    case FloatType::kF32:
+      return "f32";
+    case FloatType::kBF16:
+      return "bf16";
+    case FloatType::kF16:
+      return "f16";
+  }
+  return "?";
+}
+
+std::string_view CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAuto:
+      return "auto";
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+size_t FloatTypeSize(FloatType type) { return type == FloatType::kF32 ? 4 : 2; }
+
+namespace cpu_adam {
+
+bool CpuSupports(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAuto:
+    case CpuIsa::kScalar:
+      return true;
+    case CpuIsa::kAvx2: {
+      unsigned a, b, c, d;
+      bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+      return f16c && __builtin_cpu_supports("avx2");
+    }
+    case CpuIsa::kAvx512:
+      return CpuSupports(CpuIsa::kAvx2) && __builtin_cpu_supports("avx512f");
+  }
+  return false;
+}
+
+Result<CpuIsa> ParseCpuIsa(std::string_view name) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (name == CpuIsaName(isa)) return isa;
+  }
+  return Status(StatusCode::kInvalidArgument,
+                "STRATA_CPU_ISA='" + std::string(name) +
+                    "' is not a CPU path; use scalar, avx2 or avx512, or "
+                    "unset it to let CPUID choose");
+}
+
+Result<const KernelTable*> SelectKernels(CpuIsa want) {
+  const char* env = std::getenv("STRATA_CPU_ISA");
+  if (want == CpuIsa::kAuto && env != nullptr && *env != '\0') {
+    Result<CpuIsa> forced = ParseCpuIsa(env);
+    if (!forced.ok()) return forced.status();
+    want = *forced;
+  }
+  if (want == CpuIsa::kAuto) {
+    want = CpuSupports(CpuIsa::kAvx512) ? CpuIsa::kAvx512
+           : CpuSupports(CpuIsa::kAvx2) ? CpuIsa::kAvx2
+                                        : CpuIsa::kScalar;
+  }
+  if (!CpuSupports(want)) {
+    return Status(StatusCode::kUnavailable,
+                  "the " + std::string(CpuIsaName(want)) +
+                      " CPU path was requested but this CPU lacks it (avx2 "
+                      "needs AVX2+F16C, avx512 also AVX512F); request scalar "
+                      "or unset STRATA_CPU_ISA");
+  }
+  switch (want) {
+    case CpuIsa::kAvx512:
+      return &Avx512Kernels();
+    case CpuIsa::kAvx2:
+      return &Avx2Kernels();
+    default:
+      return &ScalarKernels();
+  }
+}
+
+}  // namespace cpu_adam
+}  // namespace strata

@@ -1,0 +1,90 @@
+// The AVX-512 path (16 lanes, AVX512F only). Built with -mavx512f -mf16c
+// and no FMA. See Note [One body, three ISAs] in kernel_body.h.
+#include <immintrin.h>
+
+#include "cpu_adam/kernel_body.h"
+
+namespace strata::cpu_adam {
+namespace {
+
+struct Avx512 {
+  static constexpr size_t W = 16;
+  using F = __m512;
+  struct DAcc {
+    __m512d lane[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+  };
+
+  static F Set1(float x) { return _mm512_set1_ps(x); }
+  static F Load(const float* p) { return _mm512_loadu_ps(p); }
+  static F Load(const Bf16* p) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static F Load(const F16* p) {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  // Round to nearest even on the bit pattern; NaN keeps its top bits and is
+  // quieted (see convert.h). Not VCVTNEPS2BF16: it flushes denormals.
+  static void Store(Bf16* p, F v) {
+    __m512i b = _mm512_castps_si512(v);
+    __m512i hi = _mm512_srli_epi32(b, 16);
+    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, bias), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtepi32_epi16(r));
+  }
+  static void Store(F16* p, F v) {
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(p),
+        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static F Add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F Div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F Sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F Sign(F a) {
+    __m512 zero = _mm512_setzero_ps();
+    __mmask16 pos = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ);
+    __mmask16 neg = _mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ);
+    __m512 r = _mm512_maskz_mov_ps(pos, _mm512_set1_ps(1.0f));
+    return _mm512_mask_mov_ps(r, neg, _mm512_set1_ps(-1.0f));
+  }
+  static bool AnyNonFinite(F a) {
+    __m512i exp_mask = _mm512_set1_epi32(0x7F800000);
+    __m512i e = _mm512_and_si512(_mm512_castps_si512(a), exp_mask);
+    return _mm512_cmpeq_epi32_mask(e, exp_mask) != 0;
+  }
+  static void Prefetch(const void* p) {
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+  }
+  static void AddSquares8(__m512d& acc, __m256 x) {
+    __m512d d = _mm512_cvtps_pd(x);
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
+  }
+  template <class G>
+  static void AddSquares16(DAcc& acc, const G* g) {
+    F v = Load(g);
+    AddSquares8(acc.lane[0], _mm512_castps512_ps256(v));
+    AddSquares8(acc.lane[1], _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                 _mm512_castps_pd(v), 1)));
+  }
+  static void StoreLanes(const DAcc& acc, double* lanes) {
+    _mm512_storeu_pd(lanes, acc.lane[0]);
+    _mm512_storeu_pd(lanes + 8, acc.lane[1]);
+  }
+};
+
+}  // namespace
+
+const KernelTable& Avx512Kernels() {
+  static const KernelTable table = MakeKernelTable<Avx512>(CpuIsa::kAvx512);
+  return table;
+}
+
+}  // namespace strata::cpu_adam

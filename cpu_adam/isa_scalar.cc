@@ -1,0 +1,72 @@
+// The scalar path: the reference the SIMD paths are tested against, and the
+// fallback on CPUs without AVX2. Element access goes through memcpy, so any
+// alignment works. See Note [One body, three ISAs] in kernel_body.h.
+#include <cmath>
+
+#include "cpu_adam/convert.h"
+#include "cpu_adam/kernel_body.h"
+
+namespace strata::cpu_adam {
+namespace {
+
+struct Scalar {
+  static constexpr size_t W = 1;
+  using F = float;
+  using DAcc = double[16];
+
+  static F Set1(float x) { return x; }
+  static F Load(const float* p) {
+    float v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static F Load(const Bf16* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return Bf16ToF32(h);
+  }
+  static F Load(const F16* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return F16ToF32(h);
+  }
+  static void Store(float* p, F v) { std::memcpy(p, &v, sizeof v); }
+  static void Store(Bf16* p, F v) {
+    uint16_t h = F32ToBf16(v);
+    std::memcpy(p, &h, sizeof h);
+  }
+  static void Store(F16* p, F v) {
+    uint16_t h = F32ToF16(v);
+    std::memcpy(p, &h, sizeof h);
+  }
+  static F Add(F a, F b) { return a + b; }
+  static F Sub(F a, F b) { return a - b; }
+  static F Mul(F a, F b) { return a * b; }
+  static F Div(F a, F b) { return a / b; }
+  static F Sqrt(F a) { return std::sqrt(a); }
+  // torch.sign: -1, 0 or 1 (0 for NaN and for either zero).
+  static F Sign(F a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
+  static bool AnyNonFinite(F a) {
+    return (std::bit_cast<uint32_t>(a) & 0x7F800000u) == 0x7F800000u;
+  }
+  static void Prefetch(const void*) {}
+  template <class G>
+  static void AddSquares16(DAcc& acc, const G* g) {
+    for (int l = 0; l < 16; ++l) {
+      double x = Load(g + l);
+      acc[l] += x * x;
+    }
+  }
+  static void StoreLanes(const DAcc& acc, double* lanes) {
+    std::memcpy(lanes, acc, sizeof(DAcc));
+  }
+};
+
+}  // namespace
+
+const KernelTable& ScalarKernels() {
+  static const KernelTable table = MakeKernelTable<Scalar>(CpuIsa::kScalar);
+  return table;
+}
+
+}  // namespace strata::cpu_adam

@@ -1,0 +1,353 @@
+// CpuOptimizer: validation, the fp32 step constants, and the split of each
+// call into stable per-thread partitions. The arithmetic is in
+// kernel_body.h.
+#include <tbb/blocked_range.h>
+#include <tbb/info.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpu_adam/dispatch.h"
+#include "strata/cpu_adam.h"
+
+namespace strata {
+namespace {
+
+using cpu_adam::KernelTable;
+using cpu_adam::StepConsts;
+
+// Note [Partitions]
+// Why: the optimizer streams gigabytes per step; the win is in keeping every
+// core's memory traffic flowing, not in load balancing. How: a call is split
+// into one contiguous partition per thread, with inner boundaries on 4 KiB
+// pages of the params buffer, so the split is identical from call to call
+// for the same buffers, and tbb::affinity_partitioner replays each partition
+// onto the thread that ran it last time: the same core touches the same
+// pages each step (first-touch friendly, no per-tile fork/join). A thread
+// walks its partition in kBlock pieces only to notice, between pieces, that
+// another thread has stopped at a non-finite gradient. Limits: below
+// kMinParallel elements one thread does the whole call, where waking workers
+// would cost more than it saves.
+constexpr size_t kPageBytes = 4096;
+constexpr size_t kMinParallel = size_t{1} << 16;
+constexpr size_t kBlock = size_t{1} << 16;
+// SumSquares sums fixed blocks so its order does not depend on the split.
+constexpr size_t kNormBlock = size_t{1} << 16;
+
+Status Invalid(std::string message) {
+  return Status(StatusCode::kInvalidArgument, std::move(message));
+}
+
+struct Span {
+  const char* name;
+  uintptr_t begin;
+  uintptr_t end;
+};
+
+Status CheckDisjoint(const std::vector<Span>& spans) {
+  for (size_t a = 0; a < spans.size(); ++a) {
+    for (size_t b = a + 1; b < spans.size(); ++b) {
+      if (spans[a].begin < spans[b].end && spans[b].begin < spans[a].end) {
+        return Invalid(std::string(spans[a].name) + " and " + spans[b].name +
+                       " overlap; every buffer of a step must be distinct");
+      }
+    }
+  }
+  return Status();
+}
+
+Span MakeSpan(const char* name, const void* p, size_t n, FloatType type) {
+  auto begin = reinterpret_cast<uintptr_t>(p);
+  return {name, begin, begin + n * FloatTypeSize(type)};
+}
+
+bool ValidType(FloatType t) {
+  return t == FloatType::kF32 || t == FloatType::kBF16 || t == FloatType::kF16;
+}
+
+Status CheckBuffers(OptimAlgo algo, const OptimBuffers& b) {
+  const bool two_states = algo == OptimAlgo::kAdam || algo == OptimAlgo::kAdamW;
+  std::string name(OptimAlgoName(algo));
+  if (b.params == nullptr || b.grads == nullptr || b.state1 == nullptr) {
+    return Invalid(name + " step: params, grads and state1 must not be null");
+  }
+  if (two_states && b.state2 == nullptr) {
+    return Invalid(name + " step: state2 (exp_avg_sq) must not be null");
+  }
+  if (!two_states && b.state2 != nullptr) {
+    return Invalid(name + " step keeps one state buffer; pass state2 = null");
+  }
+  if (!ValidType(b.grad_type)) return Invalid("grad_type is not a FloatType");
+  if (b.state_type != FloatType::kF32 && b.state_type != FloatType::kBF16) {
+    return Invalid("optimizer state must be f32 or bf16, not " +
+                   std::string(FloatTypeName(b.state_type)));
+  }
+  if (b.params_out != nullptr && b.out_type != FloatType::kBF16 &&
+      b.out_type != FloatType::kF16) {
+    return Invalid("params_out must be bf16 or f16 (the fp32 copy is params)");
+  }
+  std::vector<Span> spans = {MakeSpan("params", b.params, b.n, FloatType::kF32),
+                             MakeSpan("grads", b.grads, b.n, b.grad_type),
+                             MakeSpan("state1", b.state1, b.n, b.state_type)};
+  if (b.state2)
+    spans.push_back(MakeSpan("state2", b.state2, b.n, b.state_type));
+  if (b.params_out) {
+    spans.push_back(MakeSpan("params_out", b.params_out, b.n, b.out_type));
+  }
+  return CheckDisjoint(spans);
+}
+
+bool FiniteAtLeast(double x, double lo) { return std::isfinite(x) && x >= lo; }
+
+Status CheckHyper(const StepOptions& o) {
+  const OptimHyper& h = o.hyper;
+  if (!FiniteAtLeast(h.lr, 0)) return Invalid("lr must be finite and >= 0");
+  if (!FiniteAtLeast(h.weight_decay, 0) || !FiniteAtLeast(h.lr_decay, 0)) {
+    return Invalid("weight_decay and lr_decay must be finite and >= 0");
+  }
+  if (!(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1)) {
+    return Invalid("beta1 and beta2 must be in [0, 1)");
+  }
+  if (o.algo != OptimAlgo::kLion && !(std::isfinite(h.eps) && h.eps > 0)) {
+    return Invalid(
+        "eps must be finite and > 0: it keeps the update finite where the "
+        "second moment is 0");
+  }
+  if (h.step < 1) {
+    return Invalid("step must be >= 1 (the 1-based number of this step)");
+  }
+  if (!(std::isfinite(o.prep.grad_scale) && o.prep.grad_scale > 0 &&
+        std::isfinite(o.prep.clip_coef) && o.prep.clip_coef > 0)) {
+    return Invalid("grad_scale and clip_coef must be finite and > 0");
+  }
+  return Status();
+}
+
+// The fp32 scalars of a step, from double, as torch computes them from
+// Python floats (see the header for the one deliberate difference).
+StepConsts MakeStepConsts(const StepOptions& o) {
+  const OptimHyper& h = o.hyper;
+  const double t = static_cast<double>(h.step);
+  StepConsts c{};
+  c.grad_mul = o.prep.grad_scale * o.prep.clip_coef;
+  const bool decoupled =
+      o.algo == OptimAlgo::kAdamW || o.algo == OptimAlgo::kLion;
+  c.decay = decoupled ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
+  c.has_l2 = !decoupled && h.weight_decay != 0;
+  c.l2 = static_cast<float>(h.weight_decay);
+  c.beta1 = static_cast<float>(h.beta1);
+  c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  c.beta2 = static_cast<float>(h.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  c.eps = static_cast<float>(h.eps);
+  switch (o.algo) {
+    case OptimAlgo::kAdam:
+    case OptimAlgo::kAdamW: {
+      double bc1 = 1.0 - std::pow(h.beta1, t);
+      double bc2 = 1.0 - std::pow(h.beta2, t);
+      c.neg_lr = static_cast<float>(-(h.lr / bc1));
+      c.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+      break;
+    }
+    case OptimAlgo::kAdagrad:
+      c.neg_lr = static_cast<float>(-(h.lr / (1.0 + (t - 1.0) * h.lr_decay)));
+      break;
+    case OptimAlgo::kLion:
+      c.neg_lr = static_cast<float>(-h.lr);
+      break;
+  }
+  return c;
+}
+
+}  // namespace
+
+struct CpuOptimizer::Impl {
+  const KernelTable* kernels = nullptr;
+  int threads = 1;                       // 0 in caller-arena mode
+  std::optional<tbb::task_arena> arena;  // absent: the caller's arena
+  tbb::affinity_partitioner affinity;
+
+  int Partitions() const {
+    return arena ? threads : tbb::this_task_arena::max_concurrency();
+  }
+
+  // Calls fn(part, begin, end) for each range of `bounds` (part p covers
+  // [bounds[p], bounds[p + 1])), in parallel when there is more than one.
+  template <class Fn>
+  void Run(const std::vector<size_t>& bounds, Fn fn) {
+    int parts = static_cast<int>(bounds.size()) - 1;
+    if (parts == 1) return fn(0, bounds[0], bounds[1]);
+    auto body = [&](const tbb::blocked_range<int>& r) {
+      for (int p = r.begin(); p < r.end(); ++p) fn(p, bounds[p], bounds[p + 1]);
+    };
+    auto all = [&] {
+      tbb::parallel_for(tbb::blocked_range<int>(0, parts, 1), body, affinity);
+    };
+    if (arena) {
+      arena->execute(all);
+    } else {
+      all();
+    }
+  }
+
+  // Page-aligned split of n elements of `elem_bytes` starting at `base`
+  // (see Note [Partitions]).
+  std::vector<size_t> Split(size_t n, const void* base,
+                            size_t elem_bytes) const {
+    int parts = n < kMinParallel ? 1 : Partitions();
+    std::vector<size_t> bounds(parts + 1, n);
+    bounds[0] = 0;
+    size_t page = kPageBytes / elem_bytes;
+    auto addr = reinterpret_cast<uintptr_t>(base);
+    size_t head =
+        addr % elem_bytes != 0
+            ? 0
+            : ((kPageBytes - addr % kPageBytes) % kPageBytes) / elem_bytes;
+    if (head > n) head = n;
+    for (int p = 1; p < parts; ++p) {
+      size_t even = (n - head) / parts * p;
+      bounds[p] = head + even / page * page;
+    }
+    return bounds;
+  }
+};
+
+CpuOptimizer::CpuOptimizer(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+CpuOptimizer::~CpuOptimizer() = default;
+
+Result<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
+    const CpuOptimizerOptions& options) {
+  if (options.threads < CpuOptimizerOptions::kCallerArena) {
+    return Invalid("threads must be > 0, 0 (all cores) or kCallerArena");
+  }
+  Result<const KernelTable*> kernels = cpu_adam::SelectKernels(options.isa);
+  if (!kernels.ok()) return kernels.status();
+  auto impl = std::make_unique<Impl>();
+  impl->kernels = *kernels;
+  if (options.threads != CpuOptimizerOptions::kCallerArena) {
+    impl->threads = options.threads > 0 ? options.threads
+                                        : tbb::info::default_concurrency();
+    impl->arena.emplace(impl->threads);
+  } else {
+    impl->threads = 0;
+  }
+  return std::unique_ptr<CpuOptimizer>(new CpuOptimizer(std::move(impl)));
+}
+
+CpuIsa CpuOptimizer::isa() const { return impl_->kernels->isa; }
+int CpuOptimizer::threads() const { return impl_->Partitions(); }
+
+Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
+                                      const OptimBuffers& b) {
+  if (static_cast<int>(options.algo) >= cpu_adam::kNumAlgos) {
+    return Invalid("algo is not an OptimAlgo");
+  }
+  if (Status s = CheckHyper(options); !s.ok()) return s;
+  if (Status s = CheckBuffers(options.algo, b); !s.ok()) return s;
+  StepReport report;
+  if (b.n == 0) return report;
+  const StepConsts c = MakeStepConsts(options);
+  const KernelTable& k = *impl_->kernels;
+  const int g = static_cast<int>(b.grad_type);
+  std::vector<size_t> bounds = impl_->Split(b.n, b.params, sizeof(float));
+
+  if (options.overflow == OverflowPolicy::kSkipStep) {
+    std::atomic<bool> bad{false};
+    impl_->Run(bounds, [&](int, size_t begin, size_t end) {
+      if (k.non_finite[g](b.grads, c.grad_mul, begin, end)) bad = true;
+    });
+    if (bad) {
+      report.outcome = StepOutcome::kSkipped;
+      return report;
+    }
+  }
+
+  const int out = b.params_out == nullptr          ? 0
+                  : b.out_type == FloatType::kBF16 ? 1
+                                                   : 2;
+  cpu_adam::StepFn fn = k.step[static_cast<int>(options.algo)][g]
+                              [static_cast<int>(b.state_type)][out];
+  const cpu_adam::StepPtrs ptrs{b.params, b.grads, b.state1, b.state2,
+                                b.params_out};
+  std::atomic<bool> stop{false};
+  impl_->Run(bounds, [&](int, size_t begin, size_t end) {
+    for (size_t i = begin; i < end; i += kBlock) {
+      if (stop.load(std::memory_order_relaxed)) return;
+      size_t j = end - i < kBlock ? end : i + kBlock;
+      if (fn(c, ptrs, i, j) != j) {
+        stop = true;
+        return;
+      }
+    }
+  });
+  if (stop) report.outcome = StepOutcome::kPartial;
+  return report;
+}
+
+Result<SumSquaresResult> CpuOptimizer::SumSquares(const void* grads,
+                                                  FloatType type, size_t n) {
+  if (!ValidType(type)) return Invalid("SumSquares: type is not a FloatType");
+  SumSquaresResult result;
+  if (n == 0) return result;
+  if (grads == nullptr) return Invalid("SumSquares: grads must not be null");
+  size_t blocks = (n + kNormBlock - 1) / kNormBlock;
+  std::vector<double> sums(blocks);
+  int parts = n < kMinParallel ? 1 : impl_->Partitions();
+  if (static_cast<size_t>(parts) > blocks) parts = static_cast<int>(blocks);
+  std::vector<size_t> bounds(parts + 1);
+  for (int p = 0; p <= parts; ++p) bounds[p] = blocks * p / parts;
+  cpu_adam::SumSquaresFn fn =
+      impl_->kernels->sum_squares[static_cast<int>(type)];
+  impl_->Run(bounds, [&](int, size_t first, size_t last) {
+    for (size_t blk = first; blk < last; ++blk) {
+      size_t begin = blk * kNormBlock;
+      size_t end = begin + kNormBlock < n ? begin + kNormBlock : n;
+      sums[blk] = fn(grads, begin, end);
+    }
+  });
+  for (double s : sums) result.sum += s;
+  result.finite = std::isfinite(result.sum);
+  return result;
+}
+
+Status CpuOptimizer::Convert(const void* src, FloatType src_type, void* dst,
+                             FloatType dst_type, size_t n) {
+  if (!ValidType(src_type) || !ValidType(dst_type)) {
+    return Invalid("Convert: type is not a FloatType");
+  }
+  if ((src_type == FloatType::kF32) == (dst_type == FloatType::kF32)) {
+    return Invalid(
+        "Convert: exactly one side must be f32 (f32 <-> bf16 or f16)");
+  }
+  if (n == 0) return Status();
+  if (src == nullptr || dst == nullptr) {
+    return Invalid("Convert: src and dst must not be null");
+  }
+  if (Status s = CheckDisjoint({MakeSpan("src", src, n, src_type),
+                                MakeSpan("dst", dst, n, dst_type)});
+      !s.ok()) {
+    return s;
+  }
+  std::vector<size_t> bounds = impl_->Split(n, src, FloatTypeSize(src_type));
+  const KernelTable& k = *impl_->kernels;
+  impl_->Run(bounds, [&](int, size_t begin, size_t end) {
+    if (src_type == FloatType::kF32) {
+      k.from_f32[static_cast<int>(dst_type)](static_cast<const float*>(src),
+                                             dst, begin, end);
+    } else {
+      k.to_f32[static_cast<int>(src_type)](src, static_cast<float*>(dst), begin,
+                                           end);
+    }
+  });
+  return Status();
+}
+
+}  // namespace strata

@@ -1,0 +1,185 @@
+// strata/cpu_adam.h: fused CPU optimizer kernels (Adam, AdamW, Adagrad,
+// Lion) at the memory-bandwidth roofline. Pure compute: no I/O, no CUDA.
+//
+// Contract
+// - One Step() call updates n fp32 master parameters in place, together with
+//   their optimizer state, in a single pass over memory. The gradient unscale
+//   and clip (one multiply), the inf/NaN check and the optional low-precision
+//   copy of the new parameters are fused into that pass.
+// - Semantics are those of torch.optim (Adam, AdamW, Adagrad) and of the Lion
+//   paper's reference code, evaluated in fp32 in torch's operation order, with
+//   one documented difference: the bias-corrected sqrt(v) is multiplied by
+//   1/sqrt(1 - beta2^t) instead of divided by sqrt(1 - beta2^t) (at most one
+//   ulp in the denominator; DeepSpeed does the same). No FMA contraction is
+//   used, so the scalar, AVX2 and AVX-512 paths give bit-identical results,
+//   whatever the thread count.
+// - The caller owns every buffer and the step counter (OptimHyper::step), so a
+//   resumed run is exact. Hyperparameters may change on every call.
+// - Any length and any alignment are accepted. Null or overlapping buffers,
+//   unsupported type combinations and non-finite hyperparameters are rejected
+//   with kInvalidArgument before anything is written.
+// - Non-finite gradients are not an error: the step reports overflow (see
+//   OverflowPolicy for what is written).
+// - Threads: the work is split into one large, page-aligned partition per
+//   thread, identical from call to call for the same buffers and n, and
+//   replayed onto the same worker threads (tbb::affinity_partitioner), so the
+//   same core touches the same memory every step. A CpuOptimizer is
+//   thread-compatible: concurrent calls on one object must be serialized;
+//   distinct objects may run concurrently.
+#ifndef STRATA_CPU_ADAM_H_
+#define STRATA_CPU_ADAM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "strata/export.h"
+#include "strata/status.h"
+
+namespace strata {
+
+enum class OptimAlgo : uint8_t { kAdam, kAdamW, kAdagrad, kLion };
+
+// Element types. bf16 and fp16 are IEEE-style 16-bit formats stored as
+// uint16_t; conversions from fp32 round to nearest even and keep NaN a NaN.
+enum class FloatType : uint8_t { kF32, kBF16, kF16 };
+
+enum class CpuIsa : uint8_t { kAuto, kScalar, kAvx2, kAvx512 };
+
+STRATA_EXPORT std::string_view OptimAlgoName(OptimAlgo algo);
+STRATA_EXPORT std::string_view FloatTypeName(FloatType type);
+STRATA_EXPORT std::string_view CpuIsaName(CpuIsa isa);
+STRATA_EXPORT size_t FloatTypeSize(FloatType type);
+
+// Per-call hyperparameters. Scalars derived from them (bias corrections,
+// 1 - beta, 1 - lr * weight_decay) are computed in double and rounded to
+// fp32 once, as torch does with Python floats.
+struct OptimHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;    // Adam/AdamW: first moment; Lion: update interpolation
+  double beta2 = 0.999;  // Adam/AdamW: second moment; Lion: momentum decay
+  double eps = 1e-8;     // Adam/AdamW/Adagrad (torch's Adagrad default: 1e-10)
+  // AdamW and Lion: decoupled (p *= 1 - lr * wd). Adam and Adagrad: L2
+  // (g += wd * p), as in torch.
+  double weight_decay = 0.0;
+  double lr_decay = 0.0;  // Adagrad only: lr / (1 + (step - 1) * lr_decay)
+  // The 1-based number of the step being taken (torch's state["step"] after
+  // its increment). Drives Adam's bias correction and Adagrad's lr decay.
+  int64_t step = 1;
+};
+
+// Gradient preprocessing fused into the pass: g = g_raw * (grad_scale *
+// clip_coef), the two factors multiplied in fp32 first. grad_scale is
+// 1 / loss_scale; clip_coef comes from global-norm clipping (see
+// CpuOptimizer::SumSquares).
+struct GradPrep {
+  float grad_scale = 1.0f;
+  float clip_coef = 1.0f;
+};
+
+// Buffers of one Step. All hold n elements.
+//   params      fp32 master weights, updated in place.
+//   grads       of grad_type (f32, bf16 or f16), read only.
+//   state1      Adam/AdamW: exp_avg. Adagrad: state_sum (the caller sets its
+//               initial value). Lion: exp_avg.
+//   state2      Adam/AdamW: exp_avg_sq. Must be null for Adagrad and Lion.
+//   state_type  f32, or bf16 to halve state bytes. bf16 state rounds m and v
+//               to 8 significant bits after every step: an update smaller
+//               than half a bf16 ulp (2^-9 relative) is lost, so with
+//               beta2 >= 0.996 a bf16 exp_avg_sq no longer decays towards a
+//               smaller gradient and acts more like a running maximum, which
+//               shrinks steps. Prefer f32 state unless memory decides.
+//   params_out  optional (may be null): the updated parameters, converted to
+//               out_type (bf16 or f16), for the device copy.
+struct OptimBuffers {
+  float* params = nullptr;
+  const void* grads = nullptr;
+  FloatType grad_type = FloatType::kF32;
+  void* state1 = nullptr;
+  void* state2 = nullptr;
+  FloatType state_type = FloatType::kF32;
+  void* params_out = nullptr;
+  FloatType out_type = FloatType::kBF16;
+  size_t n = 0;
+};
+
+enum class OverflowPolicy : uint8_t {
+  // All or nothing: the scaled gradients are scanned first (one extra read of
+  // the gradient bytes only). If any is inf or NaN, the step reports kSkipped
+  // and no byte of params, state or params_out is written.
+  kSkipStep,
+  // One pass: each vector of gradients is checked before anything derived
+  // from it is stored. On inf/NaN the pass stops (other threads at their next
+  // block) and reports kPartial: a part of the elements holds this step's
+  // update and the rest is unchanged, and no inf/NaN from the gradients ever
+  // reaches params or state. Use it when the gradients are already known to
+  // be finite, for example because SumSquares() returned a finite sum.
+  kStopAtNonFinite,
+};
+
+enum class StepOutcome : uint8_t { kApplied, kSkipped, kPartial };
+
+struct StepReport {
+  StepOutcome outcome = StepOutcome::kApplied;
+  bool overflow() const { return outcome != StepOutcome::kApplied; }
+};
+
+struct StepOptions {
+  OptimAlgo algo = OptimAlgo::kAdamW;
+  OptimHyper hyper;
+  GradPrep prep;
+  OverflowPolicy overflow = OverflowPolicy::kSkipStep;
+};
+
+// Sum of squares of a gradient buffer, for global-norm clipping. Squares are
+// exact in double and summed in a fixed order (16 lanes per 64 Ki-element
+// block, then blocks in order), so the result is bit-identical on every ISA
+// and thread count. finite is false when the buffer holds inf or NaN.
+struct SumSquaresResult {
+  double sum = 0.0;
+  bool finite = true;
+};
+
+struct CpuOptimizerOptions {
+  // kAuto: the best path the CPU supports, unless STRATA_CPU_ISA=scalar|avx2|
+  // avx512 names one. A named ISA the CPU lacks is an error.
+  CpuIsa isa = CpuIsa::kAuto;
+  // > 0: run in a private TBB arena of that many threads. 0: a private arena
+  // of tbb::info::default_concurrency() threads. kCallerArena: run in the
+  // arena of the calling thread (for callers that manage their own cores).
+  int threads = 0;
+  static constexpr int kCallerArena = -1;
+};
+
+class STRATA_EXPORT CpuOptimizer {
+ public:
+  static Result<std::unique_ptr<CpuOptimizer>> Create(
+      const CpuOptimizerOptions& options = {});
+  ~CpuOptimizer();
+  CpuOptimizer(const CpuOptimizer&) = delete;
+  CpuOptimizer& operator=(const CpuOptimizer&) = delete;
+
+  Result<StepReport> Step(const StepOptions& options,
+                          const OptimBuffers& buffers);
+
+  Result<SumSquaresResult> SumSquares(const void* grads, FloatType type,
+                                      size_t n);
+
+  // Converts n elements between fp32 and bf16/f16 (one side must be f32),
+  // rounding to nearest even. Buffers must not overlap.
+  Status Convert(const void* src, FloatType src_type, void* dst,
+                 FloatType dst_type, size_t n);
+
+  CpuIsa isa() const;
+  int threads() const;  // the partition count used for large buffers
+
+ private:
+  struct Impl;
+  explicit CpuOptimizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_CPU_ADAM_H_
