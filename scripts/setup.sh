@@ -9,6 +9,7 @@ STRATA_PACKAGES=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fio
+  python3-torch  # torch parity test and bench/cpu_adam_vs_torch.py (comparison only)
 )
 
 strata_install_deps() {
