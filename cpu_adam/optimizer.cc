@@ -41,6 +41,25 @@ constexpr size_t kBlock = size_t{1} << 16;
 // SumSquares sums fixed blocks so its order does not depend on the split.
 constexpr size_t kNormBlock = size_t{1} << 16;
 
+// Note [TSan and TBB]
+// Debian's libtbb is not built with ThreadSanitizer, so TSan cannot see the
+// synchronization that hands a task to a worker and joins it again, and
+// would report every buffer access of a parallel region as a race (and
+// spend minutes symbolizing them, even when suppressed). In TSan builds
+// Run() therefore states that edge itself: a release before the region and
+// an acquire at the start of each task, and the reverse at the end. What
+// TSan still sees are TBB's own task objects, which tests/tsan.supp
+// suppresses. Outside TSan builds these are no-ops.
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+void SyncRelease(void* token) { __tsan_release(token); }
+void SyncAcquire(void* token) { __tsan_acquire(token); }
+#else
+void SyncRelease(void*) {}
+void SyncAcquire(void*) {}
+#endif
+
 Status Invalid(std::string message) {
   return Status(StatusCode::kInvalidArgument, std::move(message));
 }
@@ -184,8 +203,12 @@ struct CpuOptimizer::Impl {
   void Run(const std::vector<size_t>& bounds, Fn fn) {
     int parts = static_cast<int>(bounds.size()) - 1;
     if (parts == 1) return fn(0, bounds[0], bounds[1]);
+    int token = 0;  // Note [TSan and TBB]
+    SyncRelease(&token);
     auto body = [&](const tbb::blocked_range<int>& r) {
+      SyncAcquire(&token);
       for (int p = r.begin(); p < r.end(); ++p) fn(p, bounds[p], bounds[p + 1]);
+      SyncRelease(&token);
     };
     auto all = [&] {
       tbb::parallel_for(tbb::blocked_range<int>(0, parts, 1), body, affinity);
@@ -195,6 +218,7 @@ struct CpuOptimizer::Impl {
     } else {
       all();
     }
+    SyncAcquire(&token);
   }
 
   // Page-aligned split of n elements of `elem_bytes` starting at `base`

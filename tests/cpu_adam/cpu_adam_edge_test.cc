@@ -64,7 +64,7 @@ class IsaTest : public ::testing::TestWithParam<CpuIsa> {};
 
 TEST_P(IsaTest, SkipOnOverflowLeavesEveryByteUnchanged) {
   STRATA_OPTIMIZER_OR_SKIP(opt, GetParam());
-  for (size_t n : {size_t{1}, size_t{1003}, size_t{300001}}) {
+  for (size_t n : {size_t{1}, size_t{1003}, kLargeN}) {
     for (size_t at : {size_t{0}, n / 2, n - 1}) {
       for (float bad : {kNaN, kInf, -kInf}) {
         SCOPED_TRACE("n=" + std::to_string(n) + " at=" + std::to_string(at) +
@@ -102,8 +102,8 @@ TEST_P(IsaTest, OverflowFromScalingIsDetected) {
 // is stored.
 TEST_P(IsaTest, StopAtNonFiniteNeverStoresPoison) {
   STRATA_OPTIMIZER_OR_SKIP(opt, GetParam());
-  const size_t n = 300001;
-  for (size_t at : {size_t{5}, size_t{150000}, n - 2}) {
+  const size_t n = kLargeN;
+  for (size_t at : {size_t{5}, n / 2, n - 2}) {
     SCOPED_TRACE("at=" + std::to_string(at));
     Problem pr(n), clean(n);
     pr.g.Set(at, kNaN);
@@ -140,8 +140,7 @@ TEST_P(IsaTest, SumSquaresIsExactOrderedAndFlagsNonFinite) {
   STRATA_OPTIMIZER_OR_SKIP(opt, GetParam());
   STRATA_OPTIMIZER_OR_SKIP(one, CpuIsa::kScalar, 1);
   for (FloatType t : {FloatType::kF32, FloatType::kBF16, FloatType::kF16}) {
-    for (size_t n :
-         {size_t{0}, size_t{1}, size_t{17}, size_t{1003}, size_t{200003}}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{17}, size_t{1003}, kLargeN}) {
       SCOPED_TRACE(std::string(FloatTypeName(t)) + " n=" + std::to_string(n));
       TypedBuffer g(t, n, 3);
       std::mt19937_64 rng(n);
@@ -188,7 +187,7 @@ std::vector<float> RoundingProbes(float (*decode)(uint16_t)) {
                   {mid, std::nextafter(mid, -kInf), std::nextafter(mid, kInf)});
   }
   std::mt19937 rng(7);
-  for (int i = 0; i < 1 << 20; ++i) {
+  for (int i = 0; i < kRandomProbes; ++i) {
     probes.push_back(std::bit_cast<float>(static_cast<uint32_t>(rng())));
   }
   return probes;
@@ -316,7 +315,7 @@ TEST(CpuAdamInput, ConvertRejectsBadRequests) {
 // The same step in a private arena of 2 and 3 threads and in a caller's
 // 1-thread arena: identical bytes, and the caller's arena is used.
 TEST(CpuAdamThreads, ResultDoesNotDependOnThreadsOrArena) {
-  const size_t n = 500001;
+  const size_t n = kLargeN;
   Problem two(n), three(n), caller(n);
   STRATA_OPTIMIZER_OR_SKIP(opt2, CpuIsa::kAuto, 2);
   STRATA_OPTIMIZER_OR_SKIP(opt3, CpuIsa::kAuto, 3);

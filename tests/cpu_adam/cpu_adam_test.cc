@@ -224,11 +224,11 @@ TEST_P(KernelTest, MultiThreadedMatchesReference) {
   RunCombo(
       *opt, *scalar,
       {OptimAlgo::kAdamW, FloatType::kBF16, FloatType::kF32, FloatType::kBF16},
-      300001, 3, 99);
+      kLargeN, 3, 99);
   RunCombo(
       *opt, *scalar,
       {OptimAlgo::kAdam, FloatType::kF32, FloatType::kBF16, FloatType::kF16},
-      200003, 0, 100);
+      kLargeN + 2, 0, 100);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, KernelTest,

@@ -17,6 +17,17 @@
 
 namespace strata::test {
 
+// Sizes big enough to be split over two threads (the driver splits from
+// 64 Ki elements on). Sanitizer builds (-O0, every access instrumented) use
+// the smallest such size; the others also cover many partitions' worth.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr size_t kLargeN = 70001;
+inline constexpr int kRandomProbes = 1 << 14;
+#else
+inline constexpr size_t kLargeN = 300001;
+inline constexpr int kRandomProbes = 1 << 20;
+#endif
+
 // n elements of `type`, starting `shift` elements past a 64-byte boundary.
 class TypedBuffer {
  public:

@@ -1,8 +1,11 @@
-// Opens an engine through the installed headers and library.
+// Opens an engine and takes one AdamW step through the installed headers and
+// libraries.
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "strata/aio.h"
+#include "strata/cpu_adam.h"
 
 int main() {
   auto engine = strata::aio::Engine::Open(strata::aio::EngineOptions{});
@@ -10,8 +13,26 @@ int main() {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
     return 1;
   }
+  auto opt = strata::CpuOptimizer::Create();
+  if (!opt.ok()) {
+    std::fprintf(stderr, "%s\n", opt.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<float> p(100, 1.0f), g(100, 0.5f), m(100), v(100);
+  strata::OptimBuffers b;
+  b.params = p.data();
+  b.grads = g.data();
+  b.state1 = m.data();
+  b.state2 = v.data();
+  b.n = p.size();
+  auto step = (*opt)->Step({}, b);
+  if (!step.ok() || p[0] >= 1.0f) {
+    std::fprintf(stderr, "AdamW step did not move the parameters\n");
+    return 1;
+  }
   std::printf(
-      "consumer: strata aio backend %s\n",
-      std::string(strata::aio::BackendName((*engine)->info().backend)).c_str());
+      "consumer: strata aio backend %s, cpu_adam path %s\n",
+      std::string(strata::aio::BackendName((*engine)->info().backend)).c_str(),
+      std::string(strata::CpuIsaName((*opt)->isa())).c_str());
   return 0;
 }
