@@ -1,4 +1,4 @@
-#!/ usr / bin / env python3
+#!/usr/bin/env python3
 """Runs torch.optim.{AdamW,Adam,Adagrad} on inputs written by
 torch_parity_test.cc and writes the resulting parameters and state back.
 
