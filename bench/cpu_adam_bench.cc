@@ -6,6 +6,8 @@
 //   build/bin/cpu_adam_bench --benchmark_filter='AdamW/fp32/268435456'
 //   build/bin/cpu_adam_bench --benchmark_counters_tabular=true
 // Environment: STRATA_CPU_THREADS (default: every core), STRATA_CPU_ISA.
+// Each size runs a fixed number of iterations (5 at 256M and up), so the
+// names carry Google Benchmark's "/iterations:N" suffix: filter by prefix.
 //
 // Benchmarks (n = parameters, 1M to 512M):
 //   AdamW/fp32/n              fp32 params, grads, m, v; one pass.
