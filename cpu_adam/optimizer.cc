@@ -40,6 +40,7 @@ constexpr size_t kMinParallel = size_t{1} << 16;
 constexpr size_t kBlock = size_t{1} << 16;
 // SumSquares sums fixed blocks so its order does not depend on the split.
 constexpr size_t kNormBlock = size_t{1} << 16;
+constexpr int kMaxThreads = 4096;
 
 // Note [TSan and TBB]
 // Debian's libtbb is not built with ThreadSanitizer, so TSan cannot see the
@@ -185,6 +186,26 @@ StepConsts MakeStepConsts(const StepOptions& o) {
   return c;
 }
 
+// The kernels see the fp32 roundings of the hyperparameters; a finite double
+// can still round to inf (lr = 1e39) or to zero (eps = 1e-46).
+Status CheckStepConsts(OptimAlgo algo, const StepConsts& c) {
+  for (float x : {c.grad_mul, c.decay, c.l2, c.inv_bc2_sqrt, c.neg_lr, c.eps}) {
+    if (!std::isfinite(x)) {
+      return Invalid(
+          "a step scalar (lr / bias correction, 1 - lr * weight_decay, "
+          "weight_decay or grad_scale * clip_coef) overflows fp32; use "
+          "hyperparameters within fp32 range");
+    }
+  }
+  if (!(c.grad_mul > 0)) {
+    return Invalid("grad_scale * clip_coef underflows to 0 in fp32");
+  }
+  if (algo != OptimAlgo::kLion && !(c.eps > 0)) {
+    return Invalid("eps rounds to 0 in fp32; use eps >= 1e-38");
+  }
+  return Status();
+}
+
 }  // namespace
 
 struct CpuOptimizer::Impl {
@@ -225,10 +246,13 @@ struct CpuOptimizer::Impl {
   // (see Note [Partitions]).
   std::vector<size_t> Split(size_t n, const void* base,
                             size_t elem_bytes) const {
+    size_t page = kPageBytes / elem_bytes;
     int parts = n < kMinParallel ? 1 : Partitions();
+    if (parts > 1 && static_cast<size_t>(parts) > n / page) {
+      parts = static_cast<int>(n / page);  // at least a page per partition
+    }
     std::vector<size_t> bounds(parts + 1, n);
     bounds[0] = 0;
-    size_t page = kPageBytes / elem_bytes;
     auto addr = reinterpret_cast<uintptr_t>(base);
     size_t head =
         addr % elem_bytes != 0
@@ -249,8 +273,10 @@ CpuOptimizer::~CpuOptimizer() = default;
 
 Result<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
     const CpuOptimizerOptions& options) {
-  if (options.threads < CpuOptimizerOptions::kCallerArena) {
-    return Invalid("threads must be > 0, 0 (all cores) or kCallerArena");
+  if (options.threads < CpuOptimizerOptions::kCallerArena ||
+      options.threads > kMaxThreads) {
+    return Invalid("threads must be 1.." + std::to_string(kMaxThreads) +
+                   ", 0 (all cores) or kCallerArena");
   }
   Result<const KernelTable*> kernels = cpu_adam::SelectKernels(options.isa);
   if (!kernels.ok()) return kernels.status();
@@ -274,11 +300,16 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
   if (static_cast<int>(options.algo) >= cpu_adam::kNumAlgos) {
     return Invalid("algo is not an OptimAlgo");
   }
+  if (options.overflow != OverflowPolicy::kSkipStep &&
+      options.overflow != OverflowPolicy::kStopAtNonFinite) {
+    return Invalid("overflow is not an OverflowPolicy");
+  }
   if (Status s = CheckHyper(options); !s.ok()) return s;
   if (Status s = CheckBuffers(options.algo, b); !s.ok()) return s;
+  const StepConsts c = MakeStepConsts(options);
+  if (Status s = CheckStepConsts(options.algo, c); !s.ok()) return s;
   StepReport report;
   if (b.n == 0) return report;
-  const StepConsts c = MakeStepConsts(options);
   const KernelTable& k = *impl_->kernels;
   const int g = static_cast<int>(b.grad_type);
   std::vector<size_t> bounds = impl_->Split(b.n, b.params, sizeof(float));

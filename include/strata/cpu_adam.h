@@ -7,17 +7,19 @@
 //   and clip (one multiply), the inf/NaN check and the optional low-precision
 //   copy of the new parameters are fused into that pass.
 // - Semantics are those of torch.optim (Adam, AdamW, Adagrad) and of the Lion
-//   paper's reference code, evaluated in fp32 in torch's operation order, with
-//   one documented difference: the bias-corrected sqrt(v) is multiplied by
-//   1/sqrt(1 - beta2^t) instead of divided by sqrt(1 - beta2^t) (at most one
-//   ulp in the denominator; DeepSpeed does the same). No FMA contraction is
+//   paper's reference code, evaluated in fp32 in torch 1.13's operation order
+//   (m = m * beta1 + (1 - beta1) * g; torch 2.x uses lerp, a few ulps away),
+//   with one documented difference: the bias-corrected sqrt(v) is multiplied
+//   by 1/sqrt(1 - beta2^t) instead of divided by sqrt(1 - beta2^t) (at most
+//   one ulp in the denominator; DeepSpeed does the same). No FMA contraction is
 //   used, so the scalar, AVX2 and AVX-512 paths give bit-identical results,
 //   whatever the thread count.
 // - The caller owns every buffer and the step counter (OptimHyper::step), so a
 //   resumed run is exact. Hyperparameters may change on every call.
 // - Any length and any alignment are accepted. Null or overlapping buffers,
-//   unsupported type combinations and non-finite hyperparameters are rejected
-//   with kInvalidArgument before anything is written.
+//   unsupported type combinations and hyperparameters that are (or whose
+//   fp32 step scalars are) out of range are rejected with kInvalidArgument
+//   before anything is written.
 // - Non-finite gradients are not an error: the step reports overflow (see
 //   OverflowPolicy for what is written).
 // - Threads: the work is split into one large, page-aligned partition per
@@ -112,9 +114,11 @@ enum class OverflowPolicy : uint8_t {
   // One pass: each vector of gradients is checked before anything derived
   // from it is stored. On inf/NaN the pass stops (other threads at their next
   // block) and reports kPartial: a part of the elements holds this step's
-  // update and the rest is unchanged, and no inf/NaN from the gradients ever
-  // reaches params or state. Use it when the gradients are already known to
-  // be finite, for example because SumSquares() returned a finite sum.
+  // update and the rest is unchanged, and no inf/NaN gradient ever reaches
+  // params or state. (Finite gradients whose arithmetic overflows fp32, such
+  // as g * g for |g| > 1.8e19, store inf as torch does, under either policy.)
+  // Use it when the gradients are already known to be finite, for example
+  // because SumSquares() returned a finite sum.
   kStopAtNonFinite,
 };
 

@@ -285,6 +285,16 @@ TEST(CpuAdamInput, BadHyperparametersAreRejected) {
   check([](StepOptions& o) { o.hyper.weight_decay = -1; }, "weight_decay");
   check([](StepOptions& o) { o.prep.grad_scale = 0; }, "grad_scale");
   check([](StepOptions& o) { o.prep.clip_coef = kInf; }, "clip_coef");
+  check([](StepOptions& o) { o.hyper.lr = 1e39; }, "overflows fp32");
+  check([](StepOptions& o) { o.hyper.eps = 1e-46; }, "eps rounds to 0");
+  check(
+      [](StepOptions& o) {
+        o.prep.grad_scale = 1e30f;
+        o.prep.clip_coef = 1e30f;
+      },
+      "overflows fp32");
+  check([](StepOptions& o) { o.overflow = static_cast<OverflowPolicy>(7); },
+        "not an OverflowPolicy");
 }
 
 TEST(CpuAdamInput, BadIsaAndThreadRequestsAreExplained) {
@@ -295,9 +305,11 @@ TEST(CpuAdamInput, BadIsaAndThreadRequestsAreExplained) {
   EXPECT_NE(bad.status().message().find("'sse9'"), std::string::npos);
   EXPECT_NE(bad.status().message().find("scalar, avx2 or avx512"),
             std::string::npos);
-  auto neg = CpuOptimizer::Create({.threads = -2});
-  ASSERT_FALSE(neg.ok());
-  EXPECT_EQ(neg.status().code(), StatusCode::kInvalidArgument);
+  for (int threads : {-2, 1 << 20}) {
+    auto bad_threads = CpuOptimizer::Create({.threads = threads});
+    ASSERT_FALSE(bad_threads.ok());
+    EXPECT_EQ(bad_threads.status().code(), StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(CpuAdamInput, ConvertRejectsBadRequests) {
