@@ -69,6 +69,8 @@ bool CpuSupports(CpuIsa isa) {
   return false;
 }
 
+namespace {
+
 Result<CpuIsa> ParseCpuIsa(std::string_view name) {
   for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
     if (name == CpuIsaName(isa)) return isa;
@@ -78,6 +80,8 @@ Result<CpuIsa> ParseCpuIsa(std::string_view name) {
                     "' is not a CPU path; use scalar, avx2 or avx512, or "
                     "unset it to let CPUID choose");
 }
+
+}  // namespace
 
 Result<const KernelTable*> SelectKernels(CpuIsa want) {
   const char* env = std::getenv("STRATA_CPU_ISA");

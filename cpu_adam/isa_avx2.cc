@@ -46,7 +46,6 @@ struct Avx2 {
                      _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
   static F Add(F a, F b) { return _mm256_add_ps(a, b); }
-  static F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F Div(F a, F b) { return _mm256_div_ps(a, b); }
   static F Sqrt(F a) { return _mm256_sqrt_ps(a); }

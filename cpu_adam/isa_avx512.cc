@@ -44,7 +44,6 @@ struct Avx512 {
         _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   static F Add(F a, F b) { return _mm512_add_ps(a, b); }
-  static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F Div(F a, F b) { return _mm512_div_ps(a, b); }
   static F Sqrt(F a) { return _mm512_sqrt_ps(a); }

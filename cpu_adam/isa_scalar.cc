@@ -40,7 +40,6 @@ struct Scalar {
     std::memcpy(p, &h, sizeof h);
   }
   static F Add(F a, F b) { return a + b; }
-  static F Sub(F a, F b) { return a - b; }
   static F Mul(F a, F b) { return a * b; }
   static F Div(F a, F b) { return a / b; }
   static F Sqrt(F a) { return std::sqrt(a); }

@@ -5,8 +5,8 @@
 // Note [One body, three ISAs]
 // Why: the three paths must agree bit for bit (the driver may pick any of
 // them, and the scalar one is the reference), so the arithmetic is written
-// once. How: V supplies W-lane loads/stores with type conversion and the five
-// IEEE operations (add, sub, mul, div, sqrt), which are correctly rounded on
+// once. How: V supplies W-lane loads/stores with type conversion and the four
+// IEEE operations (add, mul, div, sqrt), which are correctly rounded on
 // every ISA; the library is built with -ffp-contract=off so no path fuses a
 // multiply-add that another does not. Limits: everything here sits in an
 // anonymous namespace, so each ISA unit gets private copies; a shared inline
@@ -15,7 +15,7 @@
 // that stay trivial belong here.
 //
 // A V provides: W, F (a vector of W floats), DAcc (16 double lanes), Set1,
-// Load/Store for float, Bf16 and F16, Add, Sub, Mul, Div, Sqrt, Sign,
+// Load/Store for float, Bf16 and F16, Add, Mul, Div, Sqrt, Sign,
 // AnyNonFinite, Prefetch, AddSquares16 and StoreLanes.
 #ifndef STRATA_CPU_ADAM_KERNEL_BODY_H_
 #define STRATA_CPU_ADAM_KERNEL_BODY_H_

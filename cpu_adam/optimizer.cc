@@ -210,12 +210,12 @@ Status CheckStepConsts(OptimAlgo algo, const StepConsts& c) {
 
 struct CpuOptimizer::Impl {
   const KernelTable* kernels = nullptr;
-  int threads = 1;                       // 0 in caller-arena mode
   std::optional<tbb::task_arena> arena;  // absent: the caller's arena
   tbb::affinity_partitioner affinity;
 
   int Partitions() const {
-    return arena ? threads : tbb::this_task_arena::max_concurrency();
+    return arena ? arena->max_concurrency()
+                 : tbb::this_task_arena::max_concurrency();
   }
 
   // Calls fn(part, begin, end) for each range of `bounds` (part p covers
@@ -283,11 +283,8 @@ Result<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
   auto impl = std::make_unique<Impl>();
   impl->kernels = *kernels;
   if (options.threads != CpuOptimizerOptions::kCallerArena) {
-    impl->threads = options.threads > 0 ? options.threads
-                                        : tbb::info::default_concurrency();
-    impl->arena.emplace(impl->threads);
-  } else {
-    impl->threads = 0;
+    impl->arena.emplace(options.threads > 0 ? options.threads
+                                            : tbb::info::default_concurrency());
   }
   return std::unique_ptr<CpuOptimizer>(new CpuOptimizer(std::move(impl)));
 }
