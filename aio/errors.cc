@@ -72,6 +72,10 @@ std::string AdviceFor(int err) {
 
 }  // namespace
 
+}  // namespace strata::aio::internal
+
+namespace strata::aio {
+
 std::string ErrnoText(int err) {
   const char* name = strerrorname_np(err);
   std::string out = name ? name : "errno " + std::to_string(err);
@@ -99,18 +103,22 @@ std::string HumanBytes(uint64_t bytes) {
   return text;
 }
 
+Status ErrnoStatus(int err, const std::string& what) {
+  std::string msg = what + ": " + ErrnoText(err);
+  const std::string advice = internal::AdviceFor(err);
+  if (!advice.empty()) msg += "; " + advice;
+  return Status(internal::CodeFor(err), std::move(msg));
+}
+
+}  // namespace strata::aio
+
+namespace strata::aio::internal {
+
 Status IoStatus(int err, bool write, const std::string& path, uint64_t offset,
                 uint64_t len) {
   std::string msg = write ? "write of " : "read of ";
   msg += std::to_string(len) + " bytes at offset " + std::to_string(offset) +
          (write ? " to '" : " from '") + path + "' failed: " + ErrnoText(err);
-  const std::string advice = AdviceFor(err);
-  if (!advice.empty()) msg += "; " + advice;
-  return Status(CodeFor(err), std::move(msg));
-}
-
-Status ErrnoStatus(int err, const std::string& what) {
-  std::string msg = what + ": " + ErrnoText(err);
   const std::string advice = AdviceFor(err);
   if (!advice.empty()) msg += "; " + advice;
   return Status(CodeFor(err), std::move(msg));

@@ -100,12 +100,10 @@ bool Settle(Piece* piece, uint32_t submitted, int result);
 // errno -> Status, for every I/O failure. The one place this happens.
 Status IoStatus(int err, bool write, const std::string& path, uint64_t offset,
                 uint64_t len);
-// errno -> Status for failures outside a transfer (open, setup, ...).
-Status ErrnoStatus(int err, const std::string& what);
-// "ENOSPC (No space left on device)".
-std::string ErrnoText(int err);
-// "1.5 GiB", "512 KiB", "4096 B".
-std::string HumanBytes(uint64_t bytes);
+// ErrnoStatus, ErrnoText and HumanBytes are public (strata/aio.h).
+using aio::ErrnoStatus;
+using aio::ErrnoText;
+using aio::HumanBytes;
 
 class Backend {
  public:

@@ -1,0 +1,115 @@
+// The device tier: memory on the accelerator under a hard byte budget, and
+// asynchronous copies between it and host memory.
+//
+// Two backends sit behind one interface, chosen at run time:
+// - kCuda: one cudaMalloc'd arena of `budget` bytes, carved with a
+//   RangeAllocator; copies run on two non-blocking streams (host->device and
+//   device->host) and complete through CUDA events.
+// - kHostEmulated: "device" memory is host memory under the same hard
+//   budget, and copies run on a worker thread that signals completion
+//   events. Every scheduling path therefore runs without a GPU.
+// OpenDevice() with kAuto picks CUDA when the build has it and a GPU is
+// present, otherwise the host-emulated device, and DeviceInfo::reason says
+// why.
+//
+// Ownership: the Device owns its arena; pointers from Allocate() stay valid
+// until Free() or the Device's destruction. Copy sources and destinations
+// must stay valid until the copy's event completes.
+//
+// Thread safety: every method may be called from any thread.
+//
+// Failure: Allocate() beyond the budget returns kResourceExhausted naming
+// the tier, the bytes asked for and the bytes free. Copy failures (a sticky
+// CUDA error) are reported through the event's Wait().
+#ifndef STRATA_SRC_TIER_DEVICE_H_
+#define STRATA_SRC_TIER_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "strata/status.h"
+
+namespace strata::tier {
+
+enum class DeviceKind { kAuto, kHostEmulated, kCuda };
+
+// "auto", "host" (or "emulated"), "cuda".
+Result<DeviceKind> ParseDeviceKind(std::string_view name);
+std::string_view DeviceKindName(DeviceKind kind);
+
+// Whether this build has CUDA and a GPU is visible; `why` (when not null)
+// gets the reason when it is not.
+bool CudaAvailable(std::string* why = nullptr);
+
+struct DeviceOptions {
+  DeviceKind kind = DeviceKind::kAuto;
+  uint64_t budget = 0;   // bytes of device memory strata may use; > 0
+  int cuda_device = 0;   // CUDA ordinal
+  uint64_t alignment = 256;  // allocation granularity, a power of two
+};
+
+struct DeviceInfo {
+  DeviceKind kind = DeviceKind::kHostEmulated;
+  std::string name;    // "host-emulated" or the GPU's name
+  std::string reason;  // why kAuto chose this backend
+  int numa_node = -1;  // the GPU's NUMA node, -1 when unknown or emulated
+  uint64_t budget = 0;
+};
+
+struct DeviceStats {
+  uint64_t used = 0;       // bytes allocated now
+  uint64_t peak = 0;       // most bytes ever allocated at once
+  uint64_t h2d_bytes = 0;  // bytes copied host->device
+  uint64_t d2h_bytes = 0;  // bytes copied device->host
+};
+
+// Completion of one asynchronous copy. Copyable; copies share the copy.
+// A default-constructed Event is already complete and OK.
+class Event {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual bool Poll() = 0;
+    virtual Status Wait() = 0;
+  };
+  Event() = default;
+  explicit Event(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  // True once the copy has finished (successfully or not).
+  bool Poll() const { return impl_ == nullptr || impl_->Poll(); }
+  // Blocks until the copy finishes; returns its outcome. Repeatable.
+  Status Wait() const { return impl_ == nullptr ? Status() : impl_->Wait(); }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const DeviceInfo& info() const = 0;
+  virtual DeviceStats stats() const = 0;
+
+  // Device memory for `bytes` (rounded up to the alignment).
+  virtual Result<void*> Allocate(uint64_t bytes) = 0;
+  virtual void Free(void* ptr) = 0;
+  virtual uint64_t free_bytes() const = 0;
+
+  // Asynchronous copies. `host` is host memory (pinned for full speed on
+  // CUDA), `device` lies inside memory from Allocate().
+  virtual Result<Event> CopyToDevice(void* device, const void* host,
+                                     size_t bytes) = 0;
+  virtual Result<Event> CopyToHost(void* host, const void* device,
+                                   size_t bytes) = 0;
+  // Fills device memory with `byte` (synchronous; for setup and tests).
+  virtual Status Memset(void* device, int byte, size_t bytes) = 0;
+};
+
+Result<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options);
+
+}  // namespace strata::tier
+
+#endif  // STRATA_SRC_TIER_DEVICE_H_

@@ -1,0 +1,126 @@
+// The NVMe tier: an extent store over a few preallocated swap files in one
+// directory. Never one file per tensor.
+//
+// Layout
+// - Open() creates `files` swap files, strata-swap-<i>.bin, of
+//   capacity/files bytes each (rounded up to the alignment), preallocated
+//   with fallocate so a full disk fails at setup, not mid-step.
+// - An extent is an aligned range of one file, allocated best-fit from that
+//   file's free list (RangeAllocator) and coalesced on Free(). Allocations
+//   rotate over the files so concurrent transfers spread over them.
+//
+// Integrity
+// - Every successful write records an xxHash (XXH3-64) of the extent's
+//   bytes. Every read is verified against it in FinishIo(); a mismatch is
+//   kDataLoss naming the extent, the file and the offset, and the caller
+//   must not use the buffer. An extent whose last write failed, or that was
+//   never written, fails its reads the same way.
+// - A failed write (EIO, ENOSPC, short I/O that cannot complete) is
+//   returned by FinishIo(); the source buffer is untouched, so the caller's
+//   copy stays the valid one until a write succeeds.
+//
+// Ownership of the directory
+// - Open() takes an exclusive flock on <dir>/strata.lock (and writes its
+//   pid there), so two engines cannot share a directory; the second one
+//   gets kFailedPrecondition naming the holder's pid.
+// - Swap files found at Open() belong to a run that died (its lock is gone
+//   with it): they are deleted and recreated, and the reclaim is reported
+//   once on stderr with their count and size. Nothing else in the
+//   directory is touched.
+// - The destructor deletes the swap files and releases the lock. Swap data
+//   is scratch: it does not survive the store.
+//
+// Thread safety: every method may be called from any thread. A caller must
+// not read an extent while a write to it is in flight, nor free an extent
+// with I/O in flight.
+#ifndef STRATA_SRC_TIER_NVME_STORE_H_
+#define STRATA_SRC_TIER_NVME_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "strata/aio.h"
+#include "strata/status.h"
+
+namespace strata::tier {
+
+struct NvmeStoreOptions {
+  std::string dir;        // must exist
+  uint64_t capacity = 0;  // total bytes over all swap files; > 0
+  int files = 4;          // swap files, 1..64
+};
+
+struct Extent {
+  int file = -1;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;  // reserved length, a multiple of alignment()
+  bool valid() const { return file >= 0; }
+};
+
+// One asynchronous read or write; complete it with FinishIo().
+struct PendingIo {
+  aio::Handle handle;
+  Extent extent;
+  void* buf = nullptr;
+  bool write = false;
+  uint64_t checksum = 0;  // of the written bytes (writes only)
+};
+
+struct NvmeStoreStats {
+  uint64_t capacity = 0;
+  uint64_t used = 0;
+  uint64_t peak = 0;
+  uint64_t bytes_written = 0;
+  uint64_t bytes_read = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t write_failures = 0;
+};
+
+class NvmeStore {
+ public:
+  // `engine` must outlive the store.
+  static Result<std::unique_ptr<NvmeStore>> Open(
+      aio::Engine* engine, const NvmeStoreOptions& options);
+  ~NvmeStore();
+  NvmeStore(const NvmeStore&) = delete;
+  NvmeStore& operator=(const NvmeStore&) = delete;
+
+  // Offsets, lengths and buffers must be multiples of this (the swap
+  // files' O_DIRECT requirement, at least 4096).
+  uint64_t alignment() const;
+
+  // An extent of at least `bytes` bytes, or kNoSpace naming the tier, the
+  // bytes asked for, the bytes free and the capacity.
+  Result<Extent> Allocate(uint64_t bytes);
+  void Free(const Extent& extent);
+
+  // Start an asynchronous transfer of the whole extent to or from `buf`
+  // (extent.bytes bytes, aligned to alignment()). A misaligned buffer is
+  // kInvalidArgument naming the requirement.
+  Result<PendingIo> StartWrite(const Extent& extent, const void* buf);
+  Result<PendingIo> StartRead(const Extent& extent, void* buf);
+  // Waits for the transfer. Writes: records the checksum on success.
+  // Reads: verifies it; kDataLoss on mismatch. Call once per PendingIo.
+  Status FinishIo(PendingIo& io);
+
+  // Synchronous conveniences: Start + Finish.
+  Status Write(const Extent& extent, const void* buf);
+  Status Read(const Extent& extent, void* buf);
+
+  // "extent 2:+0x4000000 (32.0 MiB) of '/swap/strata-swap-2.bin'".
+  std::string Describe(const Extent& extent) const;
+  std::string FilePath(int file) const;
+  const std::string& dir() const;
+  NvmeStoreStats stats() const;
+
+  class Impl;
+
+ private:
+  explicit NvmeStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::tier
+
+#endif  // STRATA_SRC_TIER_NVME_STORE_H_
