@@ -46,8 +46,8 @@ bool CudaAvailable(std::string* why = nullptr);
 
 struct DeviceOptions {
   DeviceKind kind = DeviceKind::kAuto;
-  uint64_t budget = 0;   // bytes of device memory strata may use; > 0
-  int cuda_device = 0;   // CUDA ordinal
+  uint64_t budget = 0;       // bytes of device memory strata may use; > 0
+  int cuda_device = 0;       // CUDA ordinal
   uint64_t alignment = 256;  // allocation granularity, a power of two
 };
 

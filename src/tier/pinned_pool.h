@@ -38,8 +38,8 @@ namespace strata::tier {
 enum class LockMode { kRequired, kBestEffort, kOff };
 
 struct PinnedPoolOptions {
-  uint64_t budget = 0;  // bytes; > 0
-  int numa_node = -1;   // -1: the GPU's node when known, else the caller's
+  uint64_t budget = 0;     // bytes; > 0
+  int numa_node = -1;      // -1: the GPU's node when known, else the caller's
   int gpu_numa_node = -1;  // the device's node, when the device knows it
   LockMode lock = LockMode::kBestEffort;
   bool huge_pages = true;
@@ -56,10 +56,10 @@ struct PinnedPoolInfo {
 };
 
 struct PinnedPoolStats {
-  uint64_t current = 0;    // bytes handed out now (after size-class rounding)
-  uint64_t peak = 0;       // most bytes handed out at once
-  uint64_t allocated = 0;  // bytes handed out since creation
-  uint64_t freed = 0;      // bytes returned since creation
+  uint64_t current = 0;      // bytes handed out now (after size-class rounding)
+  uint64_t peak = 0;         // most bytes handed out at once
+  uint64_t allocated = 0;    // bytes handed out since creation
+  uint64_t freed = 0;        // bytes returned since creation
   uint64_t allocations = 0;  // number of Allocate() calls that succeeded
   uint64_t frees = 0;        // number of Free() calls
 };
