@@ -1,0 +1,228 @@
+// strata/engine.h: the tiered store. Library `strata`.
+//
+// What it does
+// - Tensors are registered in groups (usually one layer each). Every tensor
+//   has a name, a shape, the dtype of its compute copy and a set of roles:
+//   the compute copy, the fp32 master, two fp32 optimizer-state slots and an
+//   fp32 gradient accumulator. Each role has a home tier (device, host or
+//   NVMe), like DeepSpeed's offload_param / offload_optimizer.
+// - A group's tensors of one role are packed into one aligned chunk; chunks
+//   are the unit of transfer. A new chunk reads as zeros.
+// - Fetch(group, tier) makes the group's chunks valid at `tier` and returns
+//   views that stay valid until the matching Release(group). Prefetch() does
+//   the same asynchronously. Data moves NVMe -> host -> device and back, one
+//   tier at a time; the host copy of an NVMe-homed chunk is a cache.
+// - Budgets are hard. When a tier is full, an unpinned copy is evicted: the
+//   one whose next use in the recorded trace is furthest away (Belady), or
+//   the least recently used before a trace exists. A dirty copy is written
+//   down one tier before its space is reused. A fetched (pinned) group is
+//   never evicted.
+// - Steps: BeginStep()/EndStep() bracket one training step. The first step's
+//   sequence of fetches becomes the trace; later steps prefetch ahead along
+//   it within the byte windows of a plan (Explain() prints it). A step whose
+//   order differs invalidates the trace, which is re-recorded; that is
+//   logged once per step on stderr and is not an error.
+//
+// Ownership: the Engine owns every tier. Views point into tier memory and
+// are valid only between Fetch and Release. Release(group) undoes the most
+// recent unreleased Fetch of that group.
+//
+// Thread safety: every method may be called from any thread. Writing into
+// a view fetched with `write = false`, or writing one group from two
+// threads, is a race in the caller.
+//
+// Failure: every call returns a Status or Result. A configuration that can
+// never fit fails at RegisterGroup() with the bytes each tier needs. A
+// checksum mismatch on NVMe is kDataLoss naming the extent and never
+// returns wrong bytes; a failed write leaves the data valid in the tier
+// above.
+#ifndef STRATA_ENGINE_H_
+#define STRATA_ENGINE_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/export.h"
+#include "strata/status.h"
+
+namespace strata {
+
+enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
+inline constexpr int kNumTiers = 3;
+
+enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+enum class Role : int {
+  kCompute = 0,  // the compute copy, in the tensor's dtype
+  kMaster = 1,   // fp32 master weights
+  kState1 = 2,   // fp32 optimizer state (Adam's m)
+  kState2 = 3,   // fp32 optimizer state (Adam's v)
+  kGrad = 4,     // fp32 gradient accumulator
+};
+inline constexpr int kNumRoles = 5;
+
+using RoleMask = uint32_t;
+constexpr RoleMask RoleBit(Role role) { return 1u << static_cast<int>(role); }
+inline constexpr RoleMask kAllRoles = (1u << kNumRoles) - 1;
+
+STRATA_EXPORT std::string_view TierName(Tier tier);  // "device", ...
+STRATA_EXPORT Result<Tier> ParseTier(std::string_view name);
+STRATA_EXPORT std::string_view RoleName(Role role);  // "compute", ...
+STRATA_EXPORT std::string_view DTypeName(DType dtype);
+STRATA_EXPORT size_t DTypeSize(DType dtype);
+// The dtype a role is stored in: the tensor's dtype for kCompute, else fp32.
+STRATA_EXPORT DType RoleDType(Role role, DType compute);
+
+// Home tier of every role.
+struct Placement {
+  std::array<Tier, kNumRoles> home = {Tier::kHost, Tier::kHost, Tier::kHost,
+                                      Tier::kHost, Tier::kHost};
+};
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kBFloat16;
+  RoleMask roles = RoleBit(Role::kCompute);
+};
+
+struct GroupSpec {
+  std::string name;
+  std::vector<TensorSpec> tensors;
+  bool use_default_placement = true;
+  Placement placement;  // used when use_default_placement is false
+};
+
+// Bandwidths the planner assumes, in GB/s (1e9 bytes per second).
+struct Bandwidths {
+  double host_to_device = 12.0;
+  double device_to_host = 12.0;
+  double nvme_read = 2.0;
+  double nvme_write = 1.5;
+};
+
+struct EngineOptions {
+  std::string device = "auto";  // "auto", "cuda" or "host" (emulated)
+  int cuda_device = 0;
+  uint64_t device_budget = 0;  // bytes; > 0
+  uint64_t host_budget = 0;    // bytes of pinned host memory; > 0
+  uint64_t nvme_budget = 0;    // bytes of swap space; 0 = no NVMe tier
+  std::string swap_dir;        // required when nvme_budget > 0
+  int swap_files = 4;
+  Placement placement;     // default homes
+  int io_threads = 4;      // transfer workers for prefetch and write-behind
+  bool prefetch = true;    // follow the trace (off: demand fetches only)
+  bool lock_host = false;  // kRequired mlock of the host tier (else best
+                           // effort, with advice printed once)
+  int numa_node = -1;      // host tier node; -1: the GPU's, else caller's
+  Bandwidths bandwidths;
+};
+
+struct TensorView {
+  std::string name;
+  Role role = Role::kCompute;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  void* data = nullptr;  // device memory for Tier::kDevice on CUDA
+  uint64_t bytes = 0;
+  Tier tier = Tier::kHost;
+  bool on_cuda = false;  // data is CUDA device memory
+};
+
+struct GroupView {
+  int group = -1;
+  Tier tier = Tier::kHost;
+  std::vector<TensorView> tensors;
+  // The view of `name` in `role`, or nullptr.
+  const TensorView* Find(std::string_view name,
+                         Role role = Role::kCompute) const;
+};
+
+struct FetchOptions {
+  RoleMask roles = kAllRoles;  // of the roles the group has
+  bool write = false;          // the caller will write: the copies fetched
+                               // become the only valid ones (dirty)
+};
+
+// Counters since Open().
+struct EngineStats {
+  struct TierStats {
+    uint64_t budget = 0;
+    uint64_t used = 0;
+    uint64_t peak = 0;
+  };
+  std::array<TierStats, kNumTiers> tiers;
+  // bytes[from][to] moved between tiers (indices are Tier values).
+  std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes = {};
+  uint64_t fetches = 0;          // chunk fetches by Fetch()
+  uint64_t hits = 0;             // ... found valid at the tier
+  uint64_t prefetch_hits = 0;    // ... made valid there by a prefetch
+  uint64_t late_prefetches = 0;  // ... still in flight (the fetch waited)
+  uint64_t prefetches = 0;       // chunk transfers started ahead of time
+  uint64_t evictions = 0;        // copies dropped to make room
+  uint64_t writebacks = 0;       // ... of which were dirty and written down
+  uint64_t trace_invalidations = 0;
+  uint64_t steps = 0;
+  double stall_seconds = 0;  // time Fetch() spent waiting for data
+};
+
+struct EngineInfo {
+  std::string device;         // "cuda" or "host-emulated"
+  std::string device_name;    // GPU name, or "host-emulated"
+  std::string device_reason;  // why --device auto chose it
+  std::string host_backing;   // how the host tier was allocated
+  bool host_locked = false;
+  std::string aio_backend;  // "io_uring" or "threads"
+};
+
+class STRATA_EXPORT Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Open(const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const EngineInfo& info() const;
+
+  // Registers a group; returns its id (0, 1, ...). Fails, registering
+  // nothing, when the group can never fit: "group 'layer.17' needs 812 MiB
+  // on device; device budget is 512 MiB".
+  Result<int> RegisterGroup(const GroupSpec& spec);
+  int group_count() const;
+  const std::string& group_name(int group) const;
+  // Bytes the group occupies in `tier` when fully fetched there.
+  uint64_t group_bytes(int group, Tier tier) const;
+
+  Result<GroupView> Fetch(int group, Tier tier, const FetchOptions& opt = {});
+  Status Prefetch(int group, Tier tier, RoleMask roles = kAllRoles);
+  Status Release(int group);
+  // Drops the group's copies at `tier` (written down first when dirty).
+  // kFailedPrecondition while the group is fetched there or the tier is a
+  // home of one of its roles.
+  Status Evict(int group, Tier tier);
+  // Waits for every prefetch and write-behind; returns the first error of
+  // a background transfer since the last call.
+  Status Drain();
+
+  void BeginStep();
+  Status EndStep();
+  // The current plan, printable: trace, windows, prefetch and eviction
+  // schedule (empty before the first step ends).
+  std::string Explain() const;
+
+  EngineStats stats() const;
+
+  class Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_ENGINE_H_
