@@ -12,7 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -87,6 +86,28 @@ class NvmeStoreTest : public ::testing::Test {
     auto e = s.Allocate(bytes);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     return e.ok() ? *e : Extent{};
+  }
+
+  // A one-file store holding one extent of random bytes, written and
+  // recorded: where the fault tests start. `store` is null on failure.
+  struct Written {
+    std::unique_ptr<NvmeStore> store;
+    Extent extent;
+    aio::PinnedBuffer out;  // what the extent holds
+    aio::PinnedBuffer in;   // room to read it back
+  };
+  Written WriteOne(uint64_t bytes, uint64_t seed) {
+    Written w;
+    auto store = Open(kMiB, 1);
+    if (!store) return w;
+    w.extent = Alloc(*store, bytes);
+    w.out = Buffer(w.extent.bytes);
+    w.in = Buffer(w.extent.bytes);
+    FillRandom(w.out.data(), w.extent.bytes, seed);
+    const Status st = store->Write(w.extent, w.out.data());
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    if (st.ok()) w.store = std::move(store);
+    return w;
   }
 
   ScratchDir dir_;
@@ -184,16 +205,12 @@ TEST_F(NvmeStoreTest, FullStoreIsNoSpaceNamingTheNumbersAndTheFix) {
 }
 
 TEST_F(NvmeStoreTest, FreedExtentLosesItsChecksum) {
-  auto store = Open(kMiB, 1);
-  ASSERT_TRUE(store);
-  aio::PinnedBuffer buf = Buffer(64 * kKiB);
-  FillRandom(buf.data(), buf.size(), 7);
-  const Extent e = Alloc(*store, 64 * kKiB);
-  ASSERT_TRUE(store->Write(e, buf.data()).ok());
-  store->Free(e);
-  const Extent again = Alloc(*store, 64 * kKiB);
-  ASSERT_EQ(again.offset, e.offset);  // best fit reuses the range
-  const Status st = store->Read(again, buf.data());
+  Written w = WriteOne(64 * kKiB, 7);
+  ASSERT_TRUE(w.store);
+  w.store->Free(w.extent);
+  const Extent again = Alloc(*w.store, 64 * kKiB);
+  ASSERT_EQ(again.offset, w.extent.offset);  // best fit reuses the range
+  const Status st = w.store->Read(again, w.in.data());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_NE(st.message().find("holds no valid data"), std::string::npos)
       << st.message();
@@ -239,35 +256,32 @@ TEST_F(NvmeStoreTest, ByteFlippedInTheSwapFileIsDataLossNamingFileAndOffset) {
 }
 
 TEST_F(NvmeStoreTest, FailedWriteKeepsTheSourceAndInvalidatesTheExtent) {
-  auto store = Open(kMiB, 1);
-  ASSERT_TRUE(store);
-  const Extent e = Alloc(*store, 256 * kKiB);
-  aio::PinnedBuffer old_data = Buffer(e.bytes);
+  Written w = WriteOne(256 * kKiB, 1);
+  ASSERT_TRUE(w.store);
+  NvmeStore& store = *w.store;
+  const Extent& e = w.extent;
   aio::PinnedBuffer out = Buffer(e.bytes);
-  aio::PinnedBuffer in = Buffer(e.bytes);
-  FillRandom(old_data.data(), e.bytes, 1);
   FillRandom(out.data(), e.bytes, 2);
-  std::vector<char> copy(static_cast<char*>(out.data()),
-                         static_cast<char*>(out.data()) + e.bytes);
-  ASSERT_TRUE(store->Write(e, old_data.data()).ok());
+  const std::vector<char> copy(static_cast<char*>(out.data()),
+                               static_cast<char*>(out.data()) + e.bytes);
 
   testutil::ErrnoInjector eio(EIO, e.offset + 64 * kKiB, 4096, /*times=*/1,
                               /*writes_only=*/true);
   faults_.Arm(&eio);
-  const Status failed = store->Write(e, out.data());
+  const Status failed = store.Write(e, out.data());
   EXPECT_EQ(failed.code(), StatusCode::kIoError) << failed.ToString();
   EXPECT_EQ(eio.injected.load(), 1u);
   EXPECT_EQ(std::memcmp(out.data(), copy.data(), e.bytes), 0);
-  EXPECT_EQ(store->stats().write_failures, 1u);
+  EXPECT_EQ(store.stats().write_failures, 1u);
 
   // The old bytes may be half overwritten: the extent must not read back.
-  const Status read = store->Read(e, in.data());
+  const Status read = store.Read(e, w.in.data());
   EXPECT_EQ(read.code(), StatusCode::kDataLoss) << read.ToString();
 
-  const Status retried = store->Write(e, out.data());
+  const Status retried = store.Write(e, out.data());
   ASSERT_TRUE(retried.ok()) << retried.ToString();
-  ASSERT_TRUE(store->Read(e, in.data()).ok());
-  EXPECT_EQ(std::memcmp(in.data(), out.data(), e.bytes), 0);
+  ASSERT_TRUE(store.Read(e, w.in.data()).ok());
+  EXPECT_EQ(std::memcmp(w.in.data(), out.data(), e.bytes), 0);
   faults_.Arm(nullptr);
 }
 
@@ -286,18 +300,16 @@ TEST_F(NvmeStoreTest, WriteHittingAFullDeviceIsNoSpace) {
 }
 
 TEST_F(NvmeStoreTest, ReadErrorIsIoError) {
-  auto store = Open(kMiB, 1);
-  ASSERT_TRUE(store);
-  const Extent e = Alloc(*store, 128 * kKiB);
-  aio::PinnedBuffer buf = Buffer(e.bytes);
-  ASSERT_TRUE(store->Write(e, buf.data()).ok());
-  testutil::ErrnoInjector eio(EIO, e.offset, 4096, 1);
+  Written w = WriteOne(128 * kKiB, 3);
+  ASSERT_TRUE(w.store);
+  testutil::ErrnoInjector eio(EIO, w.extent.offset, 4096, 1);
   faults_.Arm(&eio);
-  const Status st = store->Read(e, buf.data());
+  const Status st = w.store->Read(w.extent, w.in.data());
   faults_.Arm(nullptr);
   EXPECT_EQ(st.code(), StatusCode::kIoError) << st.ToString();
-  EXPECT_EQ(store->stats().checksum_failures, 0u);
-  EXPECT_TRUE(store->Read(e, buf.data()).ok()) << "the data is still good";
+  EXPECT_EQ(w.store->stats().checksum_failures, 0u);
+  EXPECT_TRUE(w.store->Read(w.extent, w.in.data()).ok())
+      << "the data is still good";
 }
 
 TEST_F(NvmeStoreTest, ShortTransfersAreCompletedAndVerify) {
@@ -321,22 +333,18 @@ TEST_F(NvmeStoreTest, ShortTransfersAreCompletedAndVerify) {
 }
 
 TEST_F(NvmeStoreTest, BitFlippedInFlightIsDataLoss) {
-  auto store = Open(kMiB, 1);
-  ASSERT_TRUE(store);
-  const Extent e = Alloc(*store, 64 * kKiB);
-  aio::PinnedBuffer out = Buffer(e.bytes);
-  aio::PinnedBuffer in = Buffer(e.bytes);
-  FillRandom(out.data(), e.bytes, 5);
-  ASSERT_TRUE(store->Write(e, out.data()).ok());
-  testutil::BitFlipInjector flip(e.offset + 4097);
+  Written w = WriteOne(64 * kKiB, 5);
+  ASSERT_TRUE(w.store);
+  testutil::BitFlipInjector flip(w.extent.offset + 4097);
   faults_.Arm(&flip);
-  const Status st = store->Read(e, in.data());
+  const Status st = w.store->Read(w.extent, w.in.data());
   faults_.Arm(nullptr);
   ASSERT_TRUE(flip.flipped.load());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
-  EXPECT_EQ(store->stats().checksum_failures, 1u);
-  ASSERT_TRUE(store->Read(e, in.data()).ok()) << "the file itself is intact";
-  EXPECT_EQ(std::memcmp(in.data(), out.data(), e.bytes), 0);
+  EXPECT_EQ(w.store->stats().checksum_failures, 1u);
+  ASSERT_TRUE(w.store->Read(w.extent, w.in.data()).ok())
+      << "the file itself is intact";
+  EXPECT_EQ(std::memcmp(w.in.data(), w.out.data(), w.extent.bytes), 0);
 }
 
 TEST_F(NvmeStoreTest, NullOrMisalignedBufferIsInvalidArgument) {
