@@ -69,7 +69,9 @@ Status Engine::Impl::Open(const EngineOptions& options) {
   }
   Result<tier::DeviceKind> kind = tier::ParseDeviceKind(options.device);
   if (!kind.ok()) return kind.status();
-  auto aio = aio::Engine::Open({});
+  aio::EngineOptions aio_options;
+  aio_options.fault_injector = options.fault_injector;
+  auto aio = aio::Engine::Open(aio_options);
   if (!aio.ok()) return aio.status();
   aio_ = std::move(*aio);
   auto device = tier::OpenDevice(

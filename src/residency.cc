@@ -170,11 +170,11 @@ void Residency::BeginStep() {
 
 bool Residency::EndStep(std::string* diverged) {
   std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t before = trace_.invalidations();
   const bool adopted = trace_.EndStep();
   position_ = -1;
-  if (trace_.invalidations() != before && diverged != nullptr) {
-    *diverged = trace_.divergence();
+  if (trace_.invalidations() != reported_invalidations_) {
+    reported_invalidations_ = trace_.invalidations();
+    if (diverged != nullptr) *diverged = trace_.divergence();
   }
   return adopted;
 }
@@ -347,7 +347,7 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
         continue;
       }
     }
-    status = Fill(lk, c, tier, from, entry);
+    status = Fill(lk, id, tier, from, entry);
     if (!status.ok()) break;
   }
   if (demand && !*hit) {
@@ -363,8 +363,8 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
 // destination first, holding nothing while it may wait (see Note [Eviction
 // order]); if the source went away meanwhile, the caller re-plans. Returns
 // with the lock held.
-Status Residency::Fill(Lock& lk, Chunk& c, Tier tier, Tier from, int entry) {
-  const int id = static_cast<int>(&c - &chunks_[0]);
+Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, int entry) {
+  Chunk& c = chunks_[id];
   Copy& dst = c.copy[Index(tier)];
   if (!dst.allocated) {
     if (Status s = Allocate(lk, id, tier, entry); !s.ok()) return s;

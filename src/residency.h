@@ -133,7 +133,7 @@ class Residency {
   Status AllocateHomes(Group& group, std::vector<int>& ids);
   std::vector<int> ChunksOf(int group, RoleMask roles) const;
   Status Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit);
-  Status Fill(Lock& lk, Chunk& c, Tier tier, Tier from, int entry);
+  Status Fill(Lock& lk, int id, Tier tier, Tier from, int entry);
   Status Allocate(Lock& lk, int id, Tier tier, int entry);
   Status TryAllocate(Chunk& c, Tier tier);
   int PickVictim(Tier tier, int requester, int entry) const;
@@ -156,6 +156,7 @@ class Residency {
   std::deque<Chunk> chunks_;
   sched::Trace trace_;
   int position_ = -1;
+  uint64_t reported_invalidations_ = 0;
   uint64_t clock_ = 0;
   ResidencyCounters counters_;
 };

@@ -51,6 +51,10 @@
 
 namespace strata {
 
+namespace aio {
+class FaultInjector;
+}
+
 enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
 inline constexpr int kNumTiers = 3;
 
@@ -120,6 +124,8 @@ struct EngineOptions {
                            // effort, with advice printed once)
   int numa_node = -1;      // host tier node; -1: the GPU's, else caller's
   Bandwidths bandwidths;
+  // Testing hook: handed to the aio engine (see strata/aio.h). Not owned.
+  aio::FaultInjector* fault_injector = nullptr;
 };
 
 struct TensorView {
