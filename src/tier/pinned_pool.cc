@@ -176,7 +176,7 @@ std::optional<Slab> MapHugeTlb(uint64_t bytes, int node) {
   if (data == MAP_FAILED) return std::nullopt;
   const Slab slab{data, size, Backing::kHugeTlb};
   PlaceOnNode(slab, node);
-  if (!Prefault(slab)) {
+  if (!Prefault(slab)) {  // a shortage, not a SIGBUS: Note [Prefault]
     ReleaseSlab(slab);
     return std::nullopt;
   }
@@ -214,6 +214,7 @@ Result<Slab> ObtainSlab(const PinnedPoolOptions& options, uint64_t bytes,
                         int node) {
 #if STRATA_HAVE_CUDA
   if (options.cuda && options.lock != LockMode::kOff) {
+    // Note [cudaHostAlloc placement]
     if (auto slab = AllocCudaHost(bytes, node)) return *slab;
   }
 #endif
@@ -223,7 +224,7 @@ Result<Slab> ObtainSlab(const PinnedPoolOptions& options, uint64_t bytes,
   Result<Slab> slab = MapPages(bytes, options.huge_pages && ThpAvailable());
   if (!slab.ok()) return slab;
   PlaceOnNode(*slab, node);
-  if (!Prefault(*slab)) {
+  if (!Prefault(*slab)) {  // Note [Prefault]
     const int err = errno;
     ReleaseSlab(*slab);
     return aio::ErrnoStatus(err, std::string(kTier) + ": cannot fault in " +
@@ -378,6 +379,7 @@ uint64_t PinnedPool::SizeClass(uint64_t bytes) {
 Result<void*> PinnedPool::Allocate(uint64_t bytes) {
   Impl& pool = *impl_;
   std::lock_guard<std::mutex> lock(pool.mu_);
+  // Note [Size classes]
   const uint64_t size_class = bytes <= pool.capacity_ ? SizeClass(bytes) : 0;
   std::optional<uint64_t> offset;
   if (size_class != 0) offset = pool.ranges_.Allocate(size_class);
