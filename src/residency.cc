@@ -208,7 +208,10 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write) {
     bool hit = false;
     Status s = Ensure(lk, id, tier, -1, &hit);
     if (!s.ok()) {
-      for (int p : pinned) --chunks_[p].copy[Index(tier)].pins;
+      for (int p : pinned) {
+        --chunks_[p].copy[Index(tier)].pins;
+        if (write) --chunks_[p].writers;
+      }
       changed_.notify_all();
       return s;
     }
@@ -217,9 +220,12 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write) {
     ++copy.pins;
     copy.last_use = ++clock_;
     pinned.push_back(id);
-    if (write) Invalidate(c, tier);
+    if (write) {
+      Invalidate(c, tier);
+      ++c.writers;
+    }
   }
-  groups_[group].pins.push_back({tier, std::move(pinned)});
+  groups_[group].pins.push_back({tier, write, std::move(pinned)});
   return position;
 }
 
@@ -233,7 +239,10 @@ Status Residency::Release(int group) {
   }
   Pin pin = std::move(groups_[group].pins.back());
   groups_[group].pins.pop_back();
-  for (int id : pin.chunks) --chunks_[id].copy[Index(pin.tier)].pins;
+  for (int id : pin.chunks) {
+    --chunks_[id].copy[Index(pin.tier)].pins;
+    if (pin.write) --chunks_[id].writers;
+  }
   changed_.notify_all();
   return Status();
 }
@@ -320,6 +329,13 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
       changed_.wait(lk);
       continue;
     }
+    // A write-fetched copy is changing until its release: nothing may be
+    // copied from it. Demand waits; a prefetch gives up.
+    if (c.writers > 0) {
+      if (entry != -1 && entry != -3) break;
+      changed_.wait(lk);
+      continue;
+    }
     // The source: zeros, the tier below (toward NVMe), or the device.
     Tier from = tier;
     const Tier below = static_cast<Tier>(Index(tier) + 1);
@@ -370,7 +386,8 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, int entry) {
     if (Status s = Allocate(lk, id, tier, entry); !s.ok()) return s;
   }
   Copy* src = from == tier ? nullptr : &c.copy[Index(from)];
-  const bool stale = src != nullptr && (!src->valid || src->busy);
+  const bool stale =
+      c.writers > 0 || (src != nullptr && (!src->valid || src->busy));
   if (dst.busy || dst.valid || stale) return Status();
   if (src != nullptr) ++src->readers;
   dst.busy = true;

@@ -14,6 +14,9 @@
 //   validates its destination if no write fetch intervened.
 // - Pins (Fetch) keep a copy in place; readers (a transfer in flight from
 //   it) do too; busy marks a copy being filled or being written down.
+// - A write fetch's copy changes until its release, so no copy is made from
+//   it meanwhile: demand fetches of the chunk at other tiers wait for the
+//   release, prefetches skip it.
 //
 // Note [Eviction order]
 // An allocation that does not fit drops copies at that tier, cheapest
@@ -115,11 +118,13 @@ class Residency {
     Tier home = Tier::kHost;
     uint64_t bytes = 0;
     bool zero = true;
+    int writers = 0;  // unreleased write fetches
     uint64_t version = 0;
     std::array<Copy, kNumTiers> copy;
   };
   struct Pin {
     Tier tier;
+    bool write;
     std::vector<int> chunks;
   };
   struct Group {

@@ -23,6 +23,10 @@
 //   order differs invalidates the trace, which is re-recorded; that is
 //   logged once per step on stderr and is not an error.
 //
+// - While a group is fetched with `write`, its bytes are in flux: fetches of
+//   it at another tier wait for the Release, and prefetches skip it. (So a
+//   thread must not fetch, at another tier, a group it holds for writing.)
+//
 // Ownership: the Engine owns every tier. Views point into tier memory and
 // are valid only between Fetch and Release. Release(group) undoes the most
 // recent unreleased Fetch of that group.
