@@ -237,7 +237,10 @@ int NumaNodeOf(int ordinal) {
     cudaGetLastError();
     return -1;
   }
+  // sysfs names devices "dddd:bb:dd.f" in lower case; the runtime may
+  // spell the domain with eight digits and in upper case.
   std::string id(bus_id);
+  if (id.find(':') == 8 && id.starts_with("0000")) id.erase(0, 4);
   for (char& c : id) c = static_cast<char>(std::tolower(c));
   std::ifstream in("/sys/bus/pci/devices/" + id + "/numa_node");
   int node = -1;
