@@ -1,0 +1,367 @@
+// Engine: wiring only. The tiers hold bytes, the residency manager decides
+// where they are, the trace and the planner say what comes next, and the
+// executor moves it ahead of time.
+#include "strata/engine.h"
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "src/layout.h"
+#include "src/residency.h"
+#include "src/sched/executor.h"
+#include "src/sched/planner.h"
+#include "src/tier/device.h"
+#include "src/tier/nvme_store.h"
+#include "src/tier/pinned_pool.h"
+#include "src/transport/mover.h"
+#include "strata/aio.h"
+
+namespace strata {
+
+std::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "unknown";
+}
+
+Result<Tier> ParseTier(std::string_view name) {
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    if (name == TierName(t)) return t;
+  }
+  return Status(
+      StatusCode::kInvalidArgument,
+      "unknown tier '" + std::string(name) + "'; use device, host or nvme");
+}
+
+std::string_view RoleName(Role role) {
+  static constexpr std::string_view kNames[kNumRoles] = {
+      "compute", "master", "state1", "state2", "grad"};
+  const int i = static_cast<int>(role);
+  return i >= 0 && i < kNumRoles ? kNames[i] : "unknown";
+}
+
+std::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "fp16";
+  }
+  return "unknown";
+}
+
+size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+DType RoleDType(Role role, DType compute) {
+  return role == Role::kCompute ? compute : DType::kFloat32;
+}
+
+const TensorView* GroupView::Find(std::string_view name, Role role) const {
+  for (const TensorView& t : tensors) {
+    if (t.name == name && t.role == role) return &t;
+  }
+  return nullptr;
+}
+
+class Engine::Impl {
+ public:
+  Status Open(const EngineOptions& options);
+  Result<int> Register(const GroupSpec& spec);
+  Result<GroupView> Fetch(int group, Tier tier, const FetchOptions& opt);
+  Status Prefetch(int group, Tier tier, RoleMask roles);
+  Status EndStep();
+  std::string Explain() const;
+  EngineStats Stats() const;
+
+  EngineOptions options_;
+  EngineInfo info_;
+  // Declared in construction order; destroyed in reverse.
+  std::unique_ptr<aio::Engine> aio_;
+  std::unique_ptr<tier::Device> device_;
+  std::unique_ptr<tier::PinnedPool> host_;
+  std::unique_ptr<tier::NvmeStore> nvme_;
+  std::unique_ptr<transport::Mover> mover_;
+  std::unique_ptr<store::Residency> residency_;
+  std::unique_ptr<sched::Executor> executor_;
+
+ private:
+  sched::PlanInput MakePlanInput() const;
+  void SubmitPrefetches(int position);
+
+  mutable std::mutex plan_mu_;
+  sched::PlanInput plan_input_;
+  std::shared_ptr<const sched::Plan> plan_;
+};
+
+Status Engine::Impl::Open(const EngineOptions& options) {
+  options_ = options;
+  if (options.device_budget == 0 || options.host_budget == 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "device_budget and host_budget must be > 0 "
+                  "(--device-budget, --host-budget)");
+  }
+  if (options.nvme_budget > 0 && options.swap_dir.empty()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "nvme_budget is set but swap_dir is empty; pass the swap "
+                  "directory (--swap-dir)");
+  }
+  if (options.io_threads < 1 || options.io_threads > 64) {
+    return Status(StatusCode::kInvalidArgument,
+                  "io_threads must be in 1..64, not " +
+                      std::to_string(options.io_threads));
+  }
+  Result<tier::DeviceKind> kind = tier::ParseDeviceKind(options.device);
+  if (!kind.ok()) return kind.status();
+  auto aio = aio::Engine::Open({});
+  if (!aio.ok()) return aio.status();
+  aio_ = std::move(*aio);
+  auto device = tier::OpenDevice(
+      {*kind, options.device_budget, options.cuda_device, 256});
+  if (!device.ok()) return device.status();
+  device_ = std::move(*device);
+  const tier::DeviceInfo& dev = device_->info();
+  tier::PinnedPoolOptions pool;
+  pool.budget = options.host_budget;
+  pool.numa_node = options.numa_node;
+  pool.gpu_numa_node = dev.numa_node;
+  pool.lock = options.lock_host ? tier::LockMode::kRequired
+                                : tier::LockMode::kBestEffort;
+  pool.cuda = dev.kind == tier::DeviceKind::kCuda;
+  auto host = tier::PinnedPool::Create(pool, aio_.get());
+  if (!host.ok()) return host.status();
+  host_ = std::move(*host);
+  if (options.nvme_budget > 0) {
+    auto nvme = tier::NvmeStore::Open(
+        aio_.get(),
+        {options.swap_dir, options.nvme_budget, options.swap_files});
+    if (!nvme.ok()) return nvme.status();
+    nvme_ = std::move(*nvme);
+  }
+  mover_ = std::make_unique<transport::Mover>(device_.get(), nvme_.get());
+  residency_ = std::make_unique<store::Residency>(device_.get(), host_.get(),
+                                                  nvme_.get(), mover_.get());
+  executor_ = std::make_unique<sched::Executor>(options.io_threads);
+  info_.device = std::string(tier::DeviceKindName(dev.kind));
+  info_.device_name = dev.name;
+  info_.device_reason = dev.reason;
+  info_.host_backing = host_->info().backing;
+  info_.host_locked = host_->info().locked;
+  info_.aio_backend = std::string(aio::BackendName(aio_->info().backend));
+  return Status();
+}
+
+Result<int> Engine::Impl::Register(const GroupSpec& spec) {
+  Result<store::GroupLayout> layout =
+      store::BuildGroupLayout(spec, options_.placement);
+  if (!layout.ok()) return layout.status();
+  return residency_->AddGroup(std::move(*layout));
+}
+
+Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
+                                      const FetchOptions& opt) {
+  Result<int> position = residency_->Fetch(group, tier, opt.roles, opt.write);
+  if (!position.ok()) return position.status();
+  if (*position >= 0 && options_.prefetch) SubmitPrefetches(*position);
+  const store::GroupLayout& layout = residency_->layout(group);
+  GroupView view;
+  view.group = group;
+  view.tier = tier;
+  const bool cuda =
+      tier == Tier::kDevice && device_->info().kind == tier::DeviceKind::kCuda;
+  for (const store::TensorLayout& t : layout.tensors) {
+    for (int r = 0; r < kNumRoles; ++r) {
+      const Role role = static_cast<Role>(r);
+      if ((t.roles & RoleBit(role) & opt.roles) == 0) continue;
+      const DType dtype = RoleDType(role, t.dtype);
+      view.tensors.push_back(
+          {t.name, role, dtype, t.shape,
+           residency_->Address(group, role, tier, t.offset[r]),
+           t.elements * DTypeSize(dtype), tier, cuda});
+    }
+  }
+  return view;
+}
+
+void Engine::Impl::SubmitPrefetches(int position) {
+  std::shared_ptr<const sched::Plan> plan;
+  sched::PlanInput const* input = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(plan_mu_);
+    plan = plan_;
+    input = &plan_input_;
+    if (plan == nullptr || position >= static_cast<int>(plan->steps.size())) {
+      return;
+    }
+    for (const sched::PlanAction& a : plan->steps[position].prefetch) {
+      const RoleMask roles = input->trace[a.entry].roles;
+      const uint64_t key = (static_cast<uint64_t>(a.group) << 8) |
+                           (static_cast<uint64_t>(a.tier) << 5) | roles;
+      store::Residency* residency = residency_.get();
+      executor_->Submit(key, [residency, a, roles] {
+        return residency->Prefetch(a.group, a.tier, roles, a.entry);
+      });
+    }
+  }
+}
+
+Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles) {
+  if (group < 0 || group >= residency_->group_count() || tier == Tier::kNvme) {
+    return Status(StatusCode::kInvalidArgument,
+                  "prefetch of group " + std::to_string(group) + " to " +
+                      std::string(TierName(tier)) + " is not possible");
+  }
+  store::Residency* residency = residency_.get();
+  const uint64_t key = (uint64_t{1} << 63) |
+                       (static_cast<uint64_t>(group) << 8) |
+                       (static_cast<uint64_t>(tier) << 5) | roles;
+  executor_->Submit(key, [residency, group, tier, roles] {
+    return residency->Prefetch(group, tier, roles, -2);
+  });
+  return Status();
+}
+
+sched::PlanInput Engine::Impl::MakePlanInput() const {
+  sched::PlanInput in;
+  const sched::Trace trace = residency_->TraceSnapshot();
+  in.trace = trace.entries();
+  in.bandwidths = options_.bandwidths;
+  const int groups = residency_->group_count();
+  std::vector<RoleMask> used(groups, 0);
+  for (const sched::TraceEntry& e : in.trace) used[e.group] |= e.roles;
+  std::array<uint64_t, kNumTiers> homed = {};
+  uint64_t largest_host = 0;
+  for (int g = 0; g < groups; ++g) {
+    sched::PlanGroup pg;
+    pg.name = residency_->layout(g).name;
+    for (Tier t : {Tier::kDevice, Tier::kHost}) {
+      const int i = static_cast<int>(t);
+      pg.cached[i] = residency_->GroupBytes(g, t, used[g], true);
+      homed[i] += residency_->GroupBytes(g, t, kAllRoles, false) -
+                  residency_->GroupBytes(g, t, kAllRoles, true);
+    }
+    pg.nvme_homed = residency_->NvmeHomedBytes(g, used[g]);
+    largest_host = std::max(largest_host, pg.cached[1]);
+    in.groups.push_back(std::move(pg));
+  }
+  const uint64_t budget[2] = {options_.device_budget, options_.host_budget};
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t reserve = homed[i] + (i == 1 ? largest_host : 0);
+    in.window[i] = budget[i] > reserve ? budget[i] - reserve : 0;
+  }
+  in.writes = true;
+  return in;
+}
+
+Status Engine::Impl::EndStep() {
+  std::string diverged;
+  const bool adopted = residency_->EndStep(&diverged);
+  if (!diverged.empty()) {
+    std::fprintf(stderr,
+                 "strata: the fetch order changed (%s); re-recording the "
+                 "trace\n",
+                 diverged.c_str());
+  }
+  if (!adopted) return Status();
+  sched::PlanInput input = MakePlanInput();
+  auto plan = std::make_shared<const sched::Plan>(sched::MakePlan(input));
+  std::lock_guard<std::mutex> lock(plan_mu_);
+  plan_input_ = std::move(input);
+  plan_ = std::move(plan);
+  return Status();
+}
+
+std::string Engine::Impl::Explain() const {
+  std::lock_guard<std::mutex> lock(plan_mu_);
+  if (plan_ == nullptr) return "no trace yet: the first step records it\n";
+  return sched::FormatPlan(plan_input_, *plan_);
+}
+
+EngineStats Engine::Impl::Stats() const {
+  EngineStats s;
+  const tier::DeviceStats dev = device_->stats();
+  const tier::PinnedPoolStats host = host_->stats();
+  s.tiers[0] = {options_.device_budget, dev.used, dev.peak};
+  s.tiers[1] = {options_.host_budget, host.current, host.peak};
+  if (nvme_ != nullptr) {
+    const tier::NvmeStoreStats nvme = nvme_->stats();
+    s.tiers[2] = {nvme.capacity, nvme.used, nvme.peak};
+  }
+  s.bytes = mover_->bytes();
+  const store::ResidencyCounters c = residency_->counters();
+  s.fetches = c.fetches;
+  s.hits = c.hits;
+  s.prefetch_hits = c.prefetch_hits;
+  s.late_prefetches = c.late_prefetches;
+  s.prefetches = c.prefetches;
+  s.evictions = c.evictions;
+  s.writebacks = c.writebacks;
+  s.stall_seconds = c.stall_seconds;
+  const sched::Trace trace = residency_->TraceSnapshot();
+  s.trace_invalidations = trace.invalidations();
+  s.steps = trace.steps();
+  return s;
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  if (impl_->executor_ != nullptr) (void)impl_->executor_->Drain();
+}
+
+Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  if (Status s = impl->Open(options); !s.ok()) return s;
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+const EngineInfo& Engine::info() const { return impl_->info_; }
+
+Result<int> Engine::RegisterGroup(const GroupSpec& spec) {
+  return impl_->Register(spec);
+}
+
+int Engine::group_count() const { return impl_->residency_->group_count(); }
+
+const std::string& Engine::group_name(int group) const {
+  return impl_->residency_->layout(group).name;
+}
+
+uint64_t Engine::group_bytes(int group, Tier tier) const {
+  return impl_->residency_->GroupBytes(group, tier, kAllRoles, false);
+}
+
+Result<GroupView> Engine::Fetch(int group, Tier tier, const FetchOptions& opt) {
+  return impl_->Fetch(group, tier, opt);
+}
+
+Status Engine::Prefetch(int group, Tier tier, RoleMask roles) {
+  return impl_->Prefetch(group, tier, roles);
+}
+
+Status Engine::Release(int group) { return impl_->residency_->Release(group); }
+
+Status Engine::Evict(int group, Tier tier) {
+  return impl_->residency_->Evict(group, tier);
+}
+
+Status Engine::Drain() { return impl_->executor_->Drain(); }
+
+void Engine::BeginStep() { impl_->residency_->BeginStep(); }
+
+Status Engine::EndStep() { return impl_->EndStep(); }
+
+std::string Engine::Explain() const { return impl_->Explain(); }
+
+EngineStats Engine::stats() const { return impl_->Stats(); }
+
+}  // namespace strata

@@ -1,0 +1,92 @@
+#include "src/layout.h"
+
+#include <set>
+
+namespace strata::store {
+namespace {
+
+uint64_t AlignUp(uint64_t value, uint64_t align) {
+  return (value + align - 1) / align * align;
+}
+
+Status Invalid(const GroupSpec& spec, const std::string& what) {
+  return Status(StatusCode::kInvalidArgument,
+                "group '" + spec.name + "': " + what);
+}
+
+// Element count of `shape`, or 0 when a dimension is negative or the
+// product overflows 2^62.
+uint64_t Elements(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) return 0;
+    if (dim != 0 && n > (uint64_t{1} << 62) / static_cast<uint64_t>(dim)) {
+      return 0;
+    }
+    n *= static_cast<uint64_t>(dim);
+  }
+  return n;
+}
+
+bool ValidTier(Tier tier) {
+  return tier == Tier::kDevice || tier == Tier::kHost || tier == Tier::kNvme;
+}
+
+}  // namespace
+
+Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
+                                     const Placement& defaults) {
+  if (spec.name.empty()) {
+    return Status(StatusCode::kInvalidArgument, "a group needs a name");
+  }
+  if (spec.tensors.empty()) return Invalid(spec, "has no tensors");
+  const Placement& placement =
+      spec.use_default_placement ? defaults : spec.placement;
+  GroupLayout layout;
+  layout.name = spec.name;
+  std::set<std::string> names;
+  std::array<uint64_t, kNumRoles> cursor = {};
+  for (const TensorSpec& t : spec.tensors) {
+    const std::string where = "tensor '" + t.name + "' ";
+    if (t.name.empty()) return Invalid(spec, "a tensor has no name");
+    if (!names.insert(t.name).second) {
+      return Invalid(spec, where + "is registered twice");
+    }
+    if (t.roles == 0 || (t.roles & ~kAllRoles) != 0) {
+      return Invalid(spec, where + "has no valid role (mask " +
+                               std::to_string(t.roles) + ")");
+    }
+    if (t.dtype != DType::kFloat32 && t.dtype != DType::kBFloat16 &&
+        t.dtype != DType::kFloat16) {
+      return Invalid(spec, where + "has an unknown dtype");
+    }
+    TensorLayout tl{t.name, t.shape, t.dtype, t.roles, Elements(t.shape), {}};
+    if (tl.elements == 0) {
+      return Invalid(spec,
+                     where + "has an empty, negative or overflowing shape");
+    }
+    for (int r = 0; r < kNumRoles; ++r) {
+      if ((t.roles & (1u << r)) == 0) continue;
+      const size_t size = DTypeSize(RoleDType(static_cast<Role>(r), t.dtype));
+      tl.offset[r] = cursor[r];
+      cursor[r] = AlignUp(cursor[r] + tl.elements * size, kTensorAlign);
+    }
+    layout.roles |= t.roles;
+    layout.tensors.push_back(std::move(tl));
+  }
+  for (int r = 0; r < kNumRoles; ++r) {
+    if (cursor[r] == 0) continue;
+    const Tier home = placement.home[r];
+    if (!ValidTier(home)) {
+      return Invalid(spec, "role '" +
+                               std::string(RoleName(static_cast<Role>(r))) +
+                               "' has an invalid home tier");
+    }
+    layout.chunk_of_role[r] = static_cast<int>(layout.chunks.size());
+    layout.chunks.push_back(
+        {static_cast<Role>(r), home, AlignUp(cursor[r], kChunkAlign)});
+  }
+  return layout;
+}
+
+}  // namespace strata::store

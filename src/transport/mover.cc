@@ -1,0 +1,57 @@
+#include "src/transport/mover.h"
+
+#include <cstring>
+
+namespace strata::transport {
+
+Mover::Mover(tier::Device* device, tier::NvmeStore* nvme)
+    : device_(device), nvme_(nvme) {}
+
+Status Mover::Copy(const Place& from, const Place& to, uint64_t bytes) {
+  Status status;
+  if (from.tier == Tier::kHost && to.tier == Tier::kDevice) {
+    Result<tier::Event> event = device_->CopyToDevice(to.ptr, from.ptr, bytes);
+    status = event.ok() ? event->Wait() : event.status();
+  } else if (from.tier == Tier::kDevice && to.tier == Tier::kHost) {
+    Result<tier::Event> event = device_->CopyToHost(to.ptr, from.ptr, bytes);
+    status = event.ok() ? event->Wait() : event.status();
+  } else if (from.tier == Tier::kNvme && to.tier == Tier::kHost) {
+    STRATA_CHECK(nvme_ != nullptr && from.extent.bytes == bytes);
+    status = nvme_->Read(from.extent, to.ptr);
+  } else if (from.tier == Tier::kHost && to.tier == Tier::kNvme) {
+    STRATA_CHECK(nvme_ != nullptr && to.extent.bytes == bytes);
+    status = nvme_->Write(to.extent, from.ptr);
+  } else if (from.tier == Tier::kHost && to.tier == Tier::kHost) {
+    std::memcpy(to.ptr, from.ptr, bytes);
+  } else {
+    STRATA_CHECK(false && "no direct path between these tiers");
+  }
+  if (status.ok()) {
+    bytes_[static_cast<int>(from.tier)][static_cast<int>(to.tier)] += bytes;
+  }
+  return status;
+}
+
+Status Mover::Zero(const Place& to, uint64_t bytes) {
+  switch (to.tier) {
+    case Tier::kDevice:
+      return device_->Memset(to.ptr, 0, bytes);
+    case Tier::kHost:
+      std::memset(to.ptr, 0, bytes);
+      return Status();
+    case Tier::kNvme:
+      break;
+  }
+  STRATA_CHECK(false && "NVMe copies are written, never zero-filled");
+  return Status();
+}
+
+std::array<std::array<uint64_t, kNumTiers>, kNumTiers> Mover::bytes() const {
+  std::array<std::array<uint64_t, kNumTiers>, kNumTiers> out = {};
+  for (int a = 0; a < kNumTiers; ++a) {
+    for (int b = 0; b < kNumTiers; ++b) out[a][b] = bytes_[a][b].load();
+  }
+  return out;
+}
+
+}  // namespace strata::transport

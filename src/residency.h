@@ -1,0 +1,165 @@
+// The residency manager: which tiers hold a valid copy of every chunk, and
+// the moves that change it. This is the store's state machine; the engine
+// wires it to the trace, the plan and the executor.
+//
+// Model
+// - Every chunk has a home tier, allocated at registration and never
+//   evicted, and may have cached copies in the tiers above it. A chunk that
+//   was never written reads as zeros without any I/O.
+// - All valid copies of a chunk hold the same bytes. A write fetch makes the
+//   fetched copy the only valid one. A copy may be dropped when another valid
+//   copy exists; otherwise it is first written one tier toward its home.
+//   So nothing is lost, and a failed write leaves the copy above valid.
+// - Every transfer records the chunk's version when it starts and only
+//   validates its destination if no write fetch intervened.
+// - Pins (Fetch) keep a copy in place; readers (a transfer in flight from
+//   it) do too; busy marks a copy being filled or being written down.
+//
+// Note [Eviction order]
+// An allocation that does not fit drops copies at that tier, cheapest
+// first: invalid copies, then the copy whose group's next use in the trace
+// is furthest away (Belady), or the least recently used one when no trace
+// is being followed. A prefetch for trace position q may only drop copies
+// whose next use comes after q, so speculation never evicts data needed
+// sooner than what it brings in; when nothing qualifies the prefetch is
+// abandoned (counted, not an error). A demand fetch waits while copies at
+// the tier are in flight, and fails only when everything there is pinned.
+//
+// Thread safety: one mutex guards all state; transfers run without it.
+#ifndef STRATA_SRC_RESIDENCY_H_
+#define STRATA_SRC_RESIDENCY_H_
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "src/layout.h"
+#include "src/sched/trace.h"
+#include "src/tier/device.h"
+#include "src/tier/nvme_store.h"
+#include "src/tier/pinned_pool.h"
+#include "src/transport/mover.h"
+
+namespace strata::store {
+
+struct ResidencyCounters {
+  uint64_t fetches = 0;
+  uint64_t hits = 0;
+  uint64_t prefetch_hits = 0;
+  uint64_t late_prefetches = 0;
+  uint64_t prefetches = 0;
+  uint64_t abandoned_prefetches = 0;
+  uint64_t evictions = 0;
+  uint64_t writebacks = 0;
+  double stall_seconds = 0;
+};
+
+class Residency {
+ public:
+  // `nvme` may be null (no NVMe tier). The tiers must outlive this object.
+  Residency(tier::Device* device, tier::PinnedPool* host, tier::NvmeStore* nvme,
+            transport::Mover* mover);
+  ~Residency();
+
+  // Allocates the group's home copies and checks that fetching it can ever
+  // fit; on failure nothing is registered.
+  Result<int> AddGroup(GroupLayout layout);
+  int group_count() const;
+  const GroupLayout& layout(int group) const;
+  // Bytes the group's chunks in `roles` take at `tier` (size-class rounded
+  // for the host), counting only chunks not homed there when `cached_only`.
+  uint64_t GroupBytes(int group, Tier tier, RoleMask roles,
+                      bool cached_only) const;
+  uint64_t NvmeHomedBytes(int group, RoleMask roles) const;
+
+  // Trace bookkeeping, under the residency lock because eviction reads it.
+  void BeginStep();
+  // Returns true when a new trace was adopted; `diverged` gets the log line
+  // when this step left the trace.
+  bool EndStep(std::string* diverged);
+  sched::Trace TraceSnapshot() const;
+
+  // Demand fetch: validates and pins the group's chunks in `roles` at
+  // `tier`. Returns the trace position (-1 when not following a trace).
+  Result<int> Fetch(int group, Tier tier, RoleMask roles, bool write);
+  // Unpins the most recent unreleased Fetch of the group.
+  Status Release(int group);
+  // Background fetch for trace position `entry` (-1: a caller's explicit
+  // prefetch, which may evict by LRU). Pins nothing.
+  Status Prefetch(int group, Tier tier, RoleMask roles, int entry);
+  Status Evict(int group, Tier tier);
+
+  // The address of `tensor` in `role` at `tier`; valid while pinned there.
+  void* Address(int group, Role role, Tier tier, uint64_t offset) const;
+  ResidencyCounters counters() const;
+
+ private:
+  struct Copy {
+    void* ptr = nullptr;
+    tier::Extent extent;
+    bool allocated = false;
+    bool valid = false;
+    bool busy = false;
+    bool prefetched = false;
+    int pins = 0;
+    int readers = 0;
+    uint64_t last_use = 0;
+  };
+  struct Chunk {
+    int group = -1;
+    Role role = Role::kCompute;
+    Tier home = Tier::kHost;
+    uint64_t bytes = 0;
+    bool zero = true;
+    uint64_t version = 0;
+    std::array<Copy, kNumTiers> copy;
+  };
+  struct Pin {
+    Tier tier;
+    std::vector<int> chunks;
+  };
+  struct Group {
+    GroupLayout layout;
+    std::vector<int> chunks;  // ids, in layout.chunks order
+    std::vector<Pin> pins;    // unreleased fetches, oldest first
+  };
+  using Lock = std::unique_lock<std::mutex>;
+
+  Status CheckFits(const GroupLayout& layout) const;
+  Status AllocateHomes(Group& group, std::vector<int>& ids);
+  std::vector<int> ChunksOf(int group, RoleMask roles) const;
+  Status Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit);
+  Status Fill(Lock& lk, Chunk& c, Tier tier, Tier from, int entry);
+  Status Allocate(Lock& lk, int id, Tier tier, int entry);
+  Status TryAllocate(Chunk& c, Tier tier);
+  int PickVictim(Tier tier, int requester, int entry) const;
+  Status Drop(Lock& lk, int id, Tier tier);
+  void FreeCopy(Chunk& c, Tier tier);
+  void Invalidate(Chunk& c, Tier keep);
+  bool OtherValid(const Chunk& c, Tier tier) const;
+  bool AnyBusy(Tier tier) const;
+  transport::Place PlaceOf(const Chunk& c, Tier tier) const;
+  std::string Describe(const Chunk& c) const;
+
+  tier::Device* device_;
+  tier::PinnedPool* host_;
+  tier::NvmeStore* nvme_;
+  transport::Mover* mover_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<Group> groups_;  // deques: references survive growth
+  std::deque<Chunk> chunks_;
+  sched::Trace trace_;
+  int position_ = -1;
+  uint64_t clock_ = 0;
+  ResidencyCounters counters_;
+};
+
+}  // namespace strata::store
+
+#endif  // STRATA_SRC_RESIDENCY_H_
