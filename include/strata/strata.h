@@ -254,7 +254,8 @@ STRATA_EXPORT strata_status strata_group_get_bytes(const strata_engine* engine,
                                                    uint64_t* bytes);
 
 /* Makes the group's chunks of `roles` (a mask; STRATA_ALL_ROLES for every
- * role the group has) valid at `tier` and returns them as *view. With
+ * role the group has) valid at `tier` (the device or the host) and returns
+ * them as *view. With
  * write = 1 the fetched copies become the only valid ones. Each fetch
  * is undone by releasing its view. */
 STRATA_EXPORT strata_status strata_group_fetch(strata_engine* engine,

@@ -208,7 +208,7 @@ static strata_engine* OpenEngine(void) {
   strata_engine_info info;
   info.struct_size = sizeof(info);
   CHECK_OK(strata_engine_get_info(engine, &info));
-  CHECK(info.on_cuda == 0 && strcmp(info.device, "host-emulated") == 0);
+  CHECK(info.on_cuda == 0 && strcmp(info.device, "cuda") != 0);
   CHECK(info.aio_backend != NULL && info.aio_backend[0] != '\0');
   return engine;
 }
@@ -250,15 +250,12 @@ static void CheckStats(strata_engine* engine) {
   CHECK(stats.fetches >= 4 * NUM_GROUPS && stats.steps == 2);
 }
 
-/* Drops every copy above NVMe (the home of every role except
- * HOST_GROUP's compute copy, whose host copy must stay). */
+/* Drops every copy above the homes: everything but HOST_GROUP's compute
+ * copy goes down to NVMe. */
 static void EvictToHomes(strata_engine* engine) {
   for (int32_t g = 0; g < NUM_GROUPS; ++g) {
     CHECK_OK(strata_group_evict(engine, g, STRATA_TIER_DEVICE));
-    if (g == HOST_GROUP) {
-      CHECK_FAILS(STRATA_FAILED_PRECONDITION,
-                  strata_group_evict(engine, g, STRATA_TIER_HOST));
-    } else {
+    if (g != HOST_GROUP) {
       CHECK_OK(strata_group_evict(engine, g, STRATA_TIER_HOST));
     }
   }
@@ -328,6 +325,9 @@ static void CheckErrors(strata_engine* engine) {
   CHECK_FAILS(STRATA_INVALID_ARGUMENT,
               strata_group_fetch(engine, 0, 3, STRATA_ALL_ROLES, 0, &view));
   CHECK_FAILS(STRATA_INVALID_ARGUMENT,
+              strata_group_fetch(engine, 0, STRATA_TIER_NVME, STRATA_ALL_ROLES,
+                                 0, &view));
+  CHECK_FAILS(STRATA_INVALID_ARGUMENT,
               strata_group_fetch(engine, 0, STRATA_TIER_HOST, 0, 0, &view));
   CHECK_FAILS(
       STRATA_INVALID_ARGUMENT,
@@ -394,6 +394,8 @@ static void CheckErrors(strata_engine* engine) {
   DLManagedTensor* managed = NULL;
   CHECK_FAILS(STRATA_INVALID_ARGUMENT,
               strata_view_export_dlpack(view, -1, &managed));
+  CHECK_FAILS(STRATA_FAILED_PRECONDITION,
+              strata_group_evict(engine, 0, STRATA_TIER_HOST));
   CHECK_FAILS(STRATA_FAILED_PRECONDITION, strata_engine_close(engine));
   CHECK_OK(strata_view_release(view));
 
