@@ -20,59 +20,6 @@
 
 namespace strata {
 
-std::string_view TierName(Tier tier) {
-  switch (tier) {
-    case Tier::kDevice:
-      return "device";
-    case Tier::kHost:
-      return "host";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "unknown";
-}
-
-Result<Tier> ParseTier(std::string_view name) {
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    if (name == TierName(t)) return t;
-  }
-  return Status(
-      StatusCode::kInvalidArgument,
-      "unknown tier '" + std::string(name) + "'; use device, host or nvme");
-}
-
-std::string_view RoleName(Role role) {
-  static constexpr std::string_view kNames[kNumRoles] = {
-      "compute", "master", "state1", "state2", "grad"};
-  const int i = static_cast<int>(role);
-  return i >= 0 && i < kNumRoles ? kNames[i] : "unknown";
-}
-
-std::string_view DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "fp32";
-    case DType::kBFloat16:
-      return "bf16";
-    case DType::kFloat16:
-      return "fp16";
-  }
-  return "unknown";
-}
-
-size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
-
-DType RoleDType(Role role, DType compute) {
-  return role == Role::kCompute ? compute : DType::kFloat32;
-}
-
-const TensorView* GroupView::Find(std::string_view name, Role role) const {
-  for (const TensorView& t : tensors) {
-    if (t.name == name && t.role == role) return &t;
-  }
-  return nullptr;
-}
-
 class Engine::Impl {
  public:
   Status Open(const EngineOptions& options);
@@ -122,7 +69,9 @@ Status Engine::Impl::Open(const EngineOptions& options) {
   }
   Result<tier::DeviceKind> kind = tier::ParseDeviceKind(options.device);
   if (!kind.ok()) return kind.status();
-  auto aio = aio::Engine::Open({});
+  aio::EngineOptions aio_options;
+  aio_options.fault_injector = options.fault_injector;
+  auto aio = aio::Engine::Open(aio_options);
   if (!aio.ok()) return aio.status();
   aio_ = std::move(*aio);
   auto device = tier::OpenDevice(

@@ -170,11 +170,11 @@ void Residency::BeginStep() {
 
 bool Residency::EndStep(std::string* diverged) {
   std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t before = trace_.invalidations();
   const bool adopted = trace_.EndStep();
   position_ = -1;
-  if (trace_.invalidations() != before && diverged != nullptr) {
-    *diverged = trace_.divergence();
+  if (trace_.invalidations() != reported_invalidations_) {
+    reported_invalidations_ = trace_.invalidations();
+    if (diverged != nullptr) *diverged = trace_.divergence();
   }
   return adopted;
 }
@@ -208,7 +208,10 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write) {
     bool hit = false;
     Status s = Ensure(lk, id, tier, -1, &hit);
     if (!s.ok()) {
-      for (int p : pinned) --chunks_[p].copy[Index(tier)].pins;
+      for (int p : pinned) {
+        --chunks_[p].copy[Index(tier)].pins;
+        if (write) --chunks_[p].writers;
+      }
       changed_.notify_all();
       return s;
     }
@@ -217,9 +220,12 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write) {
     ++copy.pins;
     copy.last_use = ++clock_;
     pinned.push_back(id);
-    if (write) Invalidate(c, tier);
+    if (write) {
+      Invalidate(c, tier);
+      ++c.writers;
+    }
   }
-  groups_[group].pins.push_back({tier, std::move(pinned)});
+  groups_[group].pins.push_back({tier, write, std::move(pinned)});
   return position;
 }
 
@@ -233,7 +239,10 @@ Status Residency::Release(int group) {
   }
   Pin pin = std::move(groups_[group].pins.back());
   groups_[group].pins.pop_back();
-  for (int id : pin.chunks) --chunks_[id].copy[Index(pin.tier)].pins;
+  for (int id : pin.chunks) {
+    --chunks_[id].copy[Index(pin.tier)].pins;
+    if (pin.write) --chunks_[id].writers;
+  }
   changed_.notify_all();
   return Status();
 }
@@ -320,6 +329,13 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
       changed_.wait(lk);
       continue;
     }
+    // A write-fetched copy is changing until its release: nothing may be
+    // copied from it. Demand waits; a prefetch gives up.
+    if (c.writers > 0) {
+      if (entry != -1 && entry != -3) break;
+      changed_.wait(lk);
+      continue;
+    }
     // The source: zeros, the tier below (toward NVMe), or the device.
     Tier from = tier;
     const Tier below = static_cast<Tier>(Index(tier) + 1);
@@ -347,7 +363,7 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
         continue;
       }
     }
-    status = Fill(lk, c, tier, from, entry);
+    status = Fill(lk, id, tier, from, entry);
     if (!status.ok()) break;
   }
   if (demand && !*hit) {
@@ -363,14 +379,15 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
 // destination first, holding nothing while it may wait (see Note [Eviction
 // order]); if the source went away meanwhile, the caller re-plans. Returns
 // with the lock held.
-Status Residency::Fill(Lock& lk, Chunk& c, Tier tier, Tier from, int entry) {
-  const int id = static_cast<int>(&c - &chunks_[0]);
+Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, int entry) {
+  Chunk& c = chunks_[id];
   Copy& dst = c.copy[Index(tier)];
   if (!dst.allocated) {
     if (Status s = Allocate(lk, id, tier, entry); !s.ok()) return s;
   }
   Copy* src = from == tier ? nullptr : &c.copy[Index(from)];
-  const bool stale = src != nullptr && (!src->valid || src->busy);
+  const bool stale =
+      c.writers > 0 || (src != nullptr && (!src->valid || src->busy));
   if (dst.busy || dst.valid || stale) return Status();
   if (src != nullptr) ++src->readers;
   dst.busy = true;

@@ -14,6 +14,9 @@
 //   validates its destination if no write fetch intervened.
 // - Pins (Fetch) keep a copy in place; readers (a transfer in flight from
 //   it) do too; busy marks a copy being filled or being written down.
+// - A write fetch's copy changes until its release, so no copy is made from
+//   it meanwhile: demand fetches of the chunk at other tiers wait for the
+//   release, prefetches skip it.
 //
 // Note [Eviction order]
 // An allocation that does not fit drops copies at that tier, cheapest
@@ -115,11 +118,13 @@ class Residency {
     Tier home = Tier::kHost;
     uint64_t bytes = 0;
     bool zero = true;
+    int writers = 0;  // unreleased write fetches
     uint64_t version = 0;
     std::array<Copy, kNumTiers> copy;
   };
   struct Pin {
     Tier tier;
+    bool write;
     std::vector<int> chunks;
   };
   struct Group {
@@ -133,7 +138,7 @@ class Residency {
   Status AllocateHomes(Group& group, std::vector<int>& ids);
   std::vector<int> ChunksOf(int group, RoleMask roles) const;
   Status Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit);
-  Status Fill(Lock& lk, Chunk& c, Tier tier, Tier from, int entry);
+  Status Fill(Lock& lk, int id, Tier tier, Tier from, int entry);
   Status Allocate(Lock& lk, int id, Tier tier, int entry);
   Status TryAllocate(Chunk& c, Tier tier);
   int PickVictim(Tier tier, int requester, int entry) const;
@@ -156,6 +161,7 @@ class Residency {
   std::deque<Chunk> chunks_;
   sched::Trace trace_;
   int position_ = -1;
+  uint64_t reported_invalidations_ = 0;
   uint64_t clock_ = 0;
   ResidencyCounters counters_;
 };

@@ -23,6 +23,10 @@
 //   order differs invalidates the trace, which is re-recorded; that is
 //   logged once per step on stderr and is not an error.
 //
+// - While a group is fetched with `write`, its bytes are in flux: fetches of
+//   it at another tier wait for the Release, and prefetches skip it. (So a
+//   thread must not fetch, at another tier, a group it holds for writing.)
+//
 // Ownership: the Engine owns every tier. Views point into tier memory and
 // are valid only between Fetch and Release. Release(group) undoes the most
 // recent unreleased Fetch of that group.
@@ -50,6 +54,10 @@
 #include "strata/status.h"
 
 namespace strata {
+
+namespace aio {
+class FaultInjector;
+}
 
 enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
 inline constexpr int kNumTiers = 3;
@@ -120,6 +128,8 @@ struct EngineOptions {
                            // effort, with advice printed once)
   int numa_node = -1;      // host tier node; -1: the GPU's, else caller's
   Bandwidths bandwidths;
+  // Testing hook: handed to the aio engine (see strata/aio.h). Not owned.
+  aio::FaultInjector* fault_injector = nullptr;
 };
 
 struct TensorView {

@@ -6,21 +6,32 @@
 //   RangeAllocator; copies run on two non-blocking streams (host->device and
 //   device->host) and complete through CUDA events.
 // - kHostEmulated: "device" memory is host memory under the same hard
-//   budget, and copies run on a worker thread that signals completion
-//   events. Every scheduling path therefore runs without a GPU.
+//   budget, and copies run on two worker threads (one per direction, each
+//   in FIFO order like a stream) that signal completion events. Every
+//   scheduling path therefore runs without a GPU.
 // OpenDevice() with kAuto picks CUDA when the build has it and a GPU is
 // present, otherwise the host-emulated device, and DeviceInfo::reason says
 // why.
 //
 // Ownership: the Device owns its arena; pointers from Allocate() stay valid
 // until Free() or the Device's destruction. Copy sources and destinations
-// must stay valid until the copy's event completes.
+// must stay valid until the copy's event completes. Destroying the Device
+// first finishes every copy in flight; Events may outlive it.
+//
+// Ordering: copies in one direction complete in the order they were
+// issued; the two directions are independent, so a copy back to the host
+// must wait for the event of the copy to the device it depends on.
 //
 // Thread safety: every method may be called from any thread.
 //
 // Failure: Allocate() beyond the budget returns kResourceExhausted naming
-// the tier, the bytes asked for and the bytes free. Copy failures (a sticky
-// CUDA error) are reported through the event's Wait().
+// the tier, the bytes asked for, the bytes free and the largest free range.
+// A copy or Memset whose device range is not inside one allocation of this
+// device, whose host range lies in device memory, or that has a null
+// pointer, is rejected with kInvalidArgument before anything runs. A CUDA
+// failure the context survives comes back as a Status (through the event's
+// Wait() for a copy, with CUDA's error text); a sticky CUDA error (the
+// context is lost) aborts with file:line (DESIGN §4.3).
 #ifndef STRATA_SRC_TIER_DEVICE_H_
 #define STRATA_SRC_TIER_DEVICE_H_
 
@@ -53,17 +64,18 @@ struct DeviceOptions {
 
 struct DeviceInfo {
   DeviceKind kind = DeviceKind::kHostEmulated;
-  std::string name;    // "host-emulated" or the GPU's name
-  std::string reason;  // why kAuto chose this backend
-  int numa_node = -1;  // the GPU's NUMA node, -1 when unknown or emulated
-  uint64_t budget = 0;
+  std::string name;     // "host-emulated" or the GPU's name
+  std::string reason;   // why kAuto chose this backend
+  int numa_node = -1;   // the GPU's NUMA node, -1 when unknown or emulated
+  uint64_t budget = 0;  // usable bytes: options.budget rounded down to the
+                        // alignment
 };
 
 struct DeviceStats {
   uint64_t used = 0;       // bytes allocated now
   uint64_t peak = 0;       // most bytes ever allocated at once
-  uint64_t h2d_bytes = 0;  // bytes copied host->device
-  uint64_t d2h_bytes = 0;  // bytes copied device->host
+  uint64_t h2d_bytes = 0;  // bytes of host->device copies issued
+  uint64_t d2h_bytes = 0;  // bytes of device->host copies issued
 };
 
 // Completion of one asynchronous copy. Copyable; copies share the copy.
@@ -93,21 +105,30 @@ class Device {
   virtual const DeviceInfo& info() const = 0;
   virtual DeviceStats stats() const = 0;
 
-  // Device memory for `bytes` (rounded up to the alignment).
+  // Device memory for `bytes` (rounded up to the alignment; 0 counts as
+  // one alignment unit).
   virtual Result<void*> Allocate(uint64_t bytes) = 0;
+  // Frees memory from Allocate(); nullptr is a no-op, any other pointer
+  // that is not a live allocation of this device aborts.
   virtual void Free(void* ptr) = 0;
   virtual uint64_t free_bytes() const = 0;
 
   // Asynchronous copies. `host` is host memory (pinned for full speed on
-  // CUDA), `device` lies inside memory from Allocate().
+  // CUDA), `device` lies inside memory from Allocate(). A 0-byte copy
+  // returns an event that is already complete.
   virtual Result<Event> CopyToDevice(void* device, const void* host,
                                      size_t bytes) = 0;
   virtual Result<Event> CopyToHost(void* host, const void* device,
                                    size_t bytes) = 0;
   // Fills device memory with `byte` (synchronous; for setup and tests).
+  // Ordered after the host->device copies issued before it.
   virtual Status Memset(void* device, int byte, size_t bytes) = 0;
 };
 
+// kInvalidArgument for a zero budget, a budget below the alignment or an
+// alignment that is not a power of two; kUnavailable for kCuda without CUDA
+// (naming why and --device host); kResourceExhausted when the budget
+// cannot be reserved.
 Result<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options);
 
 }  // namespace strata::tier

@@ -1,0 +1,539 @@
+#include "src/tier/nvme_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "src/tier/range_allocator.h"
+
+namespace strata::tier {
+namespace {
+
+constexpr uint64_t kMinAlignment = 4096;
+constexpr int kMaxFiles = 64;
+constexpr char kLockName[] = "strata.lock";
+constexpr char kSwapPrefix[] = "strata-swap-";
+constexpr char kSwapSuffix[] = ".bin";
+// Attempts at taking the lock while its previous holder unlinks the file
+// under us; see Note [Lock file lifetime].
+constexpr int kLockAttempts = 8;
+
+std::string Hex(uint64_t value) {
+  char text[24];
+  std::snprintf(text, sizeof(text), "0x%016" PRIx64, value);
+  return text;
+}
+
+bool IsSwapFileName(const std::string& name) {
+  const std::string prefix = kSwapPrefix;
+  const std::string suffix = kSwapSuffix;
+  return name.size() > prefix.size() + suffix.size() &&
+         name.compare(0, prefix.size(), prefix) == 0 &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+Status ValidateOptions(const NvmeStoreOptions& options) {
+  if (options.dir.empty()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "NVMe tier: no swap directory given; name an existing "
+                  "directory on the NVMe device");
+  }
+  if (options.capacity == 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "NVMe tier: capacity is 0 bytes; set the NVMe budget "
+                  "(--nvme-budget) to a positive size");
+  }
+  if (options.files < 1 || options.files > kMaxFiles) {
+    return Status(StatusCode::kInvalidArgument,
+                  "NVMe tier: " + std::to_string(options.files) +
+                      " swap files asked for; use 1.." +
+                      std::to_string(kMaxFiles));
+  }
+  return Status::Ok();
+}
+
+Status CheckDirectory(const std::string& dir) {
+  struct stat st = {};
+  if (stat(dir.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return Status(StatusCode::kNotFound,
+                    "NVMe tier: swap directory '" + dir +
+                        "' does not exist; create it (mkdir -p " + dir +
+                        ") or choose another swap directory");
+    }
+    return aio::ErrnoStatus(
+        err, "NVMe tier: cannot stat swap directory '" + dir + "'");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return Status(StatusCode::kInvalidArgument,
+                  "NVMe tier: swap directory '" + dir +
+                      "' is not a directory; name a directory");
+  }
+  return Status::Ok();
+}
+
+// The pid a lock holder wrote into its lock file, or "unknown" while it
+// has not written it yet.
+std::string HolderPid(int fd) {
+  char text[32] = {};
+  const ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+  if (n <= 0) return "unknown";
+  std::string pid(text, static_cast<size_t>(n));
+  while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) {
+    pid.pop_back();
+  }
+  return pid.empty() ? "unknown" : pid;
+}
+
+Status LockBusy(int fd, const std::string& dir, const std::string& path) {
+  const std::string pid = HolderPid(fd);
+  return Status(StatusCode::kFailedPrecondition,
+                "NVMe tier: swap directory '" + dir +
+                    "' is in use by another strata engine (pid " + pid +
+                    " holds '" + path +
+                    "'); use another swap directory for this one, or stop "
+                    "pid " +
+                    pid + " first");
+}
+
+// Note [Lock file lifetime]
+// The holder removes strata.lock when it closes, so the file we opened may
+// be unlinked between our open() and our flock(): we would then hold a lock
+// on an orphaned inode while a third engine creates a fresh file and locks
+// that. After taking the lock we therefore check that the path still names
+// the inode we locked, and start over if it does not. Unlinking happens
+// only while the lock is held, so once the check passes the file stays.
+Result<int> AcquireLock(const std::string& dir) {
+  const std::string path = dir + "/" + kLockName;
+  for (int attempt = 0; attempt < kLockAttempts; ++attempt) {
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      return aio::ErrnoStatus(
+          err, "NVMe tier: cannot create lock file '" + path + "'");
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      Status busy =
+          err == EWOULDBLOCK
+              ? LockBusy(fd, dir, path)
+              : aio::ErrnoStatus(err, "NVMe tier: cannot lock '" + path + "'");
+      close(fd);
+      return busy;
+    }
+    struct stat locked = {};
+    struct stat named = {};
+    if (fstat(fd, &locked) == 0 && stat(path.c_str(), &named) == 0 &&
+        locked.st_ino == named.st_ino && locked.st_dev == named.st_dev) {
+      const std::string pid = std::to_string(getpid()) + "\n";
+      if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) !=
+                                       static_cast<ssize_t>(pid.size())) {
+        const int err = errno;
+        unlink(path.c_str());
+        close(fd);
+        return aio::ErrnoStatus(
+            err, "NVMe tier: cannot write pid to '" + path + "'");
+      }
+      return fd;
+    }
+    close(fd);
+  }
+  return Status(StatusCode::kUnavailable,
+                "NVMe tier: lock file '" + path +
+                    "' keeps being replaced by other processes; make sure "
+                    "only one strata engine uses this swap directory");
+}
+
+// Deletes swap files left by a run that died. Called with the lock held,
+// so every strata-swap-*.bin in the directory is stale.
+void ReclaimStaleFiles(const std::string& dir) {
+  std::error_code ec;
+  uint64_t count = 0;
+  uint64_t bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!IsSwapFileName(name)) continue;
+    std::error_code entry_ec;
+    if (!entry.is_regular_file(entry_ec)) continue;
+    const uint64_t size = entry.file_size(entry_ec);
+    if (unlink(entry.path().c_str()) != 0) continue;
+    ++count;
+    if (!entry_ec) bytes += size;
+  }
+  if (count == 0) return;
+  std::fprintf(stderr,
+               "strata: reclaimed %" PRIu64
+               " swap files (%s) left by a previous run in %s\n",
+               count, aio::HumanBytes(bytes).c_str(), dir.c_str());
+}
+
+struct ExtentMeta {
+  uint64_t bytes = 0;
+  bool has_data = false;  // the last write succeeded; `checksum` holds
+  uint64_t checksum = 0;
+};
+
+struct SwapFile {
+  SwapFile(aio::File* f, uint64_t capacity, uint64_t alignment)
+      : file(f), ranges(capacity, alignment) {}
+  aio::File* file;
+  RangeAllocator ranges;
+  std::unordered_map<uint64_t, ExtentMeta> extents;  // by offset
+};
+
+}  // namespace
+
+class NvmeStore::Impl {
+ public:
+  Impl(aio::Engine* engine, std::string dir, int lock_fd, int files)
+      : engine_(engine), dir_(std::move(dir)), lock_fd_(lock_fd) {
+    for (int i = 0; i < files; ++i) {
+      paths_.push_back(dir_ + "/" + kSwapPrefix + std::to_string(i) +
+                       kSwapSuffix);
+    }
+  }
+  ~Impl();
+
+  Status ProbeAlignment();
+  Status CreateFiles(uint64_t capacity);
+
+  Result<Extent> Allocate(uint64_t bytes);
+  void Free(const Extent& extent);
+  Result<PendingIo> StartWrite(const Extent& extent, const void* buf);
+  Result<PendingIo> StartRead(const Extent& extent, void* buf);
+  Status FinishIo(PendingIo& io);
+  std::string Describe(const Extent& extent) const;
+
+  aio::Engine* const engine_;
+  const std::string dir_;
+  std::vector<std::string> paths_;  // by file index
+  uint64_t alignment_ = kMinAlignment;
+  mutable std::mutex mu_;
+  std::vector<SwapFile> files_;  // guarded by mu_ (aio::File* is immutable)
+  int next_file_ = 0;            // guarded by mu_
+  NvmeStoreStats stats_;         // guarded by mu_
+
+ private:
+  ExtentMeta& Lookup(const Extent& extent);
+  Status CheckBuffer(const void* buf, const char* what) const;
+  Status NoSpace(uint64_t bytes) const;
+  Status FinishWrite(PendingIo& io, const Status& done);
+  Status FinishRead(PendingIo& io, const Status& done);
+  Status NoValidData(const Extent& extent) const;
+
+  const int lock_fd_;
+};
+
+NvmeStore::Impl::~Impl() {
+  for (SwapFile& f : files_) {
+    // A failure here means I/O is still in flight on the file, which the
+    // contract forbids: the buffers it touches may already be gone.
+    STRATA_CHECK(engine_->CloseFile(f.file).ok());
+  }
+  for (const std::string& path : paths_) unlink(path.c_str());
+  unlink((dir_ + "/" + kLockName).c_str());
+  close(lock_fd_);
+}
+
+// The alignment has to be known before the files are sized, and only an
+// open file can tell it, so file 0 is opened once empty to ask.
+Status NvmeStore::Impl::ProbeAlignment() {
+  Result<aio::File*> probe = engine_->OpenFile(paths_[0], {.size = 0});
+  if (!probe.ok()) {
+    return Status(probe.status().code(),
+                  "NVMe tier: " + probe.status().message());
+  }
+  const uint64_t dio =
+      std::max((*probe)->mem_align(), (*probe)->offset_align());
+  STRATA_CHECK(engine_->CloseFile(*probe).ok());
+  if ((dio & (dio - 1)) != 0) {
+    return Status(StatusCode::kUnavailable,
+                  "NVMe tier: '" + dir_ +
+                      "' reports a direct-I/O alignment of " +
+                      std::to_string(dio) +
+                      " bytes, which is not a power of two; choose a swap "
+                      "directory on another file system");
+  }
+  alignment_ = std::max(kMinAlignment, dio);
+  return Status::Ok();
+}
+
+Status NvmeStore::Impl::CreateFiles(uint64_t capacity) {
+  const uint64_t n = paths_.size();
+  const uint64_t per_file =
+      ((capacity + n - 1) / n + alignment_ - 1) / alignment_ * alignment_;
+  files_.reserve(n);
+  for (const std::string& path : paths_) {
+    Result<aio::File*> file = engine_->OpenFile(path, {.size = per_file});
+    if (!file.ok()) {
+      const Status& st = file.status();
+      std::string msg = "NVMe tier: cannot create " + std::to_string(n) +
+                        " swap files of " + aio::HumanBytes(per_file) + " (" +
+                        aio::HumanBytes(per_file * n) + " in all) in '" + dir_ +
+                        "': " + st.message();
+      if (st.code() == StatusCode::kNoSpace) {
+        msg += "; or lower the NVMe budget (--nvme-budget)";
+      }
+      return Status(st.code(), std::move(msg));
+    }
+    files_.emplace_back(*file, per_file, alignment_);
+  }
+  stats_.capacity = per_file * n;
+  return Status::Ok();
+}
+
+ExtentMeta& NvmeStore::Impl::Lookup(const Extent& extent) {
+  STRATA_CHECK(extent.file >= 0 &&
+               extent.file < static_cast<int>(files_.size()));
+  auto& extents = files_[extent.file].extents;
+  auto it = extents.find(extent.offset);
+  STRATA_CHECK(it != extents.end());
+  STRATA_CHECK(it->second.bytes == extent.bytes);
+  return it->second;
+}
+
+Status NvmeStore::Impl::NoSpace(uint64_t bytes) const {
+  uint64_t free_bytes = 0;
+  uint64_t largest = 0;
+  for (const SwapFile& f : files_) {
+    free_bytes += f.ranges.free_bytes();
+    largest = std::max(largest, f.ranges.largest_free());
+  }
+  std::string msg =
+      "NVMe tier: cannot allocate " + aio::HumanBytes(bytes) + " (" +
+      std::to_string(bytes) + " bytes): " + aio::HumanBytes(free_bytes) +
+      " free of " + aio::HumanBytes(stats_.capacity) +
+      " capacity, largest free extent " + aio::HumanBytes(largest);
+  const uint64_t per_file = files_[0].ranges.capacity();
+  if (bytes > per_file) {
+    msg += "; an extent must fit in one swap file (" +
+           aio::HumanBytes(per_file) + " each), so use fewer swap files or";
+  } else {
+    msg += ";";
+  }
+  msg += " raise the NVMe budget (--nvme-budget) or free extents first";
+  return Status(StatusCode::kNoSpace, std::move(msg));
+}
+
+Result<Extent> NvmeStore::Impl::Allocate(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int n = static_cast<int>(files_.size());
+  for (int k = 0; k < n; ++k) {
+    const int i = (next_file_ + k) % n;
+    std::optional<uint64_t> offset = files_[i].ranges.Allocate(bytes);
+    if (!offset) continue;
+    const uint64_t size = files_[i].ranges.SizeOf(*offset);
+    files_[i].extents.emplace(*offset, ExtentMeta{.bytes = size});
+    next_file_ = (i + 1) % n;
+    stats_.used += size;
+    stats_.peak = std::max(stats_.peak, stats_.used);
+    return Extent{.file = i, .offset = *offset, .bytes = size};
+  }
+  return NoSpace(bytes);
+}
+
+void NvmeStore::Impl::Free(const Extent& extent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Lookup(extent);
+  files_[extent.file].extents.erase(extent.offset);
+  files_[extent.file].ranges.Free(extent.offset);
+  stats_.used -= extent.bytes;
+}
+
+Status NvmeStore::Impl::CheckBuffer(const void* buf, const char* what) const {
+  if (buf != nullptr && reinterpret_cast<uintptr_t>(buf) % alignment_ == 0) {
+    return Status::Ok();
+  }
+  char text[96];
+  std::snprintf(text, sizeof(text), "%p", buf);
+  return Status(StatusCode::kInvalidArgument,
+                std::string("NVMe tier: ") + what + " buffer " + text +
+                    (buf == nullptr ? " is null" : " is misaligned") +
+                    "; swap I/O needs a buffer aligned to " +
+                    std::to_string(alignment_) +
+                    " bytes (the swap files' O_DIRECT alignment): allocate "
+                    "it with aio::PinnedBuffer or aligned_alloc");
+}
+
+std::string NvmeStore::Impl::Describe(const Extent& extent) const {
+  if (!extent.valid()) return "invalid extent";
+  STRATA_CHECK(extent.file < static_cast<int>(paths_.size()));
+  char offset[24];
+  std::snprintf(offset, sizeof(offset), "%" PRIx64, extent.offset);
+  return "extent " + std::to_string(extent.file) + ":+0x" + offset + " (" +
+         aio::HumanBytes(extent.bytes) + ") of '" + paths_[extent.file] + "'";
+}
+
+Status NvmeStore::Impl::NoValidData(const Extent& extent) const {
+  return Status(StatusCode::kDataLoss,
+                "NVMe tier: " + Describe(extent) +
+                    " holds no valid data: it was never written or its last "
+                    "write failed; write it again from the in-memory copy "
+                    "before reading it");
+}
+
+Result<PendingIo> NvmeStore::Impl::StartWrite(const Extent& extent,
+                                              const void* buf) {
+  if (Status st = CheckBuffer(buf, "write"); !st.ok()) return st;
+  const uint64_t checksum = XXH3_64bits(buf, extent.bytes);
+  {
+    // Invalidate before any byte can change, so that a write that fails,
+    // or is never finished, cannot be read back as good.
+    std::lock_guard<std::mutex> lock(mu_);
+    Lookup(extent).has_data = false;
+  }
+  Result<aio::Handle> handle = engine_->Write(files_[extent.file].file, buf,
+                                              extent.bytes, extent.offset);
+  if (!handle.ok()) return handle.status();
+  return PendingIo{.handle = std::move(*handle),
+                   .extent = extent,
+                   .buf = const_cast<void*>(buf),
+                   .write = true,
+                   .checksum = checksum};
+}
+
+Result<PendingIo> NvmeStore::Impl::StartRead(const Extent& extent, void* buf) {
+  if (Status st = CheckBuffer(buf, "read"); !st.ok()) return st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!Lookup(extent).has_data) return NoValidData(extent);
+  }
+  Result<aio::Handle> handle =
+      engine_->Read(files_[extent.file].file, buf, extent.bytes, extent.offset);
+  if (!handle.ok()) return handle.status();
+  return PendingIo{.handle = std::move(*handle), .extent = extent, .buf = buf};
+}
+
+Status NvmeStore::Impl::FinishIo(PendingIo& io) {
+  STRATA_CHECK(io.handle.valid());
+  const Status done = io.handle.Wait();
+  io.handle = aio::Handle();  // a second FinishIo is a bug and aborts
+  return io.write ? FinishWrite(io, done) : FinishRead(io, done);
+}
+
+Status NvmeStore::Impl::FinishWrite(PendingIo& io, const Status& done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExtentMeta& meta = Lookup(io.extent);
+  if (!done.ok()) {
+    ++stats_.write_failures;
+    return Status(done.code(),
+                  "NVMe tier: write of " + Describe(io.extent) +
+                      " failed, the extent holds no valid data and the "
+                      "source buffer remains the valid copy: " +
+                      done.message());
+  }
+  meta.has_data = true;
+  meta.checksum = io.checksum;
+  stats_.bytes_written += io.extent.bytes;
+  return Status::Ok();
+}
+
+// Verified here rather than in the completion callback, which runs on the
+// ring thread: hashing a large extent there would stall every other
+// transfer on the ring.
+Status NvmeStore::Impl::FinishRead(PendingIo& io, const Status& done) {
+  if (!done.ok()) {
+    return Status(done.code(), "NVMe tier: read of " + Describe(io.extent) +
+                                   " failed: " + done.message());
+  }
+  const uint64_t actual = XXH3_64bits(io.buf, io.extent.bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  const ExtentMeta& meta = Lookup(io.extent);
+  if (!meta.has_data) return NoValidData(io.extent);
+  if (meta.checksum != actual) {
+    ++stats_.checksum_failures;
+    return Status(StatusCode::kDataLoss,
+                  "NVMe tier: checksum mismatch in " + Describe(io.extent) +
+                      " at offset " + std::to_string(io.extent.offset) +
+                      ": expected " + Hex(meta.checksum) + ", got " +
+                      Hex(actual) +
+                      "; the swap file was modified or the device returned "
+                      "bad data");
+  }
+  stats_.bytes_read += io.extent.bytes;
+  return Status::Ok();
+}
+
+NvmeStore::NvmeStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+NvmeStore::~NvmeStore() = default;
+
+Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(
+    aio::Engine* engine, const NvmeStoreOptions& options) {
+  STRATA_CHECK(engine != nullptr);
+  if (Status st = ValidateOptions(options); !st.ok()) return st;
+  if (Status st = CheckDirectory(options.dir); !st.ok()) return st;
+  Result<int> lock_fd = AcquireLock(options.dir);
+  if (!lock_fd.ok()) return lock_fd.status();
+  ReclaimStaleFiles(options.dir);
+  // From here on, Impl's destructor undoes whatever was set up when a step
+  // fails: it closes and deletes the swap files and releases the lock.
+  auto impl =
+      std::make_unique<Impl>(engine, options.dir, *lock_fd, options.files);
+  if (Status st = impl->ProbeAlignment(); !st.ok()) return st;
+  if (Status st = impl->CreateFiles(options.capacity); !st.ok()) return st;
+  return std::unique_ptr<NvmeStore>(new NvmeStore(std::move(impl)));
+}
+
+uint64_t NvmeStore::alignment() const { return impl_->alignment_; }
+
+Result<Extent> NvmeStore::Allocate(uint64_t bytes) {
+  return impl_->Allocate(bytes);
+}
+
+void NvmeStore::Free(const Extent& extent) { impl_->Free(extent); }
+
+Result<PendingIo> NvmeStore::StartWrite(const Extent& extent, const void* buf) {
+  return impl_->StartWrite(extent, buf);
+}
+
+Result<PendingIo> NvmeStore::StartRead(const Extent& extent, void* buf) {
+  return impl_->StartRead(extent, buf);
+}
+
+Status NvmeStore::FinishIo(PendingIo& io) { return impl_->FinishIo(io); }
+
+Status NvmeStore::Write(const Extent& extent, const void* buf) {
+  Result<PendingIo> io = StartWrite(extent, buf);
+  if (!io.ok()) return io.status();
+  return FinishIo(*io);
+}
+
+Status NvmeStore::Read(const Extent& extent, void* buf) {
+  Result<PendingIo> io = StartRead(extent, buf);
+  if (!io.ok()) return io.status();
+  return FinishIo(*io);
+}
+
+std::string NvmeStore::Describe(const Extent& extent) const {
+  return impl_->Describe(extent);
+}
+
+std::string NvmeStore::FilePath(int file) const {
+  STRATA_CHECK(file >= 0 && file < static_cast<int>(impl_->paths_.size()));
+  return impl_->paths_[file];
+}
+
+const std::string& NvmeStore::dir() const { return impl_->dir_; }
+
+NvmeStoreStats NvmeStore::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->stats_;
+}
+
+}  // namespace strata::tier

@@ -12,17 +12,24 @@
 // Integrity
 // - Every successful write records an xxHash (XXH3-64) of the extent's
 //   bytes. Every read is verified against it in FinishIo(); a mismatch is
-//   kDataLoss naming the extent, the file and the offset, and the caller
-//   must not use the buffer. An extent whose last write failed, or that was
-//   never written, fails its reads the same way.
+//   kDataLoss naming the extent, the file and the offset, counts in
+//   stats().checksum_failures, and the caller must not use the buffer.
+// - StartWrite() marks the extent as holding no valid data before any byte
+//   moves; only FinishIo() of a successful write marks it valid again. An
+//   extent whose last write failed or was never finished, and one never
+//   written since it was allocated (Free() drops the checksum), fail
+//   StartRead() with kDataLoss saying it holds no valid data.
 // - A failed write (EIO, ENOSPC, short I/O that cannot complete) is
 //   returned by FinishIo(); the source buffer is untouched, so the caller's
 //   copy stays the valid one until a write succeeds.
 //
 // Ownership of the directory
 // - Open() takes an exclusive flock on <dir>/strata.lock (and writes its
-//   pid there), so two engines cannot share a directory; the second one
-//   gets kFailedPrecondition naming the holder's pid.
+//   pid there), so two engines cannot share a directory, even within one
+//   process; the second one gets kFailedPrecondition naming the holder's
+//   pid. A missing directory is kNotFound; a file system too small for the
+//   swap files is kNoSpace naming the directory and the bytes needed, and
+//   leaves no swap file behind.
 // - Swap files found at Open() belong to a run that died (its lock is gone
 //   with it): they are deleted and recreated, and the reclaim is reported
 //   once on stderr with their count and size. Nothing else in the
@@ -30,9 +37,14 @@
 // - The destructor deletes the swap files and releases the lock. Swap data
 //   is scratch: it does not survive the store.
 //
-// Thread safety: every method may be called from any thread. A caller must
-// not read an extent while a write to it is in flight, nor free an extent
-// with I/O in flight.
+// Thread safety: every method may be called from any thread; one mutex
+// guards the metadata and no I/O runs under it. A caller must not read an
+// extent while a write to it is in flight, start two writes to one extent
+// at once, free an extent with I/O in flight, nor destroy the store with
+// I/O in flight.
+//
+// Programming bugs abort (STRATA_CHECK): an extent this store did not
+// allocate (or already freed), a PendingIo finished twice.
 #ifndef STRATA_SRC_TIER_NVME_STORE_H_
 #define STRATA_SRC_TIER_NVME_STORE_H_
 
@@ -90,25 +102,31 @@ class NvmeStore {
   // files' O_DIRECT requirement, at least 4096).
   uint64_t alignment() const;
 
-  // An extent of at least `bytes` bytes, or kNoSpace naming the tier, the
-  // bytes asked for, the bytes free and the capacity.
+  // An extent of at least `bytes` bytes (rounded up to alignment()), from
+  // the first file that fits, starting after the file used last. Or
+  // kNoSpace naming the tier, the bytes asked for, the bytes free, the
+  // largest free extent and the capacity. An extent never spans files.
   Result<Extent> Allocate(uint64_t bytes);
   void Free(const Extent& extent);
 
   // Start an asynchronous transfer of the whole extent to or from `buf`
-  // (extent.bytes bytes, aligned to alignment()). A misaligned buffer is
-  // kInvalidArgument naming the requirement.
+  // (extent.bytes bytes, aligned to alignment()). A null or misaligned
+  // buffer is kInvalidArgument naming the requirement. A write's checksum
+  // is taken here, so the buffer must not change until FinishIo().
   Result<PendingIo> StartWrite(const Extent& extent, const void* buf);
   Result<PendingIo> StartRead(const Extent& extent, void* buf);
-  // Waits for the transfer. Writes: records the checksum on success.
-  // Reads: verifies it; kDataLoss on mismatch. Call once per PendingIo.
+  // Waits for the transfer. Writes: records the checksum on success; on
+  // failure returns the aio error (kIoError, kNoSpace, ...) and counts it
+  // in stats().write_failures. Reads: the aio error, or kDataLoss on a
+  // checksum mismatch. Call exactly once per PendingIo.
   Status FinishIo(PendingIo& io);
 
   // Synchronous conveniences: Start + Finish.
   Status Write(const Extent& extent, const void* buf);
   Status Read(const Extent& extent, void* buf);
 
-  // "extent 2:+0x4000000 (32.0 MiB) of '/swap/strata-swap-2.bin'".
+  // "extent 2:+0x4000000 (32.0 MiB) of '/swap/strata-swap-2.bin'";
+  // "invalid extent" for a default-constructed one.
   std::string Describe(const Extent& extent) const;
   std::string FilePath(int file) const;
   const std::string& dir() const;

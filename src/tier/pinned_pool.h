@@ -2,27 +2,41 @@
 // handed out in size classes and registered once with aio.
 //
 // How the slab is obtained, best first:
-// - with CUDA in use (`cuda` = true and a GPU present): cudaHostAlloc, so
-//   copies to and from the GPU run at full speed;
+// - with CUDA in use (`cuda` = true, a GPU present and `lock` not kOff):
+//   cudaHostAlloc, so copies to and from the GPU run at full speed;
 // - otherwise mmap, backed by explicit huge pages (MAP_HUGETLB) when the
 //   system has them reserved, else transparent huge pages (madvise), else
 //   4 KiB pages; then mlock.
+// Every page is faulted in at creation, locked or not, so the first
+// transfer does not pay for page faults.
 // The slab is placed on a NUMA node through libnuma: `numa_node` when set,
 // else the GPU's node when known, else the calling thread's node.
 //
+// Budget: the budget is rounded up to a whole 4 KiB page; info().budget is
+// the rounded value and no more than that is ever handed out. With huge
+// pages the mapping itself is rounded up to 2 MiB (the tail is never used).
+//
 // Size classes: a request is rounded up to a class (4 classes per power of
-// two, at least 4 KiB), so memory freed by one chunk fits the next chunk of
-// the same class and the slab does not shatter. Ranges come from a
-// best-fit RangeAllocator over the slab.
+// two, at least 4 KiB, always whole 4 KiB pages), so memory freed by one
+// chunk fits the next chunk of the same class and the slab does not
+// shatter. Ranges come from a best-fit RangeAllocator over the slab.
 //
 // Locking: LockMode::kRequired turns an mlock failure into an error that
 // names RLIMIT_MEMLOCK and how to raise it; kBestEffort prints that advice
-// once and runs unlocked; kOff never locks.
+// once per process and runs unlocked; kOff never locks (and so never uses
+// cudaHostAlloc, whose memory is always pinned).
 //
 // Ownership and thread safety: the pool owns the slab; Allocate/Free/stats
 // may be called from any thread. The pool registers the slab with the aio
 // engine it is given (fixed buffers) and unregisters it on destruction, so
-// the engine must outlive the pool.
+// the engine must outlive the pool, and no aio request may still use pool
+// memory when the pool is destroyed (that aborts).
+//
+// Failure: Create() returns kInvalidArgument for a zero budget or a NUMA
+// node that does not exist, kResourceExhausted when the memory cannot be
+// mapped or (kRequired) locked, and the engine's error when registration
+// fails. Allocate() beyond the budget returns kResourceExhausted. Freeing a
+// pointer that Allocate() did not return, or freeing it twice, aborts.
 #ifndef STRATA_SRC_TIER_PINNED_POOL_H_
 #define STRATA_SRC_TIER_PINNED_POOL_H_
 
@@ -73,19 +87,22 @@ class PinnedPool {
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
 
-  // The size class `bytes` is served from.
+  // The size class `bytes` is served from: a multiple of 4096 (at least
+  // 4096), >= bytes, and wasting less than max(4096, bytes / 4) bytes.
+  // Defined for bytes <= 2^62 (more is a bug: abort).
   static uint64_t SizeClass(uint64_t bytes);
 
   // 4096-aligned memory of SizeClass(bytes) bytes, or kResourceExhausted
   // naming the tier, the bytes asked for, the bytes free and the budget.
   Result<void*> Allocate(uint64_t bytes);
+  // Returns memory from Allocate(); anything else aborts.
   void Free(void* ptr);
   // Whether [ptr, ptr+bytes) lies inside the slab.
   bool Contains(const void* ptr, uint64_t bytes) const;
 
   const PinnedPoolInfo& info() const;
   PinnedPoolStats stats() const;
-  uint64_t free_bytes() const;
+  uint64_t free_bytes() const;  // info().budget - stats().current
 
   class Impl;
 

@@ -5,10 +5,20 @@
 #include "strata/status.h"
 
 namespace strata::tier {
+namespace {
+
+// Checked before capacity_ is rounded with it: a zero alignment would
+// otherwise divide by zero before any check could run.
+uint64_t CheckedAlignment(uint64_t alignment) {
+  STRATA_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0);
+  return alignment;
+}
+
+}  // namespace
 
 RangeAllocator::RangeAllocator(uint64_t capacity, uint64_t alignment)
-    : capacity_(capacity / alignment * alignment), alignment_(alignment) {
-  STRATA_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0);
+    : capacity_(capacity & ~(CheckedAlignment(alignment) - 1)),
+      alignment_(alignment) {
   if (capacity_ > 0) InsertFree(0, capacity_);
 }
 

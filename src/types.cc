@@ -1,0 +1,61 @@
+// Names and sizes of the engine's vocabulary (strata/engine.h).
+#include <string>
+
+#include "strata/engine.h"
+
+namespace strata {
+
+std::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "unknown";
+}
+
+Result<Tier> ParseTier(std::string_view name) {
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    if (name == TierName(t)) return t;
+  }
+  return Status(
+      StatusCode::kInvalidArgument,
+      "unknown tier '" + std::string(name) + "'; use device, host or nvme");
+}
+
+std::string_view RoleName(Role role) {
+  static constexpr std::string_view kNames[kNumRoles] = {
+      "compute", "master", "state1", "state2", "grad"};
+  const int i = static_cast<int>(role);
+  return i >= 0 && i < kNumRoles ? kNames[i] : "unknown";
+}
+
+std::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "fp16";
+  }
+  return "unknown";
+}
+
+size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+DType RoleDType(Role role, DType compute) {
+  return role == Role::kCompute ? compute : DType::kFloat32;
+}
+
+const TensorView* GroupView::Find(std::string_view name, Role role) const {
+  for (const TensorView& t : tensors) {
+    if (t.name == name && t.role == role) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace strata

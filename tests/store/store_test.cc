@@ -1,0 +1,311 @@
+// The tiered store through the public C++ API, on the host-emulated device.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "strata/engine.h"
+#include "tests/store/store_util.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata {
+namespace {
+
+using store_test::Check;
+using store_test::Fill;
+using store_test::kKiB;
+using store_test::Layer;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Engine> Open(uint64_t device, uint64_t host, uint64_t nvme,
+                               Tier home = Tier::kNvme,
+                               aio::FaultInjector* injector = nullptr) {
+    EngineOptions o;
+    o.device = "host";
+    o.device_budget = device;
+    o.host_budget = host;
+    o.nvme_budget = nvme;
+    o.swap_dir = nvme > 0 ? dir_.path() : "";
+    o.placement.home.fill(home);
+    o.fault_injector = injector;
+    auto engine = Engine::Open(o);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    return engine.ok() ? std::move(*engine) : nullptr;
+  }
+
+  testutil::ScratchDir dir_;
+};
+
+TEST_F(StoreTest, NewChunksReadAsZeros) {
+  auto engine = Open(256 * kKiB, 512 * kKiB, 1024 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  const int g = *engine->RegisterGroup(Layer("layer.0", 10000));
+  for (Tier tier : {Tier::kHost, Tier::kDevice}) {
+    auto view = engine->Fetch(g, tier);
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    for (const TensorView& t : view->tensors) {
+      const auto* bytes = static_cast<const unsigned char*>(t.data);
+      for (uint64_t i = 0; i < t.bytes; ++i) ASSERT_EQ(bytes[i], 0);
+    }
+    ASSERT_TRUE(engine->Release(g).ok());
+  }
+}
+
+// The same bytes survive every path: device -> host -> NVMe -> host ->
+// device, and host -> NVMe -> device.
+TEST_F(StoreTest, CrossTierRoundTrip) {
+  auto engine = Open(256 * kKiB, 512 * kKiB, 1024 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  const int g = *engine->RegisterGroup(Layer("layer.0", 20000));
+  auto view = engine->Fetch(g, Tier::kDevice, {kAllRoles, true});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Fill(*view, 1);
+  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(engine->Evict(g, Tier::kDevice).ok());  // device -> host
+  ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());    // host -> NVMe
+  EngineStats s = engine->stats();
+  EXPECT_GT(s.bytes[0][1], 0u);
+  EXPECT_GT(s.bytes[1][2], 0u);
+  view = engine->Fetch(g, Tier::kHost);  // NVMe -> host
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Check(*view, 1);
+  ASSERT_TRUE(engine->Release(g).ok());
+  view = engine->Fetch(g, Tier::kDevice);  // host -> device
+  ASSERT_TRUE(view.ok());
+  Check(*view, 1);
+  ASSERT_TRUE(engine->Release(g).ok());
+  // Written on the host, dropped to NVMe, read straight up to the device.
+  view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
+  ASSERT_TRUE(view.ok());
+  Fill(*view, 2);
+  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(engine->Evict(g, Tier::kDevice).ok());
+  ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());
+  view = engine->Fetch(g, Tier::kDevice);
+  ASSERT_TRUE(view.ok());
+  Check(*view, 2);
+  ASSERT_TRUE(engine->Release(g).ok());
+  s = engine->stats();
+  EXPECT_GT(s.bytes[2][1], 0u);
+  EXPECT_GT(s.bytes[1][0], 0u);
+}
+
+TEST_F(StoreTest, HostAndDeviceHomesRoundTrip) {
+  for (Tier home : {Tier::kHost, Tier::kDevice}) {
+    auto engine = Open(512 * kKiB, 512 * kKiB, 0, home);
+    ASSERT_NE(engine, nullptr);
+    const int g = *engine->RegisterGroup(Layer("layer.0", 9000));
+    const Tier other = home == Tier::kHost ? Tier::kDevice : Tier::kHost;
+    auto view = engine->Fetch(g, other, {kAllRoles, true});
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    Fill(*view, 3);
+    ASSERT_TRUE(engine->Release(g).ok());
+    ASSERT_TRUE(engine->Evict(g, other).ok());  // written back to the home
+    view = engine->Fetch(g, home);
+    ASSERT_TRUE(view.ok());
+    Check(*view, 3);
+    ASSERT_TRUE(engine->Release(g).ok());
+  }
+}
+
+TEST_F(StoreTest, InfeasibleGroupFailsAtRegistrationNamingTheBytes) {
+  auto engine = Open(512 * kKiB, 4096 * kKiB, 8192 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  // 812 KiB of bf16 compute plus its fp32 master on the device: too big.
+  auto id = engine->RegisterGroup(Layer("layer.17", 812 * 1024 / 2));
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(id.status().message().find("group 'layer.17' needs"),
+            std::string::npos)
+      << id.status().message();
+  EXPECT_NE(id.status().message().find("device budget is 512.0 KiB"),
+            std::string::npos)
+      << id.status().message();
+  EXPECT_EQ(engine->group_count(), 0);
+  EXPECT_TRUE(engine->RegisterGroup(Layer("layer.0", 1000)).ok());
+}
+
+TEST_F(StoreTest, NvmePlacementWithoutNvmeTierFails) {
+  auto engine = Open(512 * kKiB, 512 * kKiB, 0, Tier::kNvme);
+  ASSERT_NE(engine, nullptr);
+  auto id = engine->RegisterGroup(Layer("layer.0", 1000));
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.status().message().find("--nvme-budget"), std::string::npos);
+}
+
+TEST_F(StoreTest, MissingSwapDirectoryIsAClearError) {
+  EngineOptions o;
+  o.device = "host";
+  o.device_budget = o.host_budget = o.nvme_budget = 1 << 20;
+  o.swap_dir = dir_.path() + "/does-not-exist";
+  auto engine = Engine::Open(o);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(engine.status().message().find("does-not-exist"),
+            std::string::npos);
+}
+
+// Two groups fill the device; while both are fetched a third cannot come
+// in, and the pinned ones keep their bytes. Releasing one makes room.
+TEST_F(StoreTest, PinnedGroupsAreNeverEvicted) {
+  auto engine = Open(100 * kKiB, 1024 * kKiB, 2048 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  std::vector<int> g;
+  for (int i = 0; i < 3; ++i) {
+    g.push_back(*engine->RegisterGroup(Layer("layer." + std::to_string(i),
+                                             8000)));  // 48 KiB each
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto view = engine->Fetch(g[i], Tier::kDevice, {kAllRoles, true});
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    Fill(*view, 10 + i);
+  }
+  auto third = engine->Fetch(g[2], Tier::kDevice);
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("pinned"), std::string::npos)
+      << third.status().message();
+  ASSERT_TRUE(engine->Release(g[0]).ok());
+  third = engine->Fetch(g[2], Tier::kDevice);
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  ASSERT_TRUE(engine->Release(g[2]).ok());
+  ASSERT_TRUE(engine->Release(g[1]).ok());
+  for (int i = 0; i < 2; ++i) {
+    auto view = engine->Fetch(g[i], Tier::kHost);
+    ASSERT_TRUE(view.ok());
+    Check(*view, 10 + i);
+    ASSERT_TRUE(engine->Release(g[i]).ok());
+  }
+  EXPECT_LE(engine->stats().tiers[0].peak, 100 * kKiB);
+}
+
+TEST_F(StoreTest, LruBeforeATrace) {
+  auto engine = Open(150 * kKiB, 2048 * kKiB, 0, Tier::kHost);
+  ASSERT_NE(engine, nullptr);
+  std::vector<int> g;  // 48 KiB each: 3 fit on the device
+  for (int i = 0; i < 4; ++i) {
+    g.push_back(*engine->RegisterGroup(Layer("l" + std::to_string(i), 8000)));
+  }
+  auto touch = [&](int i) {
+    ASSERT_TRUE(engine->Fetch(g[i], Tier::kDevice).ok());
+    ASSERT_TRUE(engine->Release(g[i]).ok());
+  };
+  touch(0), touch(1), touch(2), touch(0);  // 1 is now least recent
+  touch(3);                                // evicts 1
+  const uint64_t hits = engine->stats().hits;
+  touch(0), touch(2), touch(3);
+  EXPECT_EQ(engine->stats().hits - hits, 6u);  // 2 chunks per group
+  touch(1);
+  EXPECT_EQ(engine->stats().hits - hits, 6u);
+}
+
+TEST_F(StoreTest, TracePrefetchesAheadAndChangesAreLogged) {
+  auto engine = Open(200 * kKiB, 4096 * kKiB, 8192 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  std::vector<int> g;
+  for (int i = 0; i < 12; ++i) {
+    g.push_back(*engine->RegisterGroup(Layer("l" + std::to_string(i), 8000)));
+  }
+  auto step = [&](const std::vector<int>& order) {
+    engine->BeginStep();
+    for (int i : order) {
+      auto view = engine->Fetch(g[i], Tier::kDevice, {kAllRoles, true});
+      ASSERT_TRUE(view.ok()) << view.status().ToString();
+      Fill(*view, i);
+      ASSERT_TRUE(engine->Drain().ok());  // let the prefetches land
+      ASSERT_TRUE(engine->Release(g[i]).ok());
+    }
+    ASSERT_TRUE(engine->EndStep().ok());
+  };
+  std::vector<int> order;
+  for (int i = 0; i < 12; ++i) order.push_back(i);
+  for (int i = 11; i >= 0; --i) order.push_back(i);
+  EXPECT_NE(engine->Explain().find("no trace"), std::string::npos);
+  step(order);
+  EXPECT_NE(engine->Explain().find("prefetch #"), std::string::npos)
+      << engine->Explain();
+  step(order);
+  const EngineStats before = engine->stats();
+  step(order);
+  const EngineStats after = engine->stats();
+  const uint64_t fetches = after.fetches - before.fetches;
+  EXPECT_EQ(fetches, 48u);
+  EXPECT_GE(after.hits - before.hits, fetches * 9 / 10);
+  EXPECT_GT(after.prefetch_hits, before.prefetch_hits);
+  EXPECT_EQ(after.trace_invalidations, 0u);
+
+  std::vector<int> changed = order;
+  std::swap(changed[3], changed[4]);
+  const std::string log = testutil::CaptureStderr([&] { step(changed); });
+  EXPECT_NE(log.find("re-recording the trace"), std::string::npos) << log;
+  EXPECT_EQ(engine->stats().trace_invalidations, 1u);
+  for (int i = 0; i < 12; ++i) {
+    auto view = engine->Fetch(g[i], Tier::kHost);
+    ASSERT_TRUE(view.ok());
+    Check(*view, i);
+    ASSERT_TRUE(engine->Release(g[i]).ok());
+  }
+}
+
+TEST_F(StoreTest, MisuseIsAnError) {
+  auto engine = Open(256 * kKiB, 512 * kKiB, 1024 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  const int g = *engine->RegisterGroup(Layer("layer.0", 1000));
+  EXPECT_EQ(engine->Release(g).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine->Fetch(g, Tier::kNvme).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->Fetch(7, Tier::kHost).status().code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(engine->Fetch(g, Tier::kDevice).ok());
+  EXPECT_EQ(engine->Evict(g, Tier::kDevice).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(engine->Release(g).ok());
+  EXPECT_FALSE(engine->RegisterGroup(GroupSpec{}).ok());
+}
+
+// Acceptance: one flipped byte in a swap file fails the next read with a
+// checksum error naming the extent, and never hands out the bytes.
+TEST_F(StoreTest, FlippedByteInASwapFileIsDataLoss) {
+  auto engine = Open(256 * kKiB, 512 * kKiB, 1024 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  GroupSpec spec = Layer("layer.0", 2048);
+  spec.tensors[0].roles = RoleBit(Role::kCompute);
+  const int g = *engine->RegisterGroup(spec);
+  auto view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
+  ASSERT_TRUE(view.ok());
+  Fill(*view, 5);
+  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());
+  int flipped = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
+    if (entry.path().filename().string().rfind("strata-swap-", 0) != 0) {
+      continue;
+    }
+    const int fd = ::open(entry.path().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    unsigned char byte = 0;
+    ASSERT_EQ(::pread(fd, &byte, 1, 100), 1);
+    byte ^= 0x40;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, 100), 1);
+    ::close(fd);
+    ++flipped;
+  }
+  ASSERT_GT(flipped, 0);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto bad = engine->Fetch(g, Tier::kHost);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(bad.status().message().find("extent"), std::string::npos)
+        << bad.status().message();
+    EXPECT_NE(bad.status().message().find("strata-swap-"), std::string::npos)
+        << bad.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace strata
