@@ -107,6 +107,10 @@ Status ValidTensorIndex(const strata_view& view, int32_t index) {
 using strata::Guard;
 using strata::Status;
 using strata::capi::NonNull;
+using strata::capi::ValidGroup;
+using strata::capi::ValidRole;
+using strata::capi::ValidRoles;
+using strata::capi::ValidTier;
 
 extern "C" {
 
@@ -259,8 +263,8 @@ strata_status strata_group_get_bytes(const strata_engine* engine, int32_t group,
                                      int32_t tier, uint64_t* bytes) {
   return Guard(__func__, [&]() -> Status {
     STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {bytes, "bytes"}}));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidGroup(*engine->engine, group));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidTier(tier));
+    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
     *bytes =
         engine->engine->group_bytes(group, static_cast<strata::Tier>(tier));
     return Status::Ok();
@@ -272,9 +276,9 @@ strata_status strata_group_fetch(strata_engine* engine, int32_t group,
                                  strata_view** view) {
   return Guard(__func__, [&]() -> Status {
     STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {view, "view"}}));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidGroup(*engine->engine, group));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidTier(tier));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidRoles(roles));
+    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
+    STRATA_C_RETURN_IF_ERROR(ValidRoles(roles));
     // Allocated first: once Fetch succeeds nothing may fail before the
     // caller holds the handle that releases it.
     auto handle = std::make_unique<strata_view>(engine);
@@ -291,9 +295,9 @@ strata_status strata_group_prefetch(strata_engine* engine, int32_t group,
                                     int32_t tier, uint32_t roles) {
   return Guard(__func__, [&]() -> Status {
     STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidGroup(*engine->engine, group));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidTier(tier));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidRoles(roles));
+    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
+    STRATA_C_RETURN_IF_ERROR(ValidRoles(roles));
     return engine->engine->Prefetch(group, static_cast<strata::Tier>(tier),
                                     roles);
   });
@@ -303,8 +307,8 @@ strata_status strata_group_evict(strata_engine* engine, int32_t group,
                                  int32_t tier) {
   return Guard(__func__, [&]() -> Status {
     STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidGroup(*engine->engine, group));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidTier(tier));
+    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
     return engine->engine->Evict(group, static_cast<strata::Tier>(tier));
   });
 }
@@ -351,7 +355,7 @@ strata_status strata_view_find_tensor(const strata_view* view, const char* name,
   return Guard(__func__, [&]() -> Status {
     STRATA_C_RETURN_IF_ERROR(
         NonNull({{view, "view"}, {name, "name"}, {index, "index"}}));
-    STRATA_C_RETURN_IF_ERROR(strata::capi::ValidRole(role));
+    STRATA_C_RETURN_IF_ERROR(ValidRole(role));
     const auto cc_role = static_cast<strata::Role>(role);
     const strata::TensorView* found = view->view.Find(name, cc_role);
     if (found == nullptr) {

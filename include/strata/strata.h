@@ -255,9 +255,10 @@ STRATA_EXPORT strata_status strata_group_get_bytes(const strata_engine* engine,
 
 /* Makes the group's chunks of `roles` (a mask; STRATA_ALL_ROLES for every
  * role the group has) valid at `tier` (the device or the host) and returns
- * them as *view. With
- * write = 1 the fetched copies become the only valid ones. Each fetch
- * is undone by releasing its view. */
+ * them as *view. With write = 1 the fetched copies become the only valid
+ * ones, and fetches of the group at another tier wait until the view is
+ * released (so a thread must not make one while it holds such a view).
+ * Each fetch is undone by releasing its view. */
 STRATA_EXPORT strata_status strata_group_fetch(strata_engine* engine,
                                                int32_t group, int32_t tier,
                                                uint32_t roles, int32_t write,
@@ -267,8 +268,8 @@ STRATA_EXPORT strata_status strata_group_prefetch(strata_engine* engine,
                                                   int32_t group, int32_t tier,
                                                   uint32_t roles);
 /* Drops the group's copies at `tier`, written down first when dirty.
- * STRATA_FAILED_PRECONDITION while the group is fetched there or `tier` is
- * a home of one of its roles. */
+ * STRATA_FAILED_PRECONDITION while the group is fetched there; see
+ * strata::Engine::Evict. */
 STRATA_EXPORT strata_status strata_group_evict(strata_engine* engine,
                                                int32_t group, int32_t tier);
 

@@ -304,6 +304,37 @@ static void CheckDLPack(strata_engine* engine) {
   managed->deleter(managed); /* after the release: frees only the struct */
 }
 
+/* On a GPU, a device view is CUDA memory and exports as kDLCUDA. Without
+ * one the engine refuses STRATA_DEVICE_CUDA, and this says so. */
+static void CheckCudaExport(void) {
+  strata_engine_options options;
+  CHECK_OK(strata_engine_options_init(&options));
+  options.device = STRATA_DEVICE_CUDA;
+  options.device_budget = 1 * MIB;
+  options.host_budget = 2 * MIB;
+  strata_engine* engine = NULL;
+  if (strata_engine_open(&options, &engine) != STRATA_OK) {
+    printf("note: kDLCUDA export not checked: %s\n", strata_last_error());
+    return;
+  }
+  CHECK(Register(engine, 0) == 0);
+  strata_view* view = NULL;
+  CHECK_OK(strata_group_fetch(engine, 0, STRATA_TIER_DEVICE, STRATA_ALL_ROLES,
+                              0, &view));
+  strata_tensor_info info;
+  info.struct_size = sizeof(info);
+  CHECK_OK(strata_view_get_tensor(view, 0, &info));
+  CHECK(info.on_cuda == 1);
+  DLManagedTensor* managed = NULL;
+  CHECK_OK(strata_view_export_dlpack(view, 0, &managed));
+  CHECK(managed->dl_tensor.device.device_type == kDLCUDA);
+  CHECK(managed->dl_tensor.device.device_id == options.cuda_device);
+  CHECK(managed->dl_tensor.data == info.data);
+  managed->deleter(managed);
+  CHECK_OK(strata_view_release(view));
+  CHECK_OK(strata_engine_close(engine));
+}
+
 static void* FailInThread(void* arg) {
   (void)arg;
   if (strata_last_error()[0] != '\0') return "inherited another thread's error";
@@ -459,6 +490,7 @@ int main(void) {
   CheckDLPack(engine);
   CheckErrors(engine);
   CHECK_OK(strata_engine_close(engine));
+  CheckCudaExport();
   printf("capi_lifecycle_test: OK\n");
   return 0;
 }
