@@ -6,9 +6,10 @@
 STRATA_PACKAGES=(
   build-essential cmake pkg-config
   liburing-dev libnuma-dev libtbb-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libdlpack-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fio
+  python3-numpy  # the C ABI's DLPack round trip test (tests/capi)
   python3-torch  # torch parity test and bench/cpu_adam_vs_torch.py (comparison only)
 )
 

@@ -1,11 +1,12 @@
-// Opens an engine and takes one AdamW step through the installed headers and
-// libraries.
+// Opens an aio engine, takes one AdamW step and asks the C ABI for its
+// version, through the installed headers and libraries.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "strata/aio.h"
 #include "strata/cpu_adam.h"
+#include "strata/strata.h"
 
 int main() {
   auto engine = strata::aio::Engine::Open(strata::aio::EngineOptions{});
@@ -30,8 +31,18 @@ int main() {
     std::fprintf(stderr, "AdamW step did not move the parameters\n");
     return 1;
   }
+  int32_t major = -1, minor = -1, patch = -1;
+  if (strata_version_get(&major, &minor, &patch) != STRATA_OK ||
+      major != STRATA_VERSION_MAJOR || minor != STRATA_VERSION_MINOR) {
+    std::fprintf(stderr, "libstrata %d.%d.%d does not match strata.h %d.%d\n",
+                 major, minor, patch, STRATA_VERSION_MAJOR,
+                 STRATA_VERSION_MINOR);
+    return 1;
+  }
   std::printf(
-      "consumer: strata aio backend %s, cpu_adam path %s\n",
+      "consumer: libstrata %d.%d.%d, strata aio backend %s, cpu_adam path "
+      "%s\n",
+      major, minor, patch,
       std::string(strata::aio::BackendName((*engine)->info().backend)).c_str(),
       std::string(strata::CpuIsaName((*opt)->isa())).c_str());
   return 0;

@@ -1,0 +1,327 @@
+/* strata/strata.h: the stable C ABI of the tiered store. Library `strata`.
+ *
+ * What it is
+ * - A C11 view of strata/engine.h for frameworks and languages that cannot
+ *   use C++: register groups of tensors, fetch them to a tier, read and
+ *   write them in place (also as DLPack tensors), release, evict, step.
+ *   The semantics are engine.h's; this header states only what the C
+ *   boundary adds.
+ *
+ * Conventions
+ * - Handles are opaque: strata_engine (strata_engine_open/close) and
+ *   strata_view, one fetched group (strata_group_fetch/strata_view_release).
+ * - Every function returns a strata_status, except strata_last_error and
+ *   strata_status_name. STRATA_OK is 0; the other values mirror
+ *   strata::StatusCode one to one.
+ * - On failure, strata_last_error() returns a message naming the problem and
+ *   the fix, prefixed with the function's name. It is per thread, stays until
+ *   the thread's next failed call, and is "" before the first. Out
+ *   parameters are left untouched on failure.
+ * - Every pointer argument is checked: NULL fails with
+ *   STRATA_INVALID_ARGUMENT naming the argument (the one exception is
+ *   strata_engine_explain's buffer when its capacity is 0). So are group ids,
+ *   tiers, roles and dtypes. No C++ exception crosses this boundary; running
+ *   out of memory inside a call is STRATA_RESOURCE_EXHAUSTED.
+ * - Structs that may grow start with `uint32_t struct_size`. Inputs are
+ *   filled with defaults by their *_init function; for outputs the caller
+ *   sets struct_size = sizeof(the struct) and the library fills that many
+ *   bytes at most, then stores the count it filled.
+ * - Strings passed in are NUL-terminated UTF-8 and copied. Strings and
+ *   arrays handed out are owned by the object named in their comment.
+ *
+ * Ownership and lifetime
+ * - A strata_view and everything read from it (data, names, shapes) are
+ *   valid until strata_view_release(view). The tensor memory belongs to the
+ *   engine; a view fetched with write = 0 must not be written.
+ * - strata_engine_close fails with STRATA_FAILED_PRECONDITION while views
+ *   are unreleased; release them first.
+ *
+ * Thread safety: every function may be called from any thread, as for
+ * strata::Engine. One strata_view must not be released while another thread
+ * reads it.
+ */
+#ifndef STRATA_STRATA_H_
+#define STRATA_STRATA_H_
+
+#include <dlpack/dlpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strata/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version this header belongs to; strata_version_get returns the
+ * library's. A library with the same major version runs programs built
+ * against an older or equal minor version. */
+#define STRATA_VERSION_MAJOR 0
+#define STRATA_VERSION_MINOR 1
+#define STRATA_VERSION_PATCH 0
+
+typedef enum strata_status {
+  STRATA_OK = 0,
+  STRATA_INVALID_ARGUMENT = 1,
+  STRATA_NOT_FOUND = 2,
+  STRATA_PERMISSION_DENIED = 3,
+  STRATA_RESOURCE_EXHAUSTED = 4,
+  STRATA_NO_SPACE = 5,
+  STRATA_IO_ERROR = 6,
+  STRATA_DATA_LOSS = 7,
+  STRATA_UNAVAILABLE = 8,
+  STRATA_FAILED_PRECONDITION = 9,
+  STRATA_INTERNAL = 10
+} strata_status;
+
+/* Enum values travel in int32_t fields so that struct layouts do not depend
+ * on the compiler's enum size. */
+typedef enum strata_tier {
+  STRATA_TIER_DEVICE = 0,
+  STRATA_TIER_HOST = 1,
+  STRATA_TIER_NVME = 2
+} strata_tier;
+#define STRATA_NUM_TIERS 3
+
+typedef enum strata_dtype {
+  STRATA_DTYPE_FLOAT32 = 0,
+  STRATA_DTYPE_BFLOAT16 = 1,
+  STRATA_DTYPE_FLOAT16 = 2
+} strata_dtype;
+
+typedef enum strata_role {
+  STRATA_ROLE_COMPUTE = 0, /* the compute copy, in the tensor's dtype */
+  STRATA_ROLE_MASTER = 1,  /* fp32 master weights */
+  STRATA_ROLE_STATE1 = 2,  /* fp32 optimizer state (Adam's m) */
+  STRATA_ROLE_STATE2 = 3,  /* fp32 optimizer state (Adam's v) */
+  STRATA_ROLE_GRAD = 4     /* fp32 gradient accumulator */
+} strata_role;
+#define STRATA_NUM_ROLES 5
+/* Role masks: a bit per role. */
+#define STRATA_ROLE_BIT(role) (1u << (role))
+#define STRATA_ALL_ROLES ((1u << STRATA_NUM_ROLES) - 1u)
+
+typedef enum strata_device_kind {
+  STRATA_DEVICE_AUTO = 0, /* CUDA when a GPU is usable, else host-emulated */
+  STRATA_DEVICE_CUDA = 1,
+  STRATA_DEVICE_HOST = 2 /* host memory under the device budget */
+} strata_device_kind;
+
+typedef struct strata_engine strata_engine;
+typedef struct strata_view strata_view;
+
+/* "OK", "invalid argument", ... (static storage; "unknown" for other
+ * values). */
+STRATA_EXPORT const char* strata_status_name(strata_status status);
+/* The calling thread's last failure message (thread storage, valid until
+ * its next failed call). */
+STRATA_EXPORT const char* strata_last_error(void);
+
+STRATA_EXPORT strata_status strata_version_get(int32_t* major, int32_t* minor,
+                                               int32_t* patch);
+
+/* ---- Engine ---------------------------------------------------------- */
+
+typedef struct strata_engine_options {
+  uint32_t struct_size;   /* sizeof(strata_engine_options), set by _init */
+  int32_t device;         /* strata_device_kind; default AUTO */
+  int32_t cuda_device;    /* default 0 */
+  int32_t swap_files;     /* default 4 */
+  uint64_t device_budget; /* bytes; must be > 0 */
+  uint64_t host_budget;   /* bytes of pinned host memory; must be > 0 */
+  uint64_t nvme_budget;   /* bytes of swap space; 0 = no NVMe tier */
+  const char* swap_dir;   /* required when nvme_budget > 0, else NULL */
+  int32_t home[STRATA_NUM_ROLES]; /* default home tier of every role:
+                                     STRATA_TIER_HOST */
+  int32_t io_threads;             /* default 4 */
+  int32_t prefetch;               /* 1: follow the trace (default) */
+  int32_t lock_host;              /* 1: mlock of the host tier is required */
+  int32_t numa_node;              /* -1 (default): the GPU's node */
+  int32_t reserved;               /* 0 */
+  /* Bandwidths the planner assumes, GB/s; defaults as in engine.h. */
+  double host_to_device_gbps;
+  double device_to_host_gbps;
+  double nvme_read_gbps;
+  double nvme_write_gbps;
+} strata_engine_options;
+
+/* Sets struct_size and every default. */
+STRATA_EXPORT strata_status
+strata_engine_options_init(strata_engine_options* options);
+
+/* Opens an engine; *engine is set on success. */
+STRATA_EXPORT strata_status strata_engine_open(
+    const strata_engine_options* options, strata_engine** engine);
+/* Frees the engine and every tier. Fails, closing nothing, while views of
+ * it are unreleased. */
+STRATA_EXPORT strata_status strata_engine_close(strata_engine* engine);
+
+typedef struct strata_engine_info {
+  uint32_t struct_size; /* caller sets sizeof(strata_engine_info) */
+  int32_t on_cuda;      /* 1: device memory is CUDA memory */
+  int32_t cuda_device;  /* the CUDA device used when on_cuda */
+  int32_t host_locked;  /* 1: the host tier is mlocked */
+  /* Owned by the engine, valid until strata_engine_close. */
+  const char* device;        /* "cuda" or "host-emulated" */
+  const char* device_name;   /* GPU name, or "host-emulated" */
+  const char* device_reason; /* why STRATA_DEVICE_AUTO chose it */
+  const char* host_backing;  /* how the host tier was allocated */
+  const char* aio_backend;   /* "io_uring" or "threads" */
+} strata_engine_info;
+
+STRATA_EXPORT strata_status strata_engine_get_info(const strata_engine* engine,
+                                                   strata_engine_info* info);
+
+typedef struct strata_tier_stats {
+  uint64_t budget;
+  uint64_t used;
+  uint64_t peak;
+} strata_tier_stats;
+
+/* Counters since strata_engine_open; see strata::EngineStats. */
+typedef struct strata_engine_stats {
+  uint32_t struct_size; /* caller sets sizeof(strata_engine_stats) */
+  uint32_t reserved;
+  strata_tier_stats tiers[STRATA_NUM_TIERS]; /* indexed by strata_tier */
+  uint64_t bytes[STRATA_NUM_TIERS][STRATA_NUM_TIERS]; /* [from][to] */
+  uint64_t fetches;
+  uint64_t hits;
+  uint64_t prefetch_hits;
+  uint64_t late_prefetches;
+  uint64_t prefetches;
+  uint64_t evictions;
+  uint64_t writebacks;
+  uint64_t trace_invalidations;
+  uint64_t steps;
+  double stall_seconds;
+} strata_engine_stats;
+
+STRATA_EXPORT strata_status strata_engine_get_stats(const strata_engine* engine,
+                                                    strata_engine_stats* stats);
+
+/* Copies the printable plan (empty before the first step ends) into
+ * buffer, like snprintf: at most capacity bytes, always NUL-terminated when
+ * capacity > 0. *required is set to the full length + 1; the text was cut
+ * when *required > capacity. buffer may be NULL when capacity is 0. */
+STRATA_EXPORT strata_status strata_engine_explain(const strata_engine* engine,
+                                                  char* buffer, size_t capacity,
+                                                  size_t* required);
+
+/* Waits for every prefetch and write-behind; returns the first error of a
+ * background transfer since the last call. */
+STRATA_EXPORT strata_status strata_engine_drain(strata_engine* engine);
+
+/* Bracket one training step (see engine.h, Steps). */
+STRATA_EXPORT strata_status strata_step_begin(strata_engine* engine);
+STRATA_EXPORT strata_status strata_step_end(strata_engine* engine);
+
+/* ---- Groups ---------------------------------------------------------- */
+
+/* Fixed layout: a new field would come with a new registration function. */
+typedef struct strata_tensor_spec {
+  const char* name;
+  const int64_t* shape; /* ndim extents, each >= 0; NULL only if ndim == 0 */
+  int32_t ndim;
+  int32_t dtype;     /* strata_dtype of the compute copy */
+  uint32_t roles;    /* mask of STRATA_ROLE_BIT(role); must not be 0 */
+  uint32_t reserved; /* 0 */
+} strata_tensor_spec;
+
+typedef struct strata_group_spec {
+  uint32_t struct_size; /* sizeof(strata_group_spec), set by _init */
+  int32_t num_tensors;
+  const char* name;
+  const strata_tensor_spec* tensors; /* num_tensors specs */
+  int32_t use_default_placement;     /* 1 (default): the engine's homes */
+  int32_t home[STRATA_NUM_ROLES];    /* strata_tier per role, used when
+                                        use_default_placement is 0 */
+  int32_t reserved;                  /* 0 */
+} strata_group_spec;
+
+/* Sets struct_size and the defaults: no tensors, default placement. */
+STRATA_EXPORT strata_status strata_group_spec_init(strata_group_spec* spec);
+
+/* Registers a group; *group is set to its id (0, 1, ...). Fails,
+ * registering nothing, when the group can never fit. */
+STRATA_EXPORT strata_status strata_group_register(strata_engine* engine,
+                                                  const strata_group_spec* spec,
+                                                  int32_t* group);
+STRATA_EXPORT strata_status strata_group_count(const strata_engine* engine,
+                                               int32_t* count);
+/* Bytes the group occupies in `tier` when fully fetched there. */
+STRATA_EXPORT strata_status strata_group_get_bytes(const strata_engine* engine,
+                                                   int32_t group, int32_t tier,
+                                                   uint64_t* bytes);
+
+/* Makes the group's chunks of `roles` (a mask; STRATA_ALL_ROLES for every
+ * role the group has) valid at `tier` (the device or the host) and returns
+ * them as *view. With write = 1 the fetched copies become the only valid
+ * ones, and fetches of the group at another tier wait until the view is
+ * released (so a thread must not make one while it holds such a view).
+ * Each fetch is undone by releasing its view. */
+STRATA_EXPORT strata_status strata_group_fetch(strata_engine* engine,
+                                               int32_t group, int32_t tier,
+                                               uint32_t roles, int32_t write,
+                                               strata_view** view);
+/* Starts making the group valid at `tier` in the background. */
+STRATA_EXPORT strata_status strata_group_prefetch(strata_engine* engine,
+                                                  int32_t group, int32_t tier,
+                                                  uint32_t roles);
+/* Drops the group's copies at `tier`, written down first when dirty.
+ * STRATA_FAILED_PRECONDITION while the group is fetched there; see
+ * strata::Engine::Evict. */
+STRATA_EXPORT strata_status strata_group_evict(strata_engine* engine,
+                                               int32_t group, int32_t tier);
+
+/* ---- Views ----------------------------------------------------------- */
+
+typedef struct strata_tensor_info {
+  uint32_t struct_size; /* caller sets sizeof(strata_tensor_info) */
+  int32_t role;         /* strata_role */
+  int32_t dtype;        /* strata_dtype this role is stored in */
+  int32_t ndim;
+  const char* name;     /* owned by the view */
+  const int64_t* shape; /* ndim extents, owned by the view */
+  void* data;           /* CUDA memory when on_cuda, else host memory */
+  uint64_t bytes;
+  int32_t tier;    /* strata_tier */
+  int32_t on_cuda; /* 1: data is CUDA device memory */
+} strata_tensor_info;
+
+/* Releases the fetch the view came from and frees the handle. The handle
+ * is gone whatever the result; an error is the engine's Release error. */
+STRATA_EXPORT strata_status strata_view_release(strata_view* view);
+
+STRATA_EXPORT strata_status strata_view_get_group(const strata_view* view,
+                                                  int32_t* group,
+                                                  int32_t* tier);
+/* Tensors of the view: one per (tensor, fetched role). */
+STRATA_EXPORT strata_status strata_view_count_tensors(const strata_view* view,
+                                                      int32_t* count);
+STRATA_EXPORT strata_status strata_view_get_tensor(const strata_view* view,
+                                                   int32_t index,
+                                                   strata_tensor_info* info);
+/* The index of tensor `name` in `role`; STRATA_NOT_FOUND when the view has
+ * no such tensor. */
+STRATA_EXPORT strata_status strata_view_find_tensor(const strata_view* view,
+                                                    const char* name,
+                                                    int32_t role,
+                                                    int32_t* index);
+
+/* Exports tensor `index` of the view as DLPack, zero-copy: kDLCPU for host
+ * memory (also the host-emulated device), kDLCUDA with the engine's CUDA
+ * device for CUDA memory; dtype float32, bfloat16 (kDLBfloat) or float16;
+ * compact row-major shape and strides, owned by the managed tensor.
+ * The memory stays owned by strata and is valid only until
+ * strata_view_release(view); a consumer must not use it after that. The
+ * deleter frees only the DLManagedTensor (call it exactly once, before or
+ * after the release). */
+STRATA_EXPORT strata_status strata_view_export_dlpack(const strata_view* view,
+                                                      int32_t index,
+                                                      DLManagedTensor** out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STRATA_STRATA_H_ */

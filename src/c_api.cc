@@ -1,0 +1,387 @@
+// The C ABI (strata/strata.h): a thin shim over strata::Engine. It checks
+// what C cannot (null pointers, enum values, group ids, struct versions),
+// converts, calls the C++ API and turns the Status into a strata_status and
+// the thread's last error. No engine logic lives here.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "src/c_api_convert.h"
+#include "strata/dlpack.h"
+#include "strata/engine.h"
+#include "strata/strata.h"
+
+static_assert(STRATA_VERSION_MAJOR == STRATA_PROJECT_VERSION_MAJOR &&
+                  STRATA_VERSION_MINOR == STRATA_PROJECT_VERSION_MINOR &&
+                  STRATA_VERSION_PATCH == STRATA_PROJECT_VERSION_PATCH,
+              "strata.h's STRATA_VERSION_* must match project() in "
+              "CMakeLists.txt");
+static_assert(STRATA_NUM_TIERS == strata::kNumTiers &&
+              STRATA_NUM_ROLES == strata::kNumRoles &&
+              STRATA_ALL_ROLES == strata::kAllRoles);
+static_assert(STRATA_INTERNAL ==
+              static_cast<int>(strata::StatusCode::kInternal));
+
+struct strata_engine {
+  std::unique_ptr<strata::Engine> engine;
+  int cuda_device = 0;
+  std::atomic<int> live_views{0};
+};
+
+// Counts itself in its engine's live_views for as long as it exists, so
+// that strata_engine_close can refuse while views point into the tiers.
+struct strata_view {
+  explicit strata_view(strata_engine* owner) : owner(owner) {
+    owner->live_views.fetch_add(1);
+  }
+  ~strata_view() { owner->live_views.fetch_sub(1); }
+  strata_view(const strata_view&) = delete;
+  strata_view& operator=(const strata_view&) = delete;
+
+  strata_engine* owner;
+  strata::GroupView view;
+};
+
+namespace strata {
+namespace {
+
+thread_local std::string error_text;
+thread_local const char* last_error = "";
+
+// Never throws: it also records failures from inside catch handlers, where
+// allocating the message may fail again; then a static text stands in.
+strata_status Fail(const char* fn, StatusCode code, std::string_view message,
+                   std::string_view detail = {}) noexcept {
+  try {
+    error_text.assign(fn).append(": ").append(message).append(detail);
+    last_error = error_text.c_str();
+  } catch (...) {
+    last_error = "strata: out of memory while recording an error message";
+  }
+  return static_cast<strata_status>(code);
+}
+
+// Note [No exceptions across the C ABI]
+// A C caller cannot catch a C++ exception; one escaping would terminate the
+// process. strata reports its own failures as Status and throws nothing,
+// but the standard library can (std::bad_alloc from a string, a vector or
+// a handle). Every entry point therefore runs its body here: any exception
+// becomes a status and a message. Bodies write out parameters last, so a
+// failed call leaves them untouched.
+template <typename Body>
+strata_status Guard(const char* fn, Body&& body) noexcept {
+  try {
+    const Status status = body();
+    if (status.ok()) return STRATA_OK;
+    return Fail(fn, status.code(), status.message());
+  } catch (const std::bad_alloc&) {
+    return Fail(fn, StatusCode::kResourceExhausted,
+                "out of host memory; free memory or lower the host budget");
+  } catch (const std::exception& e) {
+    return Fail(fn, StatusCode::kInternal,
+                "unexpected C++ exception: ", e.what());
+  } catch (...) {
+    return Fail(fn, StatusCode::kInternal,
+                "unexpected C++ exception of unknown type");
+  }
+}
+
+Status ValidTensorIndex(const strata_view& view, int32_t index) {
+  const size_t count = view.view.tensors.size();
+  if (index >= 0 && static_cast<size_t>(index) < count) return Status::Ok();
+  return capi::Invalid("tensor index " + std::to_string(index) +
+                       " is out of range; the view has " +
+                       std::to_string(count) +
+                       " tensors (strata_view_count_tensors)");
+}
+
+}  // namespace
+}  // namespace strata
+
+using strata::Guard;
+using strata::Status;
+using strata::capi::NonNull;
+using strata::capi::ValidGroup;
+using strata::capi::ValidRole;
+using strata::capi::ValidRoles;
+using strata::capi::ValidTier;
+
+extern "C" {
+
+const char* strata_status_name(strata_status status) {
+  return strata::StatusCodeName(static_cast<strata::StatusCode>(status)).data();
+}
+
+const char* strata_last_error(void) { return strata::last_error; }
+
+strata_status strata_version_get(int32_t* major, int32_t* minor,
+                                 int32_t* patch) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(
+        NonNull({{major, "major"}, {minor, "minor"}, {patch, "patch"}}));
+    *major = STRATA_VERSION_MAJOR;
+    *minor = STRATA_VERSION_MINOR;
+    *patch = STRATA_VERSION_PATCH;
+    return Status::Ok();
+  });
+}
+
+strata_status strata_engine_options_init(strata_engine_options* options) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{options, "options"}}));
+    *options = strata::capi::DefaultOptions();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_engine_open(const strata_engine_options* options,
+                                 strata_engine** engine) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(
+        NonNull({{options, "options"}, {engine, "engine"}}));
+    auto cc = strata::capi::ReadOptions(*options);
+    if (!cc.ok()) return cc.status();
+    auto handle = std::make_unique<strata_engine>();
+    auto opened = strata::Engine::Open(*cc);
+    if (!opened.ok()) return opened.status();
+    handle->engine = std::move(*opened);
+    handle->cuda_device = cc->cuda_device;
+    *engine = handle.release();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_engine_close(strata_engine* engine) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    const int live = engine->live_views.load();
+    if (live > 0) {
+      return Status(strata::StatusCode::kFailedPrecondition,
+                    std::to_string(live) +
+                        " views are unreleased and point into the engine's "
+                        "tiers; call strata_view_release on each first");
+    }
+    delete engine;
+    return Status::Ok();
+  });
+}
+
+strata_status strata_engine_get_info(const strata_engine* engine,
+                                     strata_engine_info* info) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {info, "info"}}));
+    return strata::capi::WriteEngineInfo(engine->engine->info(),
+                                         engine->cuda_device, info);
+  });
+}
+
+strata_status strata_engine_get_stats(const strata_engine* engine,
+                                      strata_engine_stats* stats) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {stats, "stats"}}));
+    return strata::capi::WriteStats(engine->engine->stats(), stats);
+  });
+}
+
+strata_status strata_engine_explain(const strata_engine* engine, char* buffer,
+                                    size_t capacity, size_t* required) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(
+        NonNull({{engine, "engine"}, {required, "required"}}));
+    if (capacity > 0) STRATA_C_RETURN_IF_ERROR(NonNull({{buffer, "buffer"}}));
+    const std::string text = engine->engine->Explain();
+    if (capacity > 0) {
+      const size_t n = std::min(capacity - 1, text.size());
+      std::memcpy(buffer, text.data(), n);
+      buffer[n] = '\0';
+    }
+    *required = text.size() + 1;
+    return Status::Ok();
+  });
+}
+
+strata_status strata_engine_drain(strata_engine* engine) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    return engine->engine->Drain();
+  });
+}
+
+strata_status strata_step_begin(strata_engine* engine) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    engine->engine->BeginStep();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_step_end(strata_engine* engine) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    return engine->engine->EndStep();
+  });
+}
+
+strata_status strata_group_spec_init(strata_group_spec* spec) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{spec, "spec"}}));
+    *spec = strata::capi::DefaultGroupSpec();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_group_register(strata_engine* engine,
+                                    const strata_group_spec* spec,
+                                    int32_t* group) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(
+        NonNull({{engine, "engine"}, {spec, "spec"}, {group, "group"}}));
+    auto cc = strata::capi::ReadGroupSpec(*spec);
+    if (!cc.ok()) return cc.status();
+    auto id = engine->engine->RegisterGroup(*cc);
+    if (!id.ok()) return id.status();
+    *group = *id;
+    return Status::Ok();
+  });
+}
+
+strata_status strata_group_count(const strata_engine* engine, int32_t* count) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {count, "count"}}));
+    *count = engine->engine->group_count();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_group_get_bytes(const strata_engine* engine, int32_t group,
+                                     int32_t tier, uint64_t* bytes) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {bytes, "bytes"}}));
+    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
+    *bytes =
+        engine->engine->group_bytes(group, static_cast<strata::Tier>(tier));
+    return Status::Ok();
+  });
+}
+
+strata_status strata_group_fetch(strata_engine* engine, int32_t group,
+                                 int32_t tier, uint32_t roles, int32_t write,
+                                 strata_view** view) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {view, "view"}}));
+    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
+    STRATA_C_RETURN_IF_ERROR(ValidRoles(roles));
+    // Allocated first: once Fetch succeeds nothing may fail before the
+    // caller holds the handle that releases it.
+    auto handle = std::make_unique<strata_view>(engine);
+    auto fetched = engine->engine->Fetch(group, static_cast<strata::Tier>(tier),
+                                         {roles, write != 0});
+    if (!fetched.ok()) return fetched.status();
+    handle->view = std::move(*fetched);
+    *view = handle.release();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_group_prefetch(strata_engine* engine, int32_t group,
+                                    int32_t tier, uint32_t roles) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
+    STRATA_C_RETURN_IF_ERROR(ValidRoles(roles));
+    return engine->engine->Prefetch(group, static_cast<strata::Tier>(tier),
+                                    roles);
+  });
+}
+
+strata_status strata_group_evict(strata_engine* engine, int32_t group,
+                                 int32_t tier) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
+    return engine->engine->Evict(group, static_cast<strata::Tier>(tier));
+  });
+}
+
+strata_status strata_view_release(strata_view* view) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{view, "view"}}));
+    std::unique_ptr<strata_view> owned(view);
+    return owned->owner->engine->Release(owned->view.group);
+  });
+}
+
+strata_status strata_view_get_group(const strata_view* view, int32_t* group,
+                                    int32_t* tier) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(
+        NonNull({{view, "view"}, {group, "group"}, {tier, "tier"}}));
+    *group = view->view.group;
+    *tier = static_cast<int32_t>(view->view.tier);
+    return Status::Ok();
+  });
+}
+
+strata_status strata_view_count_tensors(const strata_view* view,
+                                        int32_t* count) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{view, "view"}, {count, "count"}}));
+    *count = static_cast<int32_t>(view->view.tensors.size());
+    return Status::Ok();
+  });
+}
+
+strata_status strata_view_get_tensor(const strata_view* view, int32_t index,
+                                     strata_tensor_info* info) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{view, "view"}, {info, "info"}}));
+    STRATA_C_RETURN_IF_ERROR(strata::ValidTensorIndex(*view, index));
+    return strata::capi::WriteTensorInfo(view->view.tensors[index], info);
+  });
+}
+
+strata_status strata_view_find_tensor(const strata_view* view, const char* name,
+                                      int32_t role, int32_t* index) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(
+        NonNull({{view, "view"}, {name, "name"}, {index, "index"}}));
+    STRATA_C_RETURN_IF_ERROR(ValidRole(role));
+    const auto cc_role = static_cast<strata::Role>(role);
+    const strata::TensorView* found = view->view.Find(name, cc_role);
+    if (found == nullptr) {
+      return Status(strata::StatusCode::kNotFound,
+                    std::string("the view of group ") +
+                        std::to_string(view->view.group) + " has no tensor '" +
+                        name + "' in role " +
+                        std::string(strata::RoleName(cc_role)) +
+                        "; check the name and the roles fetched");
+    }
+    *index = static_cast<int32_t>(found - view->view.tensors.data());
+    return Status::Ok();
+  });
+}
+
+strata_status strata_view_export_dlpack(const strata_view* view, int32_t index,
+                                        DLManagedTensor** out) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull({{view, "view"}, {out, "out"}}));
+    STRATA_C_RETURN_IF_ERROR(strata::ValidTensorIndex(*view, index));
+    auto managed =
+        strata::ToDLPack(view->view.tensors[index], view->owner->cuda_device);
+    if (!managed.ok()) return managed.status();
+    *out = *managed;
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"

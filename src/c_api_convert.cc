@@ -1,0 +1,297 @@
+// Conversions between the C ABI's structs and the C++ API. See
+// c_api_convert.h.
+#include "src/c_api_convert.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+namespace strata::capi {
+namespace {
+
+// Note [Struct versions]
+// Structs that may grow start with struct_size. An input from a caller
+// built against an older strata.h is shorter: the fields it has are read
+// and the rest keep their defaults. One from a newer strata.h is rejected,
+// since this library cannot honour fields it does not know. Outputs fill
+// what both sides know and report that size back. `v1_size` is the size of
+// the first released layout, the smallest this library accepts.
+template <typename T>
+Result<T> ReadVersioned(const T& in, const T& defaults, size_t v1_size,
+                        const char* type) {
+  if (in.struct_size < v1_size || in.struct_size > sizeof(T)) {
+    return Invalid(std::string(type) + ".struct_size is " +
+                   std::to_string(in.struct_size) +
+                   "; this libstrata accepts " + std::to_string(v1_size) +
+                   " to " + std::to_string(sizeof(T)) +
+                   " bytes; fill the struct with its _init function and "
+                   "build against this library's strata.h");
+  }
+  T out = defaults;
+  std::memcpy(&out, &in, in.struct_size);
+  return out;
+}
+
+template <typename T>
+Status WriteVersioned(T value, size_t v1_size, const char* type, T* out) {
+  if (out->struct_size < v1_size) {
+    return Invalid(std::string(type) + ".struct_size is " +
+                   std::to_string(out->struct_size) + "; set it to sizeof(" +
+                   type + ") before the call");
+  }
+  const uint32_t filled = std::min<uint32_t>(out->struct_size, sizeof(T));
+  value.struct_size = filled;
+  std::memcpy(out, &value, filled);
+  return Status::Ok();
+}
+
+// The first released layouts.
+constexpr size_t kOptionsV1Size = sizeof(strata_engine_options);
+constexpr size_t kEngineInfoV1Size = sizeof(strata_engine_info);
+constexpr size_t kStatsV1Size = sizeof(strata_engine_stats);
+constexpr size_t kGroupSpecV1Size = sizeof(strata_group_spec);
+constexpr size_t kTensorInfoV1Size = sizeof(strata_tensor_info);
+
+Result<Placement> ToPlacement(const int32_t (&home)[kNumRoles]) {
+  Placement placement;
+  for (int r = 0; r < kNumRoles; ++r) {
+    STRATA_C_RETURN_IF_ERROR(ValidTier(home[r]));
+    placement.home[r] = static_cast<Tier>(home[r]);
+  }
+  return placement;
+}
+
+Result<EngineOptions> ToEngineOptions(const strata_engine_options& c) {
+  EngineOptions cc;
+  switch (c.device) {
+    case STRATA_DEVICE_AUTO:
+      cc.device = "auto";
+      break;
+    case STRATA_DEVICE_CUDA:
+      cc.device = "cuda";
+      break;
+    case STRATA_DEVICE_HOST:
+      cc.device = "host";
+      break;
+    default:
+      return Invalid("options->device " + std::to_string(c.device) +
+                     " is not a strata_device_kind; use STRATA_DEVICE_AUTO, "
+                     "STRATA_DEVICE_CUDA or STRATA_DEVICE_HOST");
+  }
+  Result<Placement> placement = ToPlacement(c.home);
+  if (!placement.ok()) return placement.status();
+  cc.placement = *placement;
+  cc.cuda_device = c.cuda_device;
+  cc.device_budget = c.device_budget;
+  cc.host_budget = c.host_budget;
+  cc.nvme_budget = c.nvme_budget;
+  cc.swap_dir = c.swap_dir != nullptr ? c.swap_dir : "";
+  cc.swap_files = c.swap_files;
+  cc.io_threads = c.io_threads;
+  cc.prefetch = c.prefetch != 0;
+  cc.lock_host = c.lock_host != 0;
+  cc.numa_node = c.numa_node;
+  cc.bandwidths = {c.host_to_device_gbps, c.device_to_host_gbps,
+                   c.nvme_read_gbps, c.nvme_write_gbps};
+  return cc;
+}
+
+Result<TensorSpec> ToTensorSpec(const strata_tensor_spec& c, int index) {
+  const std::string where = "spec->tensors[" + std::to_string(index) + "]";
+  if (c.name == nullptr) return Invalid(where + ".name is NULL");
+  if (c.ndim < 0 || (c.ndim > 0 && c.shape == nullptr)) {
+    return Invalid(where + " has ndim " + std::to_string(c.ndim) +
+                   (c.shape == nullptr ? " and a NULL shape" : "") +
+                   "; pass ndim >= 0 and ndim extents");
+  }
+  if (c.dtype < 0 || c.dtype > STRATA_DTYPE_FLOAT16) {
+    return Invalid(where + ".dtype " + std::to_string(c.dtype) +
+                   " is not a strata_dtype");
+  }
+  STRATA_C_RETURN_IF_ERROR(ValidRoles(c.roles));
+  TensorSpec cc;
+  cc.name = c.name;
+  cc.shape.assign(c.shape, c.shape + c.ndim);
+  for (int64_t extent : cc.shape) {
+    if (extent < 0) {
+      return Invalid(where + " '" + cc.name + "' has the negative extent " +
+                     std::to_string(extent));
+    }
+  }
+  cc.dtype = static_cast<DType>(c.dtype);
+  cc.roles = c.roles;
+  return cc;
+}
+
+Result<GroupSpec> ToGroupSpec(const strata_group_spec& c) {
+  if (c.name == nullptr) return Invalid("spec->name is NULL");
+  if (c.num_tensors < 0 || (c.num_tensors > 0 && c.tensors == nullptr)) {
+    return Invalid("spec->num_tensors is " + std::to_string(c.num_tensors) +
+                   (c.tensors == nullptr ? " and spec->tensors is NULL" : "") +
+                   "; pass num_tensors >= 0 specs");
+  }
+  GroupSpec cc;
+  cc.name = c.name;
+  for (int i = 0; i < c.num_tensors; ++i) {
+    Result<TensorSpec> tensor = ToTensorSpec(c.tensors[i], i);
+    if (!tensor.ok()) return tensor.status();
+    cc.tensors.push_back(std::move(*tensor));
+  }
+  cc.use_default_placement = c.use_default_placement != 0;
+  if (!cc.use_default_placement) {
+    Result<Placement> placement = ToPlacement(c.home);
+    if (!placement.ok()) return placement.status();
+    cc.placement = *placement;
+  }
+  return cc;
+}
+
+strata_engine_stats ToCStats(const EngineStats& cc) {
+  strata_engine_stats c = {};
+  for (int t = 0; t < kNumTiers; ++t) {
+    c.tiers[t] = {cc.tiers[t].budget, cc.tiers[t].used, cc.tiers[t].peak};
+    for (int to = 0; to < kNumTiers; ++to) c.bytes[t][to] = cc.bytes[t][to];
+  }
+  c.fetches = cc.fetches;
+  c.hits = cc.hits;
+  c.prefetch_hits = cc.prefetch_hits;
+  c.late_prefetches = cc.late_prefetches;
+  c.prefetches = cc.prefetches;
+  c.evictions = cc.evictions;
+  c.writebacks = cc.writebacks;
+  c.trace_invalidations = cc.trace_invalidations;
+  c.steps = cc.steps;
+  c.stall_seconds = cc.stall_seconds;
+  return c;
+}
+
+}  // namespace
+
+Status Invalid(std::string message) {
+  return Status(StatusCode::kInvalidArgument, std::move(message));
+}
+
+Status NonNull(std::initializer_list<Arg> args) {
+  for (const Arg& arg : args) {
+    if (arg.pointer == nullptr) {
+      return Invalid(std::string("argument '") + arg.name +
+                     "' is NULL; pass a valid pointer");
+    }
+  }
+  return Status::Ok();
+}
+
+Status ValidTier(int32_t tier) {
+  if (tier >= 0 && tier < kNumTiers) return Status::Ok();
+  return Invalid("tier " + std::to_string(tier) +
+                 " is not a strata_tier; use STRATA_TIER_DEVICE (0), "
+                 "STRATA_TIER_HOST (1) or STRATA_TIER_NVME (2)");
+}
+
+Status ValidRole(int32_t role) {
+  if (role >= 0 && role < kNumRoles) return Status::Ok();
+  return Invalid("role " + std::to_string(role) +
+                 " is not a strata_role; use STRATA_ROLE_COMPUTE (0) .. "
+                 "STRATA_ROLE_GRAD (4)");
+}
+
+Status ValidRoles(uint32_t roles) {
+  if (roles != 0 && (roles & ~kAllRoles) == 0) return Status::Ok();
+  return Invalid("role mask " + std::to_string(roles) +
+                 " is not a non-empty set of STRATA_ROLE_BIT(role); use "
+                 "STRATA_ALL_ROLES for every role");
+}
+
+Status ValidGroup(const Engine& engine, int32_t group) {
+  const int count = engine.group_count();
+  if (group >= 0 && group < count) return Status::Ok();
+  return Invalid("group " + std::to_string(group) + " does not exist; " +
+                 std::to_string(count) +
+                 " groups are registered; pass an id from "
+                 "strata_group_register");
+}
+
+strata_engine_options DefaultOptions() {
+  const EngineOptions cc;
+  strata_engine_options c = {};
+  c.struct_size = sizeof(c);
+  c.device = STRATA_DEVICE_AUTO;
+  c.cuda_device = cc.cuda_device;
+  c.swap_files = cc.swap_files;
+  c.device_budget = cc.device_budget;
+  c.host_budget = cc.host_budget;
+  c.nvme_budget = cc.nvme_budget;
+  c.swap_dir = nullptr;
+  for (int r = 0; r < kNumRoles; ++r) {
+    c.home[r] = static_cast<int32_t>(cc.placement.home[r]);
+  }
+  c.io_threads = cc.io_threads;
+  c.prefetch = cc.prefetch;
+  c.lock_host = cc.lock_host;
+  c.numa_node = cc.numa_node;
+  c.host_to_device_gbps = cc.bandwidths.host_to_device;
+  c.device_to_host_gbps = cc.bandwidths.device_to_host;
+  c.nvme_read_gbps = cc.bandwidths.nvme_read;
+  c.nvme_write_gbps = cc.bandwidths.nvme_write;
+  return c;
+}
+
+Result<EngineOptions> ReadOptions(const strata_engine_options& options) {
+  auto c = ReadVersioned(options, DefaultOptions(), kOptionsV1Size,
+                         "strata_engine_options");
+  if (!c.ok()) return c.status();
+  return ToEngineOptions(*c);
+}
+
+strata_group_spec DefaultGroupSpec() {
+  strata_group_spec c = {};
+  c.struct_size = sizeof(c);
+  c.use_default_placement = 1;
+  const Placement placement;
+  for (int r = 0; r < kNumRoles; ++r) {
+    c.home[r] = static_cast<int32_t>(placement.home[r]);
+  }
+  return c;
+}
+
+Result<GroupSpec> ReadGroupSpec(const strata_group_spec& spec) {
+  auto c = ReadVersioned(spec, DefaultGroupSpec(), kGroupSpecV1Size,
+                         "strata_group_spec");
+  if (!c.ok()) return c.status();
+  return ToGroupSpec(*c);
+}
+
+Status WriteEngineInfo(const EngineInfo& info, int cuda_device,
+                       strata_engine_info* out) {
+  strata_engine_info c = {};
+  c.on_cuda = info.device == "cuda";
+  c.cuda_device = cuda_device;
+  c.host_locked = info.host_locked;
+  c.device = info.device.c_str();
+  c.device_name = info.device_name.c_str();
+  c.device_reason = info.device_reason.c_str();
+  c.host_backing = info.host_backing.c_str();
+  c.aio_backend = info.aio_backend.c_str();
+  return WriteVersioned(c, kEngineInfoV1Size, "strata_engine_info", out);
+}
+
+Status WriteStats(const EngineStats& stats, strata_engine_stats* out) {
+  return WriteVersioned(ToCStats(stats), kStatsV1Size, "strata_engine_stats",
+                        out);
+}
+
+Status WriteTensorInfo(const TensorView& view, strata_tensor_info* out) {
+  strata_tensor_info c = {};
+  c.role = static_cast<int32_t>(view.role);
+  c.dtype = static_cast<int32_t>(view.dtype);
+  c.ndim = static_cast<int32_t>(view.shape.size());
+  c.name = view.name.c_str();
+  c.shape = view.shape.data();
+  c.data = view.data;
+  c.bytes = view.bytes;
+  c.tier = static_cast<int32_t>(view.tier);
+  c.on_cuda = view.on_cuda;
+  return WriteVersioned(c, kTensorInfoV1Size, "strata_tensor_info", out);
+}
+
+}  // namespace strata::capi

@@ -1,0 +1,54 @@
+// Conversions and checks between the C ABI's structs (strata/strata.h) and
+// the C++ API (strata/engine.h), for c_api.cc. Every function checks what a
+// C caller can get wrong and returns kInvalidArgument naming it; none
+// throws except std::bad_alloc, which c_api.cc's Guard turns into a status.
+#ifndef STRATA_SRC_C_API_CONVERT_H_
+#define STRATA_SRC_C_API_CONVERT_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "strata/engine.h"
+#include "strata/status.h"
+#include "strata/strata.h"
+
+namespace strata::capi {
+
+#define STRATA_C_RETURN_IF_ERROR(expr) \
+  do {                                 \
+    Status status_ = (expr);           \
+    if (!status_.ok()) return status_; \
+  } while (0)
+
+Status Invalid(std::string message);
+
+// A pointer argument and its name in the C signature.
+struct Arg {
+  const void* pointer;
+  const char* name;
+};
+// kInvalidArgument naming the first NULL argument.
+Status NonNull(std::initializer_list<Arg> args);
+
+Status ValidTier(int32_t tier);
+Status ValidRole(int32_t role);
+Status ValidRoles(uint32_t roles);  // a non-empty subset of every role
+Status ValidGroup(const Engine& engine, int32_t group);
+
+strata_engine_options DefaultOptions();
+Result<EngineOptions> ReadOptions(const strata_engine_options& options);
+
+strata_group_spec DefaultGroupSpec();
+Result<GroupSpec> ReadGroupSpec(const strata_group_spec& spec);
+
+// Fill the caller's struct up to its struct_size; strings and arrays point
+// into the C++ objects, so they live as long as those do.
+Status WriteEngineInfo(const EngineInfo& info, int cuda_device,
+                       strata_engine_info* out);
+Status WriteStats(const EngineStats& stats, strata_engine_stats* out);
+Status WriteTensorInfo(const TensorView& view, strata_tensor_info* out);
+
+}  // namespace strata::capi
+
+#endif  // STRATA_SRC_C_API_CONVERT_H_
