@@ -1,0 +1,590 @@
+#include "tools/plan/cli.h"
+
+#include <fmt/format.h>
+#include <stdlib.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "strata/aio.h"
+#include "tools/nvme_bench/cli.h"
+#include "tools/plan/probe.h"
+
+namespace strata::plan {
+namespace {
+
+constexpr char kDescription[] =
+    R"(strata-plan: where a model's training state lives, and how fast a step can be.
+
+Offload mode, mixed-precision Adam family: each role is homed whole on the
+fastest tier with room, in this order: compute params and gradients on the
+device, else host, else NVMe; the fp32 master and Adam's m and v on host,
+else NVMe, never the device. Prints the bytes each tier needs, the bytes each
+link moves per step, the step-time floor they imply (every link and the CPU
+optimizer at full speed, overlapped), the largest model the budgets hold, and
+ZeRO's per-GPU model-state memory for stages 0-3.
+
+A budget not given leaves its tier unlimited. Rates are assumed (the defaults
+below), given, or measured with --measure (about 2 s: host memcpy, an NVMe
+write and read in --swap-dir, PCIe copies when a GPU is present); given rates
+win over measured ones.
+
+Sizes are binary (GiB = 2^30 B), traffic and rates decimal (GB = 1e9 B).
+Exit status: 0 fits, 1 bad input or a failed probe, 2 does not fit.
+
+Examples:
+  strata-plan --params 7.5B --gpus 64
+  strata-plan --layers 80 --hidden 8192 --vocab 32000 --device-budget 80GiB \
+      --host-budget 512GiB --nvme-budget 4TiB
+  strata-plan --params 13B --device-budget 24GiB --host-budget 64GiB \
+      --nvme-budget 1TiB --measure --swap-dir /mnt/nvme --json
+)";
+
+constexpr std::array<const char*, kNumTiers> kBudgetFlags = {
+    "--device-budget", "--host-budget", "--nvme-budget"};
+
+Status Invalid(const std::string& message) {
+  return Status(StatusCode::kInvalidArgument, message);
+}
+
+// Option text as typed, resolved after parsing so every error names its flag.
+struct RawOptions {
+  std::string params;
+  uint64_t layers = 0;
+  uint64_t hidden = 0;
+  uint64_t vocab = 0;
+  std::string dtype = "bf16";
+  std::array<std::string, kNumTiers> budgets;
+  double pcie = kDefaultPcieGbps;
+  double nvme_read = kDefaultNvmeReadGbps;
+  double nvme_write = kDefaultNvmeWriteGbps;
+  double host_mem = kDefaultHostMemGbps;
+  double adam = kDefaultAdamGparams;
+};
+
+void AddModelOptions(CLI::App& app, RawOptions* raw, PlanOptions* o) {
+  app.add_option("--params", raw->params,
+                 "Total parameters: 7.5B, 13e9, 175M, 7500000000");
+  app.add_option("--layers", raw->layers,
+                 "Transformer layers L (with --hidden): 12*L*H^2 params");
+  app.add_option("--hidden", raw->hidden, "Hidden size H (with --layers)");
+  app.add_option("--vocab", raw->vocab,
+                 "Vocabulary V (with --layers): adds V*H embedding params");
+  app.add_option("--dtype", raw->dtype, "Compute dtype: bf16, fp16 or fp32")
+      ->capture_default_str();
+  app.add_option("--k", o->model.k,
+                 "Optimizer bytes per param, fp32 master included "
+                 "(Adam: 4 master + 4 m + 4 v)")
+      ->capture_default_str()
+      ->check(CLI::Range(kMinK, kMaxK));
+  app.add_option("--gpus", o->gpus, "Data-parallel GPUs N for the ZeRO table")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, kMaxGpus));
+}
+
+void AddBudgetOptions(CLI::App& app, RawOptions* raw) {
+  for (Tier tier : kTiers) {
+    app.add_option(kBudgetFlags[static_cast<int>(tier)],
+                   raw->budgets[static_cast<int>(tier)],
+                   fmt::format("Bytes strata may use on {}, e.g. 80GiB "
+                               "(default: unlimited)",
+                               TierName(tier)));
+  }
+}
+
+void AddRateOptions(CLI::App& app, RawOptions* raw, PlanOptions* o) {
+  auto rate = [&](const char* flag, double* value, const char* help) {
+    app.add_option(flag, *value, help)->capture_default_str();
+  };
+  rate("--pcie-gbps", &raw->pcie,
+       "host<->device GB/s, each direction (default: PCIe 4.0 x16)");
+  rate("--nvme-read-gbps", &raw->nvme_read,
+       "NVMe read GB/s (default: one PCIe 4.0 x4 drive)");
+  rate("--nvme-write-gbps", &raw->nvme_write,
+       "NVMe write GB/s, sustained (default: one PCIe 4.0 x4 drive)");
+  rate("--host-mem-gbps", &raw->host_mem,
+       "Host DRAM GB/s, bytes read + written (default: a few DDR4 channels)");
+  rate("--adam-gparams", &raw->adam,
+       "CPU optimizer rate, 1e9 params/s (default: DeepSpeed's CPU Adam on 2 "
+       "vCPUs)");
+  app.add_flag("--measure", o->measure,
+               "Measure host memcpy, NVMe (in --swap-dir) and, with a GPU, "
+               "PCIe bandwidth instead of assuming them (about 2 s)");
+  app.add_option("--swap-dir", o->swap_dir,
+                 "Existing directory on the NVMe for --measure (default: a "
+                 "temporary directory under the current one)");
+}
+
+Status ResolveModel(const CLI::App& app, const RawOptions& raw,
+                    PlanOptions* o) {
+  const bool by_params = app.count("--params") > 0;
+  const bool by_shape = app.count("--layers") + app.count("--hidden") > 0;
+  if (by_params && (by_shape || app.count("--vocab") > 0)) {
+    return Invalid(
+        "give the model either as --params or as --layers/--hidden/--vocab, "
+        "not both");
+  }
+  if (!by_params && !by_shape) {
+    return Invalid(
+        "no model: give --params (e.g. --params 7.5B) or --layers and "
+        "--hidden (e.g. --layers 32 --hidden 4096)");
+  }
+  if (by_params) {
+    Result<uint64_t> n = ParseParamCount(raw.params);
+    if (!n.ok()) return Invalid("--params: " + n.status().message());
+    o->model.params = *n;
+    o->model_source = "--params " + raw.params;
+  } else {
+    Result<uint64_t> n = TransformerParams(raw.layers, raw.hidden, raw.vocab);
+    if (!n.ok()) return n.status();
+    o->model.params = *n;
+    o->model_source = fmt::format("12*L*H^2 + V*H, L={} H={} V={}", raw.layers,
+                                  raw.hidden, raw.vocab);
+  }
+  Result<Dtype> dtype = ParseDtype(raw.dtype);
+  if (!dtype.ok()) return Invalid("--dtype: " + dtype.status().message());
+  o->model.dtype = *dtype;
+  return Status::Ok();
+}
+
+Status ResolveBudgets(const CLI::App& app, const RawOptions& raw,
+                      PlanOptions* o) {
+  for (Tier tier : kTiers) {
+    const int i = static_cast<int>(tier);
+    if (app.count(kBudgetFlags[i]) == 0) continue;
+    Result<uint64_t> bytes = bench::ParseSize(raw.budgets[i]);
+    if (!bytes.ok()) {
+      return Invalid(std::string(kBudgetFlags[i]) + ": " +
+                     bytes.status().message() + "; units 512MiB, 80GiB, 4TiB");
+    }
+    if (*bytes > kMaxBudget) {
+      return Invalid(std::string(kBudgetFlags[i]) + ": '" + raw.budgets[i] +
+                     "' is more than " + aio::HumanBytes(kMaxBudget));
+    }
+    o->budgets[i] = *bytes;
+  }
+  return Status::Ok();
+}
+
+Status ResolveRates(const CLI::App& app, const RawOptions& raw,
+                    PlanOptions* o) {
+  Status st;
+  auto set = [&](Rate* rate, const char* flag, double value) {
+    const bool given = app.count(flag) > 0;
+    if (!(value > 0 && std::isfinite(value)) && st.ok()) {
+      st = Invalid(
+          fmt::format("{}: {} is not a rate; give a number > 0", flag, value));
+    }
+    *rate = {value, given ? Source::kGiven : Source::kAssumed,
+             given ? "from " + std::string(flag) : ""};
+  };
+  auto link = [&](Link l) { return &o->links[static_cast<int>(l)]; };
+  set(link(Link::kHostToDevice), "--pcie-gbps", raw.pcie);
+  set(link(Link::kDeviceToHost), "--pcie-gbps", raw.pcie);
+  set(link(Link::kNvmeToHost), "--nvme-read-gbps", raw.nvme_read);
+  set(link(Link::kHostToNvme), "--nvme-write-gbps", raw.nvme_write);
+  set(link(Link::kHostMemory), "--host-mem-gbps", raw.host_mem);
+  set(&o->adam, "--adam-gparams", raw.adam);
+  return st;
+}
+
+// A measured figure replaces an assumed one; a given one stays, and the
+// measurement is kept beside it in the note.
+void Apply(const ProbeResult& probe, Rate* rate) {
+  if (probe.gbps <= 0) {
+    if (rate->source == Source::kAssumed) rate->note = probe.note;
+    return;
+  }
+  if (rate->source == Source::kGiven) {
+    rate->note +=
+        fmt::format("; measured {:.2f} GB/s ({})", probe.gbps, probe.note);
+    return;
+  }
+  *rate = {probe.gbps, Source::kMeasured, probe.note};
+}
+
+// A fresh directory under the cwd for the NVMe probe, when one is wanted;
+// removed with its contents on every way out.
+class TempDir {
+ public:
+  explicit TempDir(bool wanted) {
+    if (!wanted) return;
+    std::string name = "strata-plan-probe.XXXXXX";
+    if (mkdtemp(name.data()) == nullptr) {
+      error_ = errno;
+    } else {
+      path_ = name;
+    }
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  int error() const { return error_; }  // errno of mkdtemp, or 0
+
+ private:
+  std::string path_;
+  int error_ = 0;
+};
+
+std::string ParamText(uint64_t n) {
+  static constexpr const char* kUnits[] = {"", "K", "M", "B", "T"};
+  double value = static_cast<double>(n);
+  int unit = 0;
+  while (value >= 1000 && unit < 4) {
+    value /= 1000;
+    ++unit;
+  }
+  return unit == 0 ? std::to_string(n)
+                   : fmt::format("{:.2f}{}", value, kUnits[unit]);
+}
+
+std::string BudgetText(const std::optional<uint64_t>& budget) {
+  return budget ? aio::HumanBytes(*budget) : "unlimited";
+}
+
+double Gb(uint64_t bytes) { return bytes / 1e9; }
+
+// ZeRO figures are reported to one decimal of a GB; the table and the JSON
+// share this rounding so they always agree.
+double ZeroGb(uint64_t bytes) { return std::round(bytes / 1e8) / 10; }
+
+// The shortfall and what would fix it.
+std::string Verdict(const Plan& plan) {
+  if (plan.shortfalls.empty()) return "fits";
+  std::string out = DescribeShortfalls(plan.shortfalls);
+  for (const Shortfall& s : plan.shortfalls) {
+    out += fmt::format("; raise {} to at least {}",
+                       kBudgetFlags[static_cast<int>(s.tier)],
+                       aio::HumanBytes(s.needs));
+  }
+  if (plan.largest_model) {
+    out += fmt::format(", or plan at most {} parameters ({})",
+                       ParamText(*plan.largest_model), *plan.largest_model);
+  }
+  return out;
+}
+
+std::string TextModel(const Plan& plan, const PlanOptions& o) {
+  const Model& m = plan.model;
+  std::string out = fmt::format(
+      "strata-plan: {} parameters ({}), {} compute, K = {} optimizer "
+      "bytes/param\n  sizes in GiB = 2^30 B; traffic in GB = 1e9 B, rates "
+      "in GB/s\n\nplacement (offload mode: the optimizer runs on the "
+      "CPU)\n  {:<24}{:>8}  {:<8}{:>12}\n",
+      ParamText(m.params), o.model_source, DtypeName(m.dtype), m.k, "role",
+      "B/param", "tier", "bytes");
+  for (const RolePlacement& r : plan.placement.roles) {
+    out += fmt::format("  {:<24}{:>8}  {:<8}{:>12}{}\n",
+                       RoleLabel(r.role, m.dtype), BytesPerParam(m, r.role),
+                       TierName(r.tier), aio::HumanBytes(r.bytes),
+                       r.fits ? "" : "  (no tier has room)");
+  }
+  out +=
+      fmt::format("\ntiers\n  {:<8}{:>12}{:>14}\n", "tier", "needs", "budget");
+  for (Tier tier : kTiers) {
+    const int i = static_cast<int>(tier);
+    out += fmt::format("  {:<8}{:>12}{:>14}\n", TierName(tier),
+                       aio::HumanBytes(plan.placement.needs[i]),
+                       BudgetText(plan.budgets[i]));
+  }
+  return out + "verdict: " + Verdict(plan) + "\n";
+}
+
+std::string TextTraffic(const Plan& plan) {
+  std::string out = "\nper-step traffic\n";
+  for (Link link : kLinks) {
+    out += fmt::format("  {:<50}{:>10.2f} GB\n", LinkName(link),
+                       Gb(plan.link_bytes[static_cast<int>(link)]));
+    if (link == Link::kHostMemory) {
+      const uint64_t moved = plan.link_bytes[static_cast<int>(link)];
+      uint64_t own = 0;
+      for (const Transfer& t : plan.traffic) {
+        if (t.link == link) own += t.bytes;
+      }
+      out += fmt::format("    {:<48}{:>10.2f}\n", "every transfer above",
+                         Gb(moved - own));
+    }
+    for (const Transfer& t : plan.traffic) {
+      if (t.link != link) continue;
+      out += fmt::format(
+          "    {:<48}{:>10.2f}\n",
+          RoleLabel(t.role, plan.model.dtype) + ", " + std::string(t.what),
+          Gb(t.bytes));
+    }
+  }
+  return out;
+}
+
+std::string FloorLine(const Floor& f) {
+  if (f.optimizer_binds) {
+    return fmt::format(
+        "floor: {:.3f} s/step, bound by the CPU optimizer (slowest link: {}, "
+        "{:.3f} s)\n",
+        f.seconds, LinkName(f.transfer_binding), f.transfer_seconds);
+  }
+  return fmt::format(
+      "floor: {:.3f} s/step, bound by {} (CPU optimizer: {:.3f} s)\n",
+      f.seconds, LinkName(f.transfer_binding), f.optimizer_seconds);
+}
+
+std::string TextFloor(const Plan& plan, const PlanOptions& o) {
+  const Floor& f = plan.floor;
+  std::string out = fmt::format(
+      "\nstep-time floor (every link and the CPU optimizer at full speed, "
+      "overlapped)\n  {:<16}{:>16}{:>18}  {:<9}{:>10}\n",
+      "resource", "per step", "rate", "source", "seconds");
+  for (Link link : kLinks) {
+    const int i = static_cast<int>(link);
+    out += fmt::format("  {:<16}{:>13.2f} GB{:>13.2f} GB/s  {:<9}{:>10.3f}\n",
+                       LinkName(link), Gb(plan.link_bytes[i]), o.links[i].value,
+                       SourceName(o.links[i].source), f.link_seconds[i]);
+  }
+  out +=
+      fmt::format("  {:<16}{:>9} params{:>9.2f} Gparam/s  {:<9}{:>10.3f}\n",
+                  "CPU optimizer", ParamText(plan.model.params), o.adam.value,
+                  SourceName(o.adam.source), f.optimizer_seconds);
+  out += FloorLine(f);
+  for (Link link : kLinks) {
+    const Rate& r = o.links[static_cast<int>(link)];
+    if (!r.note.empty()) {
+      out += fmt::format("  {}: {}\n", LinkName(link), r.note);
+    }
+  }
+  if (!o.adam.note.empty()) out += "  CPU optimizer: " + o.adam.note + "\n";
+  return out;
+}
+
+std::string TextCapacity(const Plan& plan) {
+  std::string out = "\nlargest model these budgets hold with this placement: ";
+  if (!plan.largest_model) {
+    out += "any (host or NVMe is unlimited; give both budgets to bound it)\n";
+  } else if (*plan.largest_model == 0) {
+    out += "none (not even one parameter fits)\n";
+  } else {
+    out += fmt::format("{} parameters ({})\n", ParamText(*plan.largest_model),
+                       *plan.largest_model);
+  }
+  out += fmt::format(
+      "\nZeRO model-state memory per GPU (N = {} data-parallel GPU{}, {} "
+      "params and gradients, K = {}; GB = 1e9 B)\n",
+      plan.gpus, plan.gpus == 1 ? "" : "s", DtypeName(plan.model.dtype),
+      plan.model.k);
+  for (int stage = 0; stage < kNumZeroStages; ++stage) {
+    out += fmt::format("  stage {}  {:<16}{:>10.1f} GB\n", stage,
+                       ZeroFormula(plan.model.dtype, stage),
+                       ZeroGb(plan.zero_bytes[stage]));
+  }
+  return out;
+}
+
+nlohmann::ordered_json JsonOptional(const std::optional<uint64_t>& value) {
+  return value ? nlohmann::ordered_json(*value)
+               : nlohmann::ordered_json(nullptr);
+}
+
+nlohmann::ordered_json JsonRate(const Rate& rate, const char* unit) {
+  return {{unit, rate.value},
+          {"source", SourceName(rate.source)},
+          {"note", rate.note}};
+}
+
+nlohmann::ordered_json JsonPlacement(const Plan& plan) {
+  nlohmann::ordered_json roles = nlohmann::ordered_json::array();
+  for (const RolePlacement& r : plan.placement.roles) {
+    roles.push_back({{"role", RoleKey(r.role)},
+                     {"label", RoleLabel(r.role, plan.model.dtype)},
+                     {"bytes_per_param", BytesPerParam(plan.model, r.role)},
+                     {"bytes", r.bytes},
+                     {"tier", TierKey(r.tier)},
+                     {"fits", r.fits}});
+  }
+  nlohmann::ordered_json tiers = nlohmann::ordered_json::object();
+  for (Tier tier : kTiers) {
+    const int i = static_cast<int>(tier);
+    tiers[std::string(TierKey(tier))] = {
+        {"needs", plan.placement.needs[i]},
+        {"budget", JsonOptional(plan.budgets[i])}};
+  }
+  nlohmann::ordered_json shortfalls = nlohmann::ordered_json::array();
+  for (const Shortfall& s : plan.shortfalls) {
+    shortfalls.push_back({{"tier", TierKey(s.tier)},
+                          {"needs", s.needs},
+                          {"budget", s.budget},
+                          {"missing", s.needs - s.budget}});
+  }
+  return {{"roles", roles},
+          {"tiers", tiers},
+          {"fits", plan.shortfalls.empty()},
+          {"verdict", Verdict(plan)},
+          {"shortfalls", shortfalls}};
+}
+
+nlohmann::ordered_json JsonTraffic(const Plan& plan, const PlanOptions& o) {
+  nlohmann::ordered_json links = nlohmann::ordered_json::object();
+  for (Link link : kLinks) {
+    const int i = static_cast<int>(link);
+    nlohmann::ordered_json transfers = nlohmann::ordered_json::array();
+    for (const Transfer& t : plan.traffic) {
+      if (t.link != link) continue;
+      transfers.push_back(
+          {{"role", RoleKey(t.role)}, {"what", t.what}, {"bytes", t.bytes}});
+    }
+    links[std::string(LinkKey(link))] = {
+        {"name", LinkName(link)},
+        {"bytes", plan.link_bytes[i]},
+        {"rate", JsonRate(o.links[i], "gbps")},
+        {"seconds", plan.floor.link_seconds[i]},
+        {"transfers", transfers}};
+  }
+  const Floor& f = plan.floor;
+  return {{"links", links},
+          {"optimizer",
+           {{"params", plan.model.params},
+            {"rate", JsonRate(o.adam, "gparams")},
+            {"seconds", f.optimizer_seconds}}},
+          {"floor",
+           {{"seconds", f.seconds},
+            {"binding",
+             f.optimizer_binds ? "optimizer" : LinkKey(f.transfer_binding)},
+            {"transfer_seconds", f.transfer_seconds},
+            {"transfer_binding", LinkKey(f.transfer_binding)}}}};
+}
+
+}  // namespace
+
+std::string_view SourceName(Source source) {
+  switch (source) {
+    case Source::kAssumed:
+      return "assumed";
+    case Source::kGiven:
+      return "given";
+    case Source::kMeasured:
+      return "measured";
+  }
+  return "?";
+}
+
+Result<PlanOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
+  *exit_now = false;
+  PlanOptions o;
+  RawOptions raw;
+  CLI::App app(kDescription, "strata-plan");
+  app.get_formatter()->column_width(30);
+  AddModelOptions(app, &raw, &o);
+  AddBudgetOptions(app, &raw);
+  AddRateOptions(app, &raw, &o);
+  app.add_flag("--json", o.json, "Print one JSON document instead of tables");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    *exit_now = true;
+    app.exit(e);
+    return o;
+  } catch (const CLI::ParseError& e) {
+    return Invalid(e.what() + std::string("; run with --help for usage"));
+  }
+  Status st = ResolveModel(app, raw, &o);
+  if (st.ok()) st = ResolveBudgets(app, raw, &o);
+  if (st.ok()) st = ResolveRates(app, raw, &o);
+  if (!st.ok()) return st;
+  return o;
+}
+
+Status Measure(PlanOptions* options) {
+  Apply(ProbeHostMemory(),
+        &options->links[static_cast<int>(Link::kHostMemory)]);
+  const TempDir temp(options->swap_dir.empty());
+  if (temp.error() != 0) {
+    return aio::ErrnoStatus(temp.error(),
+                            "--measure: cannot create a probe directory under "
+                            "the current one; pass --swap-dir");
+  }
+  const std::string dir =
+      options->swap_dir.empty() ? temp.path() : options->swap_dir;
+  Result<NvmeProbe> nvme = ProbeNvme(dir);
+  if (!nvme.ok()) {
+    return Status(nvme.status().code(), "--measure: NVMe probe in '" + dir +
+                                            "': " + nvme.status().message());
+  }
+  Apply(nvme->read, &options->links[static_cast<int>(Link::kNvmeToHost)]);
+  Apply(nvme->write, &options->links[static_cast<int>(Link::kHostToNvme)]);
+  const PcieProbe pcie = ProbePcie();
+  Apply(pcie.h2d, &options->links[static_cast<int>(Link::kHostToDevice)]);
+  Apply(pcie.d2h, &options->links[static_cast<int>(Link::kDeviceToHost)]);
+  if (options->adam.source == Source::kAssumed) {
+    options->adam.note =
+        "not probed: measure it with cpu_adam_bench (bench/) and give "
+        "--adam-gparams";
+  }
+  return Status::Ok();
+}
+
+Bandwidths RatesOf(const PlanOptions& options) {
+  Bandwidths b;
+  for (Link link : kLinks) {
+    b.gbps[static_cast<int>(link)] =
+        options.links[static_cast<int>(link)].value;
+  }
+  b.adam_gparams = options.adam.value;
+  return b;
+}
+
+std::string TextReport(const Plan& plan, const PlanOptions& options) {
+  return TextModel(plan, options) + TextTraffic(plan) +
+         TextFloor(plan, options) + TextCapacity(plan);
+}
+
+nlohmann::ordered_json JsonReport(const Plan& plan,
+                                  const PlanOptions& options) {
+  const Model& m = plan.model;
+  nlohmann::ordered_json budgets = nlohmann::ordered_json::object();
+  for (Tier tier : kTiers) {
+    budgets[std::string(TierKey(tier))] =
+        JsonOptional(plan.budgets[static_cast<int>(tier)]);
+  }
+  nlohmann::ordered_json zero = nlohmann::ordered_json::array();
+  for (int stage = 0; stage < kNumZeroStages; ++stage) {
+    zero.push_back({{"stage", stage},
+                    {"formula", ZeroFormula(m.dtype, stage)},
+                    {"bytes", plan.zero_bytes[stage]},
+                    {"gb", ZeroGb(plan.zero_bytes[stage])}});
+  }
+  nlohmann::ordered_json traffic = JsonTraffic(plan, options);
+  return {{"model",
+           {{"params", m.params},
+            {"source", options.model_source},
+            {"dtype", DtypeName(m.dtype)},
+            {"dtype_bytes", DtypeBytes(m.dtype)},
+            {"k", m.k}}},
+          {"budgets", budgets},
+          {"placement", JsonPlacement(plan)},
+          {"traffic", traffic["links"]},
+          {"optimizer", traffic["optimizer"]},
+          {"floor", traffic["floor"]},
+          {"largest_model",
+           {{"params", JsonOptional(plan.largest_model)},
+            {"bounded", plan.largest_model.has_value()}}},
+          {"zero", {{"gpus", plan.gpus}, {"k", m.k}, {"stages", zero}}}};
+}
+
+Result<int> Run(PlanOptions options) {
+  if (options.measure) {
+    Status st = Measure(&options);
+    if (!st.ok()) return st;
+  }
+  const Plan plan =
+      MakePlan(options.model, options.budgets, RatesOf(options), options.gpus);
+  const std::string out = options.json ? JsonReport(plan, options).dump(2)
+                                       : TextReport(plan, options);
+  std::printf("%s\n", out.c_str());
+  if (plan.shortfalls.empty()) return 0;
+  std::fprintf(stderr, "strata-plan: %s\n", Verdict(plan).c_str());
+  return 2;
+}
+
+}  // namespace strata::plan
