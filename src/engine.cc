@@ -20,6 +20,17 @@
 
 namespace strata {
 
+namespace {
+
+// The executor's de-duplication key for a prefetch; planned and explicit
+// prefetches of the same group are queued separately.
+uint64_t PrefetchKey(int group, Tier tier, RoleMask roles, bool explicit_call) {
+  return (uint64_t{explicit_call} << 63) | (static_cast<uint64_t>(group) << 8) |
+         (static_cast<uint64_t>(tier) << 5) | roles;
+}
+
+}  // namespace
+
 class Engine::Impl {
  public:
   Status Open(const EngineOptions& options);
@@ -142,24 +153,17 @@ Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
 }
 
 void Engine::Impl::SubmitPrefetches(int position) {
-  std::shared_ptr<const sched::Plan> plan;
-  sched::PlanInput const* input = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(plan_mu_);
-    plan = plan_;
-    input = &plan_input_;
-    if (plan == nullptr || position >= static_cast<int>(plan->steps.size())) {
-      return;
-    }
-    for (const sched::PlanAction& a : plan->steps[position].prefetch) {
-      const RoleMask roles = input->trace[a.entry].roles;
-      const uint64_t key = (static_cast<uint64_t>(a.group) << 8) |
-                           (static_cast<uint64_t>(a.tier) << 5) | roles;
-      store::Residency* residency = residency_.get();
-      executor_->Submit(key, [residency, a, roles] {
-        return residency->Prefetch(a.group, a.tier, roles, a.entry);
-      });
-    }
+  std::lock_guard<std::mutex> lock(plan_mu_);
+  if (plan_ == nullptr || position >= static_cast<int>(plan_->steps.size())) {
+    return;
+  }
+  store::Residency* residency = residency_.get();
+  for (const sched::PlanAction& a : plan_->steps[position].prefetch) {
+    const RoleMask roles = plan_input_.trace[a.entry].roles;
+    executor_->Submit(
+        PrefetchKey(a.group, a.tier, roles, false), [residency, a, roles] {
+          return residency->Prefetch(a.group, a.tier, roles, a.entry);
+        });
   }
 }
 
@@ -170,9 +174,7 @@ Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles) {
                       std::string(TierName(tier)) + " is not possible");
   }
   store::Residency* residency = residency_.get();
-  const uint64_t key = (uint64_t{1} << 63) |
-                       (static_cast<uint64_t>(group) << 8) |
-                       (static_cast<uint64_t>(tier) << 5) | roles;
+  const uint64_t key = PrefetchKey(group, tier, roles, true);
   executor_->Submit(key, [residency, group, tier, roles] {
     return residency->Prefetch(group, tier, roles, -2);
   });
@@ -236,7 +238,7 @@ std::string Engine::Impl::Explain() const {
 }
 
 EngineStats Engine::Impl::Stats() const {
-  EngineStats s;
+  EngineStats s = residency_->counters();
   const tier::DeviceStats dev = device_->stats();
   const tier::PinnedPoolStats host = host_->stats();
   s.tiers[0] = {options_.device_budget, dev.used, dev.peak};
@@ -246,15 +248,6 @@ EngineStats Engine::Impl::Stats() const {
     s.tiers[2] = {nvme.capacity, nvme.used, nvme.peak};
   }
   s.bytes = mover_->bytes();
-  const store::ResidencyCounters c = residency_->counters();
-  s.fetches = c.fetches;
-  s.hits = c.hits;
-  s.prefetch_hits = c.prefetch_hits;
-  s.late_prefetches = c.late_prefetches;
-  s.prefetches = c.prefetches;
-  s.evictions = c.evictions;
-  s.writebacks = c.writebacks;
-  s.stall_seconds = c.stall_seconds;
   const sched::Trace trace = residency_->TraceSnapshot();
   s.trace_invalidations = trace.invalidations();
   s.steps = trace.steps();

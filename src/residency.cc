@@ -301,10 +301,9 @@ void* Residency::Address(int group, Role role, Tier tier,
   return static_cast<char*>(copy.ptr) + offset;
 }
 
-ResidencyCounters Residency::counters() const {
+EngineStats Residency::counters() const {
   std::lock_guard<std::mutex> lock(mu_);
-  ResidencyCounters out = counters_;
-  return out;
+  return counters_;
 }
 
 // Makes chunk `id` valid at `tier`. `entry` is -1 for a demand fetch, the

@@ -49,18 +49,6 @@
 
 namespace strata::store {
 
-struct ResidencyCounters {
-  uint64_t fetches = 0;
-  uint64_t hits = 0;
-  uint64_t prefetch_hits = 0;
-  uint64_t late_prefetches = 0;
-  uint64_t prefetches = 0;
-  uint64_t abandoned_prefetches = 0;
-  uint64_t evictions = 0;
-  uint64_t writebacks = 0;
-  double stall_seconds = 0;
-};
-
 class Residency {
  public:
   // `nvme` may be null (no NVMe tier). The tiers must outlive this object.
@@ -98,7 +86,9 @@ class Residency {
 
   // The address of `tensor` in `role` at `tier`; valid while pinned there.
   void* Address(int group, Role role, Tier tier, uint64_t offset) const;
-  ResidencyCounters counters() const;
+  // The fetch, prefetch and eviction counters of EngineStats; the tier,
+  // byte and trace fields are left for the engine to fill.
+  EngineStats counters() const;
 
  private:
   struct Copy {
@@ -163,7 +153,7 @@ class Residency {
   int position_ = -1;
   uint64_t reported_invalidations_ = 0;
   uint64_t clock_ = 0;
-  ResidencyCounters counters_;
+  EngineStats counters_;
 };
 
 }  // namespace strata::store

@@ -45,6 +45,15 @@ std::string_view DTypeName(DType dtype) {
   return "unknown";
 }
 
+Result<DType> ParseDType(std::string_view name) {
+  for (DType d : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    if (name == DTypeName(d)) return d;
+  }
+  return Status(
+      StatusCode::kInvalidArgument,
+      "dtype '" + std::string(name) + "' is not one of bf16, fp16, fp32");
+}
+
 size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
 
 DType RoleDType(Role role, DType compute) {

@@ -79,8 +79,9 @@ inline constexpr RoleMask kAllRoles = (1u << kNumRoles) - 1;
 
 STRATA_EXPORT std::string_view TierName(Tier tier);  // "device", ...
 STRATA_EXPORT Result<Tier> ParseTier(std::string_view name);
-STRATA_EXPORT std::string_view RoleName(Role role);  // "compute", ...
-STRATA_EXPORT std::string_view DTypeName(DType dtype);
+STRATA_EXPORT std::string_view RoleName(Role role);     // "compute", ...
+STRATA_EXPORT std::string_view DTypeName(DType dtype);  // "bf16", ...
+STRATA_EXPORT Result<DType> ParseDType(std::string_view name);
 STRATA_EXPORT size_t DTypeSize(DType dtype);
 // The dtype a role is stored in: the tensor's dtype for kCompute, else fp32.
 STRATA_EXPORT DType RoleDType(Role role, DType compute);
@@ -168,13 +169,15 @@ struct EngineStats {
   std::array<TierStats, kNumTiers> tiers;
   // bytes[from][to] moved between tiers (indices are Tier values).
   std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes = {};
-  uint64_t fetches = 0;          // chunk fetches by Fetch()
-  uint64_t hits = 0;             // ... found valid at the tier
-  uint64_t prefetch_hits = 0;    // ... made valid there by a prefetch
-  uint64_t late_prefetches = 0;  // ... still in flight (the fetch waited)
-  uint64_t prefetches = 0;       // chunk transfers started ahead of time
-  uint64_t evictions = 0;        // copies dropped to make room
-  uint64_t writebacks = 0;       // ... of which were dirty and written down
+  uint64_t fetches = 0;               // chunk fetches by Fetch()
+  uint64_t hits = 0;                  // ... found valid at the tier
+  uint64_t prefetch_hits = 0;         // ... made valid there by a prefetch
+  uint64_t late_prefetches = 0;       // ... still in flight (the fetch waited)
+  uint64_t prefetches = 0;            // chunk transfers started ahead of time
+  uint64_t abandoned_prefetches = 0;  // ... given up: no room without
+                                      // evicting data needed sooner
+  uint64_t evictions = 0;             // copies dropped to make room
+  uint64_t writebacks = 0;  // ... of which were dirty and written down
   uint64_t trace_invalidations = 0;
   uint64_t steps = 0;
   double stall_seconds = 0;  // time Fetch() spent waiting for data
@@ -210,9 +213,9 @@ class STRATA_EXPORT Engine {
   Result<GroupView> Fetch(int group, Tier tier, const FetchOptions& opt = {});
   Status Prefetch(int group, Tier tier, RoleMask roles = kAllRoles);
   Status Release(int group);
-  // Drops the group's copies at `tier` (written down first when dirty).
-  // kFailedPrecondition while the group is fetched there or the tier is a
-  // home of one of its roles.
+  // Drops the group's cached copies at `tier` (written down first when
+  // dirty); copies homed at `tier` stay. kFailedPrecondition while the
+  // group is fetched there.
   Status Evict(int group, Tier tier);
   // Waits for every prefetch and write-behind; returns the first error of
   // a background transfer since the last call.

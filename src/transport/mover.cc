@@ -21,8 +21,6 @@ Status Mover::Copy(const Place& from, const Place& to, uint64_t bytes) {
   } else if (from.tier == Tier::kHost && to.tier == Tier::kNvme) {
     STRATA_CHECK(nvme_ != nullptr && to.extent.bytes == bytes);
     status = nvme_->Write(to.extent, from.ptr);
-  } else if (from.tier == Tier::kHost && to.tier == Tier::kHost) {
-    std::memcpy(to.ptr, from.ptr, bytes);
   } else {
     STRATA_CHECK(false && "no direct path between these tiers");
   }

@@ -31,7 +31,7 @@ class Mover {
   // `nvme` may be null when there is no NVMe tier.
   Mover(tier::Device* device, tier::NvmeStore* nvme);
 
-  // Copies `bytes` from `from` to `to` (adjacent or same-kind tiers).
+  // Copies `bytes` from `from` to `to`, adjacent tiers.
   Status Copy(const Place& from, const Place& to, uint64_t bytes);
   // Fills `to` with zeros (a chunk that was never written).
   Status Zero(const Place& to, uint64_t bytes);

@@ -13,7 +13,7 @@ namespace {
 constexpr uint64_t kGiB = 1ull << 30;
 
 Model Bf16(uint64_t params, uint32_t k = 12) {
-  return Model{params, Dtype::kBf16, k};
+  return Model{params, DType::kBFloat16, k};
 }
 
 Budgets MakeBudgets(std::optional<uint64_t> device,
@@ -56,14 +56,14 @@ TEST(ParseParamCountTest, RejectsGarbageAndOutOfRange) {
 }
 
 TEST(DtypeTest, ParsesNamesAndSizes) {
-  EXPECT_EQ(*ParseDtype("bf16"), Dtype::kBf16);
-  EXPECT_EQ(*ParseDtype("fp16"), Dtype::kFp16);
-  EXPECT_EQ(*ParseDtype("fp32"), Dtype::kFp32);
-  EXPECT_FALSE(ParseDtype("int8").ok());
-  EXPECT_EQ(DtypeBytes(Dtype::kBf16), 2u);
-  EXPECT_EQ(DtypeBytes(Dtype::kFp16), 2u);
-  EXPECT_EQ(DtypeBytes(Dtype::kFp32), 4u);
-  EXPECT_EQ(DtypeName(Dtype::kFp16), "fp16");
+  EXPECT_EQ(*ParseDType("bf16"), DType::kBFloat16);
+  EXPECT_EQ(*ParseDType("fp16"), DType::kFloat16);
+  EXPECT_EQ(*ParseDType("fp32"), DType::kFloat32);
+  EXPECT_FALSE(ParseDType("int8").ok());
+  EXPECT_EQ(DTypeSize(DType::kBFloat16), 2u);
+  EXPECT_EQ(DTypeSize(DType::kFloat16), 2u);
+  EXPECT_EQ(DTypeSize(DType::kFloat32), 4u);
+  EXPECT_EQ(DTypeName(DType::kFloat16), "fp16");
 }
 
 TEST(TransformerParamsTest, TwelveLHSquaredPlusEmbedding) {
@@ -84,7 +84,7 @@ TEST(BytesPerParamTest, RolesSplitDtypeAndK) {
   EXPECT_EQ(BytesPerParam(m, Role::kGrads), 2u);
   EXPECT_EQ(BytesPerParam(m, Role::kMaster), 4u);
   EXPECT_EQ(BytesPerParam(m, Role::kOptimState), 8u);
-  const Model fp32{1, Dtype::kFp32, 16};
+  const Model fp32{1, DType::kFloat32, 16};
   EXPECT_EQ(BytesPerParam(fp32, Role::kParams), 4u);
   EXPECT_EQ(BytesPerParam(fp32, Role::kOptimState), 12u);
   EXPECT_EQ(BytesPerParam(Bf16(1, 4), Role::kOptimState), 0u);
@@ -267,7 +267,7 @@ TEST(LargestModelTest, ResultFitsAndOneMoreDoesNot) {
       MakeBudgets(std::nullopt, 64 * kGiB, 0), MakeBudgets(0, 0, 500 * kGiB),
       MakeBudgets(kMaxBudget, kMaxBudget, kMaxBudget)};
   for (const Model& shape :
-       {Bf16(0), Bf16(0, 4), Bf16(0, 64), Model{0, Dtype::kFp32, 16}}) {
+       {Bf16(0), Bf16(0, 4), Bf16(0, 64), Model{0, DType::kFloat32, 16}}) {
     for (const Budgets& b : cases) {
       const std::optional<uint64_t> n = LargestModel(shape, b);
       ASSERT_TRUE(n.has_value());
@@ -289,7 +289,7 @@ TEST(LargestModelTest, MatchesExhaustiveScanOnSmallBudgets) {
   const std::vector<std::optional<uint64_t>> devices = {0,  3,  7,
                                                         20, 45, std::nullopt};
   for (const Model& shape : {Bf16(0), Bf16(0, 4), Bf16(0, 5), Bf16(0, 13),
-                             Model{0, Dtype::kFp32, 8}}) {
+                             Model{0, DType::kFloat32, 8}}) {
     for (const auto& device : devices) {
       for (uint64_t host = 0; host <= 120; host += 4) {
         for (uint64_t nvme = 0; nvme <= 150; nvme += 5) {
@@ -323,7 +323,7 @@ TEST(ZeroTest, StagesAgreeOnOneGpuAndDivideWithMore) {
   EXPECT_EQ(ZeroBytesPerGpu(m, 1, 4), 4'000'000u + 3'000'000u);
   EXPECT_EQ(ZeroBytesPerGpu(m, 2, 4), 2'000'000u + 3'500'000u);
   EXPECT_EQ(ZeroBytesPerGpu(m, 3, 4), 4'000'000u);
-  const Model fp32{1'000'000, Dtype::kFp32, 12};
+  const Model fp32{1'000'000, DType::kFloat32, 12};
   EXPECT_EQ(ZeroBytesPerGpu(fp32, 0, 8), 20'000'000u);
   EXPECT_EQ(ZeroBytesPerGpu(fp32, 3, 8), 2'500'000u);
   // A partial byte rounds up: 16 B over 3 GPUs.
@@ -333,11 +333,11 @@ TEST(ZeroTest, StagesAgreeOnOneGpuAndDivideWithMore) {
 }
 
 TEST(ZeroTest, FormulasNameTheDtypeBytes) {
-  EXPECT_EQ(ZeroFormula(Dtype::kBf16, 0), "(2+2+K)Ψ");
-  EXPECT_EQ(ZeroFormula(Dtype::kBf16, 1), "2Ψ+2Ψ+KΨ/N");
-  EXPECT_EQ(ZeroFormula(Dtype::kBf16, 2), "2Ψ+(2+K)Ψ/N");
-  EXPECT_EQ(ZeroFormula(Dtype::kBf16, 3), "(2+2+K)Ψ/N");
-  EXPECT_EQ(ZeroFormula(Dtype::kFp32, 2), "4Ψ+(4+K)Ψ/N");
+  EXPECT_EQ(ZeroFormula(DType::kBFloat16, 0), "(2+2+K)Ψ");
+  EXPECT_EQ(ZeroFormula(DType::kBFloat16, 1), "2Ψ+2Ψ+KΨ/N");
+  EXPECT_EQ(ZeroFormula(DType::kBFloat16, 2), "2Ψ+(2+K)Ψ/N");
+  EXPECT_EQ(ZeroFormula(DType::kBFloat16, 3), "(2+2+K)Ψ/N");
+  EXPECT_EQ(ZeroFormula(DType::kFloat32, 2), "4Ψ+(4+K)Ψ/N");
 }
 
 TEST(MakePlanTest, CombinesEveryEstimate) {

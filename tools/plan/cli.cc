@@ -144,7 +144,7 @@ Status ResolveModel(const CLI::App& app, const RawOptions& raw,
     o->model_source = fmt::format("12*L*H^2 + V*H, L={} H={} V={}", raw.layers,
                                   raw.hidden, raw.vocab);
   }
-  Result<Dtype> dtype = ParseDtype(raw.dtype);
+  Result<DType> dtype = ParseDType(raw.dtype);
   if (!dtype.ok()) return Invalid("--dtype: " + dtype.status().message());
   o->model.dtype = *dtype;
   return Status::Ok();
@@ -276,7 +276,7 @@ std::string TextModel(const Plan& plan, const PlanOptions& o) {
       "bytes/param\n  sizes in GiB = 2^30 B; traffic in GB = 1e9 B, rates "
       "in GB/s\n\nplacement (offload mode: the optimizer runs on the "
       "CPU)\n  {:<24}{:>8}  {:<8}{:>12}\n",
-      ParamText(m.params), o.model_source, DtypeName(m.dtype), m.k, "role",
+      ParamText(m.params), o.model_source, DTypeName(m.dtype), m.k, "role",
       "B/param", "tier", "bytes");
   for (const RolePlacement& r : plan.placement.roles) {
     out += fmt::format("  {:<24}{:>8}  {:<8}{:>12}{}\n",
@@ -372,7 +372,7 @@ std::string TextCapacity(const Plan& plan) {
   out += fmt::format(
       "\nZeRO model-state memory per GPU (N = {} data-parallel GPU{}, {} "
       "params and gradients, K = {}; GB = 1e9 B)\n",
-      plan.gpus, plan.gpus == 1 ? "" : "s", DtypeName(plan.model.dtype),
+      plan.gpus, plan.gpus == 1 ? "" : "s", DTypeName(plan.model.dtype),
       plan.model.k);
   for (int stage = 0; stage < kNumZeroStages; ++stage) {
     out += fmt::format("  stage {}  {:<16}{:>10.1f} GB\n", stage,
@@ -558,8 +558,8 @@ nlohmann::ordered_json JsonReport(const Plan& plan,
   return {{"model",
            {{"params", m.params},
             {"source", options.model_source},
-            {"dtype", DtypeName(m.dtype)},
-            {"dtype_bytes", DtypeBytes(m.dtype)},
+            {"dtype", DTypeName(m.dtype)},
+            {"dtype_bytes", DTypeSize(m.dtype)},
             {"k", m.k}}},
           {"budgets", budgets},
           {"placement", JsonPlacement(plan)},

@@ -61,28 +61,6 @@ double Multiplier(char suffix) {
 
 }  // namespace
 
-Result<Dtype> ParseDtype(std::string_view name) {
-  if (name == "bf16") return Dtype::kBf16;
-  if (name == "fp16") return Dtype::kFp16;
-  if (name == "fp32") return Dtype::kFp32;
-  return Invalid("dtype '" + std::string(name) +
-                 "' is not one of bf16, fp16, fp32");
-}
-
-std::string_view DtypeName(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kBf16:
-      return "bf16";
-    case Dtype::kFp16:
-      return "fp16";
-    case Dtype::kFp32:
-      return "fp32";
-  }
-  return "?";
-}
-
-uint32_t DtypeBytes(Dtype dtype) { return dtype == Dtype::kFp32 ? 4 : 2; }
-
 Result<uint64_t> ParseParamCount(std::string_view text) {
   const std::string quoted = "'" + std::string(text) + "'";
   const Status out_of_range =
@@ -167,8 +145,8 @@ std::string_view RoleKey(Role role) {
   return "?";
 }
 
-std::string RoleLabel(Role role, Dtype dtype) {
-  const std::string dt(DtypeName(dtype));
+std::string RoleLabel(Role role, DType dtype) {
+  const std::string dt(DTypeName(dtype));
   switch (role) {
     case Role::kParams:
       return "compute params (" + dt + ")";
@@ -186,7 +164,7 @@ uint32_t BytesPerParam(const Model& model, Role role) {
   switch (role) {
     case Role::kParams:
     case Role::kGrads:
-      return DtypeBytes(model.dtype);
+      return DTypeSize(model.dtype);
     case Role::kMaster:
       return 4;
     case Role::kOptimState:
@@ -440,7 +418,7 @@ uint64_t ZeroBytesPerGpu(const Model& model, int stage, uint64_t gpus) {
   CheckModel(model);
   STRATA_CHECK(stage >= 0 && stage < kNumZeroStages);
   STRATA_CHECK(gpus >= 1 && gpus <= kMaxGpus);
-  const uint64_t b = DtypeBytes(model.dtype);
+  const uint64_t b = DTypeSize(model.dtype);
   // Per parameter, the bytes split N ways (optimizer state from stage 1,
   // gradients from stage 2, the compute copy at stage 3) and the bytes every
   // GPU holds whole.
@@ -453,9 +431,9 @@ uint64_t ZeroBytesPerGpu(const Model& model, int stage, uint64_t gpus) {
   return static_cast<uint64_t>((numerator + gpus - 1) / gpus);
 }
 
-std::string ZeroFormula(Dtype dtype, int stage) {
+std::string ZeroFormula(DType dtype, int stage) {
   STRATA_CHECK(stage >= 0 && stage < kNumZeroStages);
-  const std::string b = std::to_string(DtypeBytes(dtype));
+  const std::string b = std::to_string(DTypeSize(dtype));
   switch (stage) {
     case 0:
       return "(" + b + "+" + b + "+K)Ψ";

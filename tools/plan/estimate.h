@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/engine.h"
 #include "strata/status.h"
 
 namespace strata::plan {
@@ -46,11 +47,7 @@ inline constexpr uint32_t kMinK = 4;                // the fp32 master alone
 inline constexpr uint32_t kMaxK = 64;
 inline constexpr uint64_t kMaxGpus = 1ull << 20;
 
-enum class Dtype { kBf16, kFp16, kFp32 };
-// "bf16", "fp16", "fp32".
-Result<Dtype> ParseDtype(std::string_view name);
-std::string_view DtypeName(Dtype dtype);
-uint32_t DtypeBytes(Dtype dtype);
+// Dtypes are the engine's: strata::DType, ParseDType, DTypeName, DTypeSize.
 
 // A parameter count: "7.5B", "13e9", "175M", "350k", "1.2T", "7500000000"
 // (K/M/B/G/T are powers of 1000, case-insensitive). Must round to 1 ..
@@ -65,7 +62,7 @@ Result<uint64_t> TransformerParams(uint64_t layers, uint64_t hidden,
 
 struct Model {
   uint64_t params = 0;  // Ψ, 0..kMaxParams
-  Dtype dtype = Dtype::kBf16;
+  DType dtype = DType::kBFloat16;
   uint32_t k = 12;  // optimizer bytes per parameter, master included
 };
 
@@ -83,7 +80,7 @@ inline constexpr std::array<Role, kNumRoles> kRoles = {
 std::string_view RoleKey(Role role);  // "params", "grads", "master", "optim"
 // "compute params (bf16)", "gradients (bf16)", "fp32 master",
 // "optimizer state m, v".
-std::string RoleLabel(Role role, Dtype dtype);
+std::string RoleLabel(Role role, DType dtype);
 uint32_t BytesPerParam(const Model& model, Role role);
 
 // Bytes a tier may hold; nullopt means the tier is not limited.
@@ -187,7 +184,7 @@ inline constexpr int kNumZeroStages = 4;
 uint64_t ZeroBytesPerGpu(const Model& model, int stage, uint64_t gpus);
 // "(2+2+K)Ψ", "2Ψ+2Ψ+KΨ/N", "2Ψ+(2+K)Ψ/N", "(2+2+K)Ψ/N" with 2 replaced by
 // the dtype's bytes.
-std::string ZeroFormula(Dtype dtype, int stage);
+std::string ZeroFormula(DType dtype, int stage);
 
 // Everything strata-plan reports, computed in one call.
 struct Plan {
