@@ -187,8 +187,12 @@ sched::PlanInput Engine::Impl::MakePlanInput() const {
   in.trace = trace.entries();
   in.bandwidths = options_.bandwidths;
   const int groups = residency_->group_count();
-  std::vector<RoleMask> used(groups, 0);
-  for (const sched::TraceEntry& e : in.trace) used[e.group] |= e.roles;
+  // Roles fetched per tier: a device fetch caches on the device only,
+  // except that NVMe-homed chunks pass through the host on their way up.
+  std::vector<std::array<RoleMask, kNumTiers>> used(groups);
+  for (const sched::TraceEntry& e : in.trace) {
+    used[e.group][static_cast<int>(e.tier)] |= e.roles;
+  }
   std::array<uint64_t, kNumTiers> homed = {};
   uint64_t largest_host = 0;
   for (int g = 0; g < groups; ++g) {
@@ -196,11 +200,14 @@ sched::PlanInput Engine::Impl::MakePlanInput() const {
     pg.name = residency_->layout(g).name;
     for (Tier t : {Tier::kDevice, Tier::kHost}) {
       const int i = static_cast<int>(t);
-      pg.cached[i] = residency_->GroupBytes(g, t, used[g], true);
+      pg.cached[i] = residency_->GroupBytes(g, t, used[g][i], true);
       homed[i] += residency_->GroupBytes(g, t, kAllRoles, false) -
                   residency_->GroupBytes(g, t, kAllRoles, true);
     }
-    pg.nvme_homed = residency_->NvmeHomedBytes(g, used[g]);
+    const RoleMask dev = used[g][static_cast<int>(Tier::kDevice)];
+    const RoleMask host = used[g][static_cast<int>(Tier::kHost)];
+    pg.cached[1] += residency_->NvmeHomedBytes(g, dev & ~host);
+    pg.nvme_homed = residency_->NvmeHomedBytes(g, dev | host);
     largest_host = std::max(largest_host, pg.cached[1]);
     in.groups.push_back(std::move(pg));
   }

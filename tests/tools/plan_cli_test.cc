@@ -205,6 +205,9 @@ TEST(PlanCliTest, BadInputExitsOneWithTheReason) {
       {"--layers 0 --hidden 4096", "at least 1"},
       {"--params 7B --nvme-budget 2048TiB", "more than"},
       {"--params 7B --bogus", "--bogus"},
+      {"--params 7B --explain", "--explain needs the group count"},
+      {"--params 7B --groups 4", "--groups needs --explain"},
+      {"--params 7B --explain --groups 0", "--groups must be in 1..4096"},
   };
   for (const auto& [args, why] : cases) {
     const Outcome run = Plan(args);
@@ -213,6 +216,35 @@ TEST(PlanCliTest, BadInputExitsOneWithTheReason) {
         << args << " -> " << run.err;
     EXPECT_TRUE(run.out.empty()) << args;
   }
+}
+
+// The schedule is the engine's planner on forward, then backward with the
+// optimizer's host fetch after each group.
+TEST(PlanCliTest, ExplainPrintsTheEnginesScheduleForEveryGroup) {
+  const Outcome run = Plan(
+      "--layers 4 --hidden 1024 --device-budget 64MiB --host-budget 1GiB "
+      "--nvme-budget 10GiB --explain");
+  ASSERT_EQ(run.status, 0) << run.err;
+  const std::string schedule = Section(run.out, "schedule (4 groups");
+  ASSERT_FALSE(schedule.empty()) << run.out;
+  EXPECT_NE(schedule.find("trace: 12 fetches over 4 groups"),
+            std::string::npos);
+  EXPECT_NE(schedule.find("    0 fetch layer.0 -> device"), std::string::npos);
+  EXPECT_NE(schedule.find("    4 fetch layer.3 -> device"), std::string::npos);
+  EXPECT_NE(schedule.find("    5 fetch layer.3 -> host"), std::string::npos);
+  EXPECT_NE(schedule.find("   11 fetch layer.0 -> host"), std::string::npos);
+  EXPECT_NE(schedule.find("prefetch #"), std::string::npos);
+  EXPECT_NE(schedule.find("I/O floor:"), std::string::npos);
+
+  const Outcome json =
+      Plan("--params 100M --device-budget 64MiB --explain --groups 3 --json");
+  ASSERT_EQ(json.status, 0) << json.err;
+  const nlohmann::json doc = Json(json);
+  ASSERT_TRUE(doc.is_object()) << json.out;
+  EXPECT_EQ(doc["explain"]["groups"], 3);
+  EXPECT_NE(doc["explain"]["schedule"].get<std::string>().find(
+                "trace: 9 fetches over 3 groups"),
+            std::string::npos);
 }
 
 TEST(PlanCliTest, HelpExitsZero) {

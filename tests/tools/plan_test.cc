@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tools/plan/estimate.h"
+#include "tools/plan/explain.h"
 
 namespace strata::plan {
 namespace {
@@ -355,6 +356,90 @@ TEST(MakePlanTest, CombinesEveryEstimate) {
   EXPECT_EQ(plan.floor.transfer_binding, Link::kHostToNvme);
   EXPECT_EQ(plan.largest_model, LargestModel(m, b));
   EXPECT_EQ(plan.zero_bytes[3], ZeroBytesPerGpu(m, 3, 8));
+}
+
+}  // namespace
+}  // namespace strata::plan
+
+namespace strata::plan {
+namespace {
+
+// 4 groups of 100M params each: params 200 MB, grads 200 MB, master
+// 400 MB and m/v 800 MB per group.
+Plan ExplainPlan(const Budgets& budgets) {
+  Bandwidths rates;
+  rates.gbps.fill(10);
+  rates.adam_gparams = 1;
+  return MakePlan(Bf16(400'000'000), budgets, rates, 1);
+}
+
+TEST(ExplainTest, TraceIsForwardThenBackwardWithTheOptimizerAfterEach) {
+  const sched::PlanInput in = ExplainInput(
+      ExplainPlan(MakeBudgets(std::nullopt, std::nullopt, std::nullopt)), 4);
+  ASSERT_EQ(in.trace.size(), 12u);
+  for (int g = 0; g < 4; ++g) {
+    EXPECT_EQ(in.trace[g].group, g);
+    EXPECT_EQ(in.trace[g].tier, strata::Tier::kDevice);
+    EXPECT_EQ(in.trace[g].roles, RoleBit(strata::Role::kCompute));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const sched::TraceEntry& backward = in.trace[4 + 2 * i];
+    const sched::TraceEntry& optimizer = in.trace[5 + 2 * i];
+    EXPECT_EQ(backward.group, 3 - i);
+    EXPECT_EQ(backward.tier, strata::Tier::kDevice);
+    EXPECT_EQ(optimizer.group, 3 - i);
+    EXPECT_EQ(optimizer.tier, strata::Tier::kHost);
+    EXPECT_EQ(optimizer.roles, kAllRoles);
+  }
+}
+
+TEST(ExplainTest, GroupBytesFollowThePlacementAndWindowsTheBudgets) {
+  // Device 500 MB: params and grads (1.6 GB) go to the host with the
+  // master (4.8 GB in all with 5 GB of host); m/v go to NVMe.
+  const Plan plan =
+      ExplainPlan(MakeBudgets(500'000'000, 5'000'000'000, std::nullopt));
+  ASSERT_EQ(plan.placement.TierOf(Role::kParams), Tier::kHost);
+  ASSERT_EQ(plan.placement.TierOf(Role::kOptimState), Tier::kNvme);
+  const sched::PlanInput in = ExplainInput(plan, 4);
+  ASSERT_EQ(in.groups.size(), 4u);
+  for (const sched::PlanGroup& g : in.groups) {
+    EXPECT_EQ(g.cached[0], 400'000'000u);  // params + grads, never state
+    EXPECT_EQ(g.cached[1], 800'000'000u);  // m/v staged from NVMe
+    EXPECT_EQ(g.nvme_homed, 800'000'000u);
+  }
+  EXPECT_EQ(in.window[0], 500'000'000u);
+  // Host: 5 GB - 3.2 GB homed - one group's 0.8 GB of write-back room.
+  EXPECT_EQ(in.window[1], 1'000'000'000u);
+
+  // The planner over it: the device holds one group, so each backward
+  // fetch is prefetched while the previous group's optimizer runs.
+  const sched::Plan schedule = sched::MakePlan(in);
+  int device_prefetches = 0;
+  for (const sched::PlanStep& step : schedule.steps) {
+    for (const sched::PlanAction& a : step.prefetch) {
+      device_prefetches += a.tier == strata::Tier::kDevice;
+    }
+  }
+  EXPECT_GE(device_prefetches, 3);
+  EXPECT_GT(schedule.bytes[2][1], 0u);  // m/v read from NVMe every step
+}
+
+TEST(ExplainTest, UnlimitedTiersHoldEveryGroupAndRemaindersLandLast) {
+  Bandwidths rates;
+  rates.gbps.fill(10);
+  rates.adam_gparams = 1;
+  const Plan plan =
+      MakePlan(Bf16(10), MakeBudgets(std::nullopt, 0, 1000), rates, 1);
+  const sched::PlanInput in = ExplainInput(plan, 3);
+  uint64_t device_total = 0;
+  for (const sched::PlanGroup& g : in.groups) device_total += g.cached[0];
+  EXPECT_EQ(in.window[0], device_total);
+  // Host budget 0: the master (40 B) and m/v (80 B) go to NVMe. Split
+  // over 3 groups, the last takes the remainders: 13 + 26, 13 + 26,
+  // 14 + 28.
+  EXPECT_EQ(in.groups[0].nvme_homed, 39u);
+  EXPECT_EQ(in.groups[1].nvme_homed, 39u);
+  EXPECT_EQ(in.groups[2].nvme_homed, 42u);
 }
 
 }  // namespace

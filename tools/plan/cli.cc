@@ -11,6 +11,7 @@
 
 #include "strata/aio.h"
 #include "tools/nvme_bench/cli.h"
+#include "tools/plan/explain.h"
 #include "tools/plan/probe.h"
 
 namespace strata::plan {
@@ -469,6 +470,27 @@ std::string_view SourceName(Source source) {
   return "?";
 }
 
+Status ResolveGroups(const CLI::App& app, const RawOptions& raw,
+                     PlanOptions* o) {
+  if (!o->explain) {
+    if (app.count("--groups") > 0) return Invalid("--groups needs --explain");
+    return Status::Ok();
+  }
+  if (app.count("--groups") == 0) {
+    if (raw.layers == 0) {
+      return Invalid(
+          "--explain needs the group count: give --groups N (usually the "
+          "layer count) or describe the model with --layers");
+    }
+    o->groups = raw.layers;
+  }
+  if (o->groups < 1 || o->groups > kMaxExplainGroups) {
+    return Invalid(fmt::format("--groups must be in 1..{}, not {}",
+                               kMaxExplainGroups, o->groups));
+  }
+  return Status::Ok();
+}
+
 Result<PlanOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   *exit_now = false;
   PlanOptions o;
@@ -479,6 +501,11 @@ Result<PlanOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   AddBudgetOptions(app, &raw);
   AddRateOptions(app, &raw, &o);
   app.add_flag("--json", o.json, "Print one JSON document instead of tables");
+  app.add_flag("--explain", o.explain,
+               "Also print the engine's per-step prefetch and eviction "
+               "schedule, with its byte windows");
+  app.add_option("--groups", o.groups,
+                 "Groups (prefetch units) for --explain; default: --layers");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -491,6 +518,7 @@ Result<PlanOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   Status st = ResolveModel(app, raw, &o);
   if (st.ok()) st = ResolveBudgets(app, raw, &o);
   if (st.ok()) st = ResolveRates(app, raw, &o);
+  if (st.ok()) st = ResolveGroups(app, raw, &o);
   if (!st.ok()) return st;
   return o;
 }
@@ -579,8 +607,21 @@ Result<int> Run(PlanOptions options) {
   }
   const Plan plan =
       MakePlan(options.model, options.budgets, RatesOf(options), options.gpus);
-  const std::string out = options.json ? JsonReport(plan, options).dump(2)
-                                       : TextReport(plan, options);
+  std::string out;
+  if (options.json) {
+    nlohmann::ordered_json report = JsonReport(plan, options);
+    if (options.explain) {
+      report["explain"] = {{"groups", options.groups},
+                           {"schedule", Explain(plan, options.groups)}};
+    }
+    out = report.dump(2);
+  } else {
+    out = TextReport(plan, options);
+    if (options.explain) {
+      out += fmt::format("\nschedule ({} groups; --explain)\n{}",
+                         options.groups, Explain(plan, options.groups));
+    }
+  }
   std::printf("%s\n", out.c_str());
   if (plan.shortfalls.empty()) return 0;
   std::fprintf(stderr, "strata-plan: %s\n", Verdict(plan).c_str());

@@ -54,6 +54,10 @@ struct PlanOptions {
   bool measure = false;
   std::string swap_dir;  // empty: a temporary directory under the cwd
   bool json = false;
+  // --explain: print the engine's schedule for the model split into
+  // `groups` equal groups (explain.h).
+  bool explain = false;
+  uint64_t groups = 0;
 };
 
 // Parses argv. Sets *exit_now (and returns defaults) when --help was
@@ -69,7 +73,8 @@ Bandwidths RatesOf(const PlanOptions& options);
 std::string TextReport(const Plan& plan, const PlanOptions& options);
 nlohmann::ordered_json JsonReport(const Plan& plan, const PlanOptions& options);
 
-// Measures when asked, plans, prints; returns the process exit status.
+// Measures when asked, plans, prints (with the schedule when
+// options.explain); returns the process exit status.
 Result<int> Run(PlanOptions options);
 
 }  // namespace strata::plan

@@ -10,11 +10,9 @@
 #include <functional>
 #include <vector>
 
+#include "src/tier/device.h"
+#include "src/tier/pinned_pool.h"
 #include "strata/aio.h"
-
-#ifdef STRATA_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace strata::plan {
 namespace {
@@ -114,24 +112,52 @@ Result<NvmeProbe> ProbeFile(const std::string& path) {
   return out;
 }
 
-#ifdef STRATA_HAVE_CUDA
-Status CudaStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::Ok();
-  return Status(StatusCode::kInternal,
-                std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-ProbeResult TimeCopy(void* dst, const void* src, cudaMemcpyKind kind,
+// Times one direction of copies over the device tier, best of the passes.
+ProbeResult TimeCopy(const std::function<Result<tier::Event>()>& copy,
                      const std::string& gpu) {
-  Result<Timing> t = TimePasses(0.1, 64, [&] {
-    return CudaStatus(cudaMemcpy(dst, src, kProbeBytes, kind), "cudaMemcpy");
+  Result<Timing> t = TimePasses(0.1, 64, [&]() -> Status {
+    Result<tier::Event> event = copy();
+    return event.ok() ? event->Wait() : event.status();
   });
   if (!t.ok()) return {0, "not measured: " + t.status().message()};
   return {kProbeBytes / t->best_s / 1e9,
-          fmt::format("pinned cudaMemcpy of {} on {}, best of {}",
+          fmt::format("pinned copies of {} on {} through the device tier, "
+                      "best of {}",
                       aio::HumanBytes(kProbeBytes), gpu, t->passes)};
 }
-#endif
+
+// Both directions between a pinned pool and a CUDA device tier.
+Status ProbeCuda(PcieProbe* out) {
+  tier::DeviceOptions device_options;
+  device_options.kind = tier::DeviceKind::kCuda;
+  device_options.budget = kProbeBytes;
+  Result<std::unique_ptr<tier::Device>> device =
+      tier::OpenDevice(device_options);
+  if (!device.ok()) return device.status();
+  tier::Device* d = device->get();
+  tier::PinnedPoolOptions pool_options;
+  pool_options.budget = kProbeBytes;
+  pool_options.cuda = true;
+  pool_options.gpu_numa_node = d->info().numa_node;
+  Result<std::unique_ptr<tier::PinnedPool>> pool =
+      tier::PinnedPool::Create(pool_options, nullptr);
+  if (!pool.ok()) return pool.status();
+  Result<void*> dev = d->Allocate(kProbeBytes);
+  if (!dev.ok()) return dev.status();
+  Result<void*> host = (*pool)->Allocate(kProbeBytes);
+  if (!host.ok()) {
+    d->Free(*dev);
+    return host.status();
+  }
+  const std::string& gpu = d->info().name;
+  out->h2d =
+      TimeCopy([&] { return d->CopyToDevice(*dev, *host, kProbeBytes); }, gpu);
+  out->d2h =
+      TimeCopy([&] { return d->CopyToHost(*host, *dev, kProbeBytes); }, gpu);
+  (*pool)->Free(*host);
+  d->Free(*dev);
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -161,40 +187,16 @@ Result<NvmeProbe> ProbeNvme(const std::string& dir) {
   return out;
 }
 
-#ifdef STRATA_HAVE_CUDA
 PcieProbe ProbePcie() {
   PcieProbe out;
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    const std::string why =
-        err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device";
-    out.h2d.note = out.d2h.note = "not measured: no GPU (" + why + ")";
+  std::string why;
+  if (!tier::CudaAvailable(&why)) {
+    out.h2d.note = out.d2h.note = "not measured: " + why;
     return out;
   }
-  cudaDeviceProp prop = {};
-  const std::string gpu =
-      cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.name : "GPU 0";
-  void* host = nullptr;
-  void* dev = nullptr;
-  Status st = CudaStatus(cudaMallocHost(&host, kProbeBytes), "cudaMallocHost");
-  if (st.ok()) st = CudaStatus(cudaMalloc(&dev, kProbeBytes), "cudaMalloc");
-  if (st.ok()) {
-    out.h2d = TimeCopy(dev, host, cudaMemcpyHostToDevice, gpu);
-    out.d2h = TimeCopy(host, dev, cudaMemcpyDeviceToHost, gpu);
-  } else {
-    out.h2d.note = out.d2h.note = "not measured: " + st.message();
-  }
-  cudaFree(dev);
-  cudaFreeHost(host);
+  const Status st = ProbeCuda(&out);
+  if (!st.ok()) out.h2d.note = out.d2h.note = "not measured: " + st.message();
   return out;
 }
-#else
-PcieProbe ProbePcie() {
-  PcieProbe out;
-  out.h2d.note = out.d2h.note = "not measured: this build has no CUDA";
-  return out;
-}
-#endif
 
 }  // namespace strata::plan
