@@ -1,5 +1,6 @@
 #include "src/layout.h"
 
+#include <algorithm>
 #include <set>
 
 namespace strata::store {
@@ -45,7 +46,11 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
   GroupLayout layout;
   layout.name = spec.name;
   std::set<std::string> names;
-  std::array<uint64_t, kNumRoles> cursor = {};
+  // Pass 1: validate, give each tensor its element offset, and find each
+  // role's widest dtype; pass 2 turns element offsets into byte offsets.
+  uint64_t element = 0;
+  std::array<uint64_t, kNumRoles> width = {};
+  std::array<uint64_t, kNumRoles> end = {};  // elements through the last user
   for (const TensorSpec& t : spec.tensors) {
     const std::string where = "tensor '" + t.name + "' ";
     if (t.name.empty()) return Invalid(spec, "a tensor has no name");
@@ -60,22 +65,30 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
         t.dtype != DType::kFloat16) {
       return Invalid(spec, where + "has an unknown dtype");
     }
-    TensorLayout tl{t.name, t.shape, t.dtype, t.roles, Elements(t.shape), {}};
+    TensorLayout tl{t.name, t.shape, t.dtype, t.roles, Elements(t.shape),
+                    0,      {}};
     if (tl.elements == 0) {
       return Invalid(spec,
                      where + "has an empty, negative or overflowing shape");
     }
+    tl.element = element;
+    element = AlignUp(element + tl.elements, kTensorAlignElements);
     for (int r = 0; r < kNumRoles; ++r) {
       if ((t.roles & (1u << r)) == 0) continue;
-      const size_t size = DTypeSize(RoleDType(static_cast<Role>(r), t.dtype));
-      tl.offset[r] = cursor[r];
-      cursor[r] = AlignUp(cursor[r] + tl.elements * size, kTensorAlign);
+      width[r] = std::max<uint64_t>(
+          width[r], DTypeSize(RoleDType(static_cast<Role>(r), t.dtype)));
+      end[r] = tl.element + tl.elements;
     }
     layout.roles |= t.roles;
     layout.tensors.push_back(std::move(tl));
   }
+  for (TensorLayout& tl : layout.tensors) {
+    for (int r = 0; r < kNumRoles; ++r) {
+      if ((tl.roles & (1u << r)) != 0) tl.offset[r] = tl.element * width[r];
+    }
+  }
   for (int r = 0; r < kNumRoles; ++r) {
-    if (cursor[r] == 0) continue;
+    if (end[r] == 0) continue;
     const Tier home = placement.home[r];
     if (!ValidTier(home)) {
       return Invalid(spec, "role '" +
@@ -83,9 +96,11 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
                                "' has an invalid home tier");
     }
     layout.chunk_of_role[r] = static_cast<int>(layout.chunks.size());
-    layout.chunks.push_back(
-        {static_cast<Role>(r), home, AlignUp(cursor[r], kChunkAlign)});
+    layout.chunks.push_back({static_cast<Role>(r), home,
+                             AlignUp(end[r] * width[r], kChunkAlign),
+                             width[r]});
   }
+  layout.elements = end;
   return layout;
 }
 

@@ -1,6 +1,14 @@
 // Group layout: how a group's tensors are packed into chunks, one chunk per
-// role, each tensor at a 256-byte boundary (what CUDA and DLPack consumers
-// expect) and each chunk a multiple of 4096 bytes (what O_DIRECT needs).
+// role, each chunk a multiple of 4096 bytes (what O_DIRECT needs).
+//
+// Tensors are placed by element, the same way in every role: tensor i
+// starts at element index `element` (a multiple of 128, so at least a
+// 256-byte boundary, what CUDA and DLPack consumers expect), and a role's
+// chunk stores element e at byte e * width, width being the widest dtype of
+// that role in the group. So element e of the compute copy, the master, the
+// optimizer state and the gradients of a group line up, and the optimizer
+// can update a whole group in one pass over flat arrays. Gaps (alignment,
+// and tensors that lack a role) are never handed out and stay zero.
 // Pure: validation and arithmetic, no memory.
 #ifndef STRATA_SRC_LAYOUT_H_
 #define STRATA_SRC_LAYOUT_H_
@@ -14,7 +22,7 @@
 
 namespace strata::store {
 
-inline constexpr uint64_t kTensorAlign = 256;
+inline constexpr uint64_t kTensorAlignElements = 128;
 inline constexpr uint64_t kChunkAlign = 4096;
 
 struct TensorLayout {
@@ -23,13 +31,15 @@ struct TensorLayout {
   DType dtype = DType::kFloat32;
   RoleMask roles = 0;
   uint64_t elements = 0;
-  std::array<uint64_t, kNumRoles> offset = {};  // within the role's chunk
+  uint64_t element = 0;                         // first element index
+  std::array<uint64_t, kNumRoles> offset = {};  // bytes, within the chunk
 };
 
 struct ChunkLayout {
   Role role = Role::kCompute;
   Tier home = Tier::kHost;
   uint64_t bytes = 0;  // a multiple of kChunkAlign
+  uint64_t width = 0;  // bytes per element
 };
 
 struct GroupLayout {
@@ -38,6 +48,8 @@ struct GroupLayout {
   std::vector<ChunkLayout> chunks;
   std::array<int, kNumRoles> chunk_of_role = {-1, -1, -1, -1, -1};
   RoleMask roles = 0;
+  // Per role: the element index just past its last tensor (0: unused).
+  std::array<uint64_t, kNumRoles> elements = {};
 };
 
 // Validates `spec` (names, shapes, dtypes, roles, placements) and packs it.
