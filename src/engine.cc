@@ -8,6 +8,7 @@
 #include <mutex>
 #include <utility>
 
+#include "src/engine_internal.h"
 #include "src/layout.h"
 #include "src/residency.h"
 #include "src/sched/executor.h"
@@ -129,7 +130,8 @@ Result<int> Engine::Impl::Register(const GroupSpec& spec) {
 
 Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
                                       const FetchOptions& opt) {
-  Result<int> position = residency_->Fetch(group, tier, opt.roles, opt.write);
+  Result<int> position =
+      residency_->Fetch(group, tier, opt.roles, opt.write, opt.record);
   if (!position.ok()) return position.status();
   if (*position >= 0 && options_.prefetch) SubmitPrefetches(*position);
   const store::GroupLayout& layout = residency_->layout(group);
@@ -312,5 +314,14 @@ Status Engine::EndStep() { return impl_->EndStep(); }
 std::string Engine::Explain() const { return impl_->Explain(); }
 
 EngineStats Engine::stats() const { return impl_->Stats(); }
+
+namespace internal {
+
+EngineParts PartsOf(Engine& engine) {
+  Engine::Impl* impl = engine.impl_.get();
+  return {impl->device_.get(), impl->host_.get(), impl->residency_.get()};
+}
+
+}  // namespace internal
 
 }  // namespace strata

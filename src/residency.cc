@@ -184,7 +184,8 @@ sched::Trace Residency::TraceSnapshot() const {
   return trace_;
 }
 
-Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write) {
+Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write,
+                             bool record) {
   Lock lk(mu_);
   if (group < 0 || group >= static_cast<int>(groups_.size())) {
     return Status(StatusCode::kInvalidArgument,
@@ -201,8 +202,10 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write) {
                   "group '" + groups_[group].layout.name +
                       "' has none of the requested roles");
   }
-  if (trace_.in_step()) position_ = trace_.OnFetch({group, tier, roles});
-  const int position = position_;
+  if (record && trace_.in_step()) {
+    position_ = trace_.OnFetch({group, tier, roles});
+  }
+  const int position = record ? position_ : -1;
   std::vector<int> pinned;
   for (int id : ids) {
     bool hit = false;

@@ -75,8 +75,10 @@ class Residency {
   sched::Trace TraceSnapshot() const;
 
   // Demand fetch: validates and pins the group's chunks in `roles` at
-  // `tier`. Returns the trace position (-1 when not following a trace).
-  Result<int> Fetch(int group, Tier tier, RoleMask roles, bool write);
+  // `tier`. Returns the trace position (-1 when not following a trace, or
+  // when `record` is false: the fetch is then not part of the trace).
+  Result<int> Fetch(int group, Tier tier, RoleMask roles, bool write,
+                    bool record = true);
   // Unpins the most recent unreleased Fetch of the group.
   Status Release(int group);
   // Background fetch for trace position `entry` (-1: a caller's explicit

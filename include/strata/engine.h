@@ -58,6 +58,11 @@ namespace strata {
 namespace aio {
 class FaultInjector;
 }
+class Engine;
+namespace internal {
+struct EngineParts;
+EngineParts PartsOf(Engine& engine);
+}  // namespace internal
 
 enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
 inline constexpr int kNumTiers = 3;
@@ -157,6 +162,9 @@ struct FetchOptions {
   RoleMask roles = kAllRoles;  // of the roles the group has
   bool write = false;          // the caller will write: the copies fetched
                                // become the only valid ones (dirty)
+  bool record = true;  // false: not part of the step's trace (for agents,
+                       // like the optimizer pipeline, that read ahead on
+                       // their own and run beside the training thread)
 };
 
 // Counters since Open().
@@ -232,6 +240,7 @@ class STRATA_EXPORT Engine {
   class Impl;
 
  private:
+  friend internal::EngineParts internal::PartsOf(Engine& engine);
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -1,0 +1,162 @@
+// strata/offload_optimizer.h: the offloaded optimizer pipeline. Library
+// `strata`.
+//
+// What it does
+// - Runs a CPU optimizer (cpu_adam: Adam, AdamW, Adagrad, Lion) over the
+//   groups of an Engine, one group at a time, as soon as the group's
+//   gradients are final, while backward goes on with earlier layers.
+// - Gradients: the caller writes a group's gradients (in the group's
+//   compute dtype, laid out like its compute chunk) into a device buffer
+//   from AcquireGradients() and hands it off with HandOff(). The pipeline
+//   copies it device->host; with one micro-batch the host copy feeds the
+//   step directly, otherwise the micro-batches are summed in fp32 into the
+//   group's Role::kGrad chunk, in hand-off order.
+// - The step reads the group's kMaster, kState1 (and kState2 for Adam/
+//   AdamW) and writes them back, and writes the new parameters, rounded to
+//   the compute dtype, into the group's kCompute chunk, all in one fused
+//   pass. Each role stays at its home tier: state homed on NVMe is read
+//   ahead (the next groups' state is fetched to the host while this one is
+//   updated) and written behind (the previous group's state goes back to
+//   NVMe while the next is updated), inside the engine's host budget.
+//
+// Exactness (Note [Exact steps under overlap] in src/optim/)
+// - Every mode gives bit-identical results, equal to cpu_adam's Step over
+//   the whole model in memory with the same hyperparameters.
+// - Global-norm clipping and skip-on-overflow need every group's gradients
+//   before any group may be updated. With either on, the steps wait for the
+//   end of backward (FinishStep) instead of overlapping with it; the
+//   gradients are kept in kGrad meanwhile. A skipped step changes no byte.
+// - The step counter is the pipeline's: a step that is skipped does not
+//   advance it. It is part of the state Save() writes.
+//
+// Ownership: the optimizer borrows the Engine, which must outlive it, and
+// owns its device gradient buffers and host staging buffers, allocated from
+// the engine's budgets at Create().
+//
+// Thread safety: one training thread calls BeginStep, AcquireGradients,
+// HandOff and FinishStep in order; the steps run on the pipeline's own
+// thread (CPU Adam in a TBB arena of `threads`), write-behind on another.
+// The caller must not fetch a group for writing while its step may run
+// (between its final HandOff and FinishStep).
+//
+// Failure: Create() fails when a trainable group lacks a role the
+// algorithm needs, or when budgets cannot hold the buffers, naming the
+// group, role or bytes. Non-finite gradients without skip_on_overflow fail
+// FinishStep() naming the group; groups already updated in that step keep
+// their update (load the last checkpoint). I/O and data-loss errors of the
+// engine come back from the call that met them, or from FinishStep().
+#ifndef STRATA_OFFLOAD_OPTIMIZER_H_
+#define STRATA_OFFLOAD_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/cpu_adam.h"
+#include "strata/engine.h"
+#include "strata/export.h"
+#include "strata/status.h"
+
+namespace strata {
+
+enum class OptimMode : int {
+  kOverlap = 0,        // each group steps as soon as its gradients are final
+  kAfterBackward = 1,  // every step waits for FinishStep (the baseline)
+};
+STRATA_EXPORT std::string_view OptimModeName(OptimMode mode);
+STRATA_EXPORT Result<OptimMode> ParseOptimMode(std::string_view name);
+
+struct OffloadOptimizerOptions {
+  OptimAlgo algo = OptimAlgo::kAdamW;
+  OptimMode mode = OptimMode::kOverlap;
+  int micro_batches = 1;   // hand-offs per group per optimizer step
+  double clip_norm = 0.0;  // global L2 norm clipping (torch's
+                           // clip_grad_norm_); 0: off
+  // Non-finite gradients: true skips the whole step (fp16 loss scaling);
+  // false makes FinishStep() fail naming the group.
+  bool skip_on_overflow = false;
+  // CPU optimizer threads; 0: all cores but one (the training thread's).
+  int threads = 0;
+  int grad_buffers = 2;  // device gradient buffers (and host staging)
+  int read_ahead = 1;    // groups whose state is fetched ahead of the step
+};
+
+// Hyperparameters of one step (cpu_adam's OptimHyper without the step
+// count, which the pipeline keeps) and the loss scale of its gradients.
+struct StepHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double lr_decay = 0.0;
+  double loss_scale = 1.0;  // gradients are multiplied by 1 / loss_scale
+};
+
+// A device buffer for one group's gradients of one micro-batch: zeroed,
+// in the group's compute dtype, each tensor at its compute-chunk offset.
+struct GradientBuffer {
+  int group = -1;
+  void* data = nullptr;  // CUDA memory when on_cuda
+  uint64_t bytes = 0;
+  bool on_cuda = false;
+  std::vector<TensorView> tensors;  // role kCompute views into `data`
+};
+
+struct OptimStepReport {
+  int64_t step = 0;         // steps applied so far (after this one)
+  bool skipped = false;     // non-finite gradients, skip_on_overflow
+  double grad_norm = 0.0;   // global L2 norm of the unscaled gradients
+  double clip_coef = 1.0;   // applied to the unscaled gradients
+  double step_seconds = 0;  // CPU optimizer time, all groups
+  // Of step_seconds, the part that ran before FinishStep() was called
+  // (hidden under backward when the caller computes meanwhile).
+  double hidden_seconds = 0;
+  double finish_wait_seconds = 0;   // FinishStep() blocked
+  double acquire_wait_seconds = 0;  // AcquireGradients() blocked on a buffer
+};
+
+class STRATA_EXPORT OffloadOptimizer {
+ public:
+  // Every group whose tensors carry kMaster is trainable; its tensors must
+  // all carry kCompute, kMaster and the state roles of `algo` (and kGrad
+  // when micro_batches > 1, the mode is kAfterBackward, or clipping or
+  // skip_on_overflow is on), and share one compute dtype. Groups without
+  // kMaster are frozen and never stepped.
+  static Result<std::unique_ptr<OffloadOptimizer>> Create(
+      Engine* engine, const OffloadOptimizerOptions& options);
+  ~OffloadOptimizer();
+  OffloadOptimizer(const OffloadOptimizer&) = delete;
+  OffloadOptimizer& operator=(const OffloadOptimizer&) = delete;
+
+  const OffloadOptimizerOptions& options() const;
+
+  // Starts an optimizer step (micro_batches forward/backward passes).
+  Status BeginStep(const StepHyper& hyper);
+  // A zeroed gradient buffer for `group`; blocks while every buffer is
+  // still being copied to the host.
+  Result<GradientBuffer> AcquireGradients(int group);
+  // Hands the buffer back with this micro-batch's gradients in it. On the
+  // group's micro_batches-th hand-off its gradients are final.
+  Status HandOff(const GradientBuffer& buffer);
+  // After backward: waits for every group's step (and runs them first when
+  // they had to wait for the global norm). Every trainable group must have
+  // been handed off micro_batches times.
+  Result<OptimStepReport> FinishStep();
+
+  int64_t step() const;  // steps applied so far
+  // For a resume: the steps already applied. No step may be in progress.
+  Status set_step(int64_t step);
+
+  class Impl;
+
+ private:
+  explicit OffloadOptimizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_OFFLOAD_OPTIMIZER_H_

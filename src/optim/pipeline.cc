@@ -1,0 +1,550 @@
+#include "src/optim/pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "src/optim/accumulate.h"
+#include "strata/aio.h"
+
+namespace strata {
+namespace {
+
+constexpr RoleMask kGradBit = RoleBit(Role::kGrad);
+
+FloatType FloatTypeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return FloatType::kF32;
+    case DType::kBFloat16:
+      return FloatType::kBF16;
+    case DType::kFloat16:
+      return FloatType::kF16;
+  }
+  STRATA_CHECK(false);
+  return FloatType::kF32;
+}
+
+bool UsesState2(OptimAlgo algo) {
+  return algo == OptimAlgo::kAdam || algo == OptimAlgo::kAdamW;
+}
+
+Status Invalid(const std::string& message) {
+  return Status(StatusCode::kInvalidArgument, message);
+}
+
+double Seconds(OffloadOptimizer::Impl::Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+Status OffloadOptimizer::Impl::Init(Engine* engine,
+                                    const OffloadOptimizerOptions& options) {
+  if (engine == nullptr) return Invalid("the optimizer needs an engine");
+  if (options.micro_batches < 1 || options.grad_buffers < 1 ||
+      options.read_ahead < 0 || options.threads < 0) {
+    return Invalid(fmt::format(
+        "micro_batches ({}) and grad_buffers ({}) must be >= 1, read_ahead "
+        "({}) and threads ({}) >= 0",
+        options.micro_batches, options.grad_buffers, options.read_ahead,
+        options.threads));
+  }
+  if (!(options.clip_norm >= 0) || !std::isfinite(options.clip_norm)) {
+    return Invalid(
+        fmt::format("clip_norm must be finite and >= 0 (0: off), "
+                    "not {}",
+                    options.clip_norm));
+  }
+  engine_ = engine;
+  options_ = options;
+  parts_ = internal::PartsOf(*engine);
+  CpuOptimizerOptions cpu;
+  cpu.threads =
+      options.threads > 0
+          ? options.threads
+          : std::max(1,
+                     static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  Result<std::unique_ptr<CpuOptimizer>> created = CpuOptimizer::Create(cpu);
+  if (!created.ok()) return created.status();
+  cpu_ = std::move(*created);
+  if (Status s = InspectGroups(); !s.ok()) return s;
+  if (Status s = AllocateSlots(); !s.ok()) return s;
+  worker_ = std::thread([this] { WorkerLoop(); });
+  writer_ = std::thread([this] { WriterLoop(); });
+  return Status();
+}
+
+OffloadOptimizer::Impl::~Impl() {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    stop_ = true;
+    changed_.notify_all();
+  }
+  if (worker_.joinable()) worker_.join();
+  if (writer_.joinable()) writer_.join();
+  for (Slot& s : slots_) {
+    static_cast<void>(s.d2h.Wait());
+    parts_.device->Free(s.device);
+    if (s.host != nullptr) parts_.host->Free(s.host);
+  }
+}
+
+bool OffloadOptimizer::Impl::Deferred() const {
+  return options_.mode == OptimMode::kAfterBackward || options_.clip_norm > 0 ||
+         options_.skip_on_overflow;
+}
+
+Status OffloadOptimizer::Impl::InspectGroups() {
+  const store::Residency& residency = *parts_.residency;
+  RoleMask needed =
+      RoleBit(Role::kCompute) | RoleBit(Role::kMaster) | RoleBit(Role::kState1);
+  if (UsesState2(options_.algo)) needed |= RoleBit(Role::kState2);
+  const bool grads = Deferred() || options_.micro_batches > 1;
+  if (grads) needed |= kGradBit;
+  groups_.resize(residency.group_count());
+  int trainable = 0;
+  for (int id = 0; id < residency.group_count(); ++id) {
+    const store::GroupLayout& layout = residency.layout(id);
+    Group& g = groups_[id];
+    if ((layout.roles & RoleBit(Role::kMaster)) == 0) continue;
+    for (const store::TensorLayout& t : layout.tensors) {
+      for (int r = 0; r < kNumRoles; ++r) {
+        if ((needed & ~t.roles & (1u << r)) == 0) continue;
+        return Status(
+            StatusCode::kFailedPrecondition,
+            fmt::format("group '{}': tensor '{}' has no '{}' role, which {} "
+                        "needs{}; register every tensor of a trained group "
+                        "with it (frozen tensors go in a group without "
+                        "'master')",
+                        layout.name, t.name, RoleName(static_cast<Role>(r)),
+                        OptimAlgoName(options_.algo),
+                        grads ? " (with gradient accumulation, deferred "
+                                "steps, clipping or overflow skipping)"
+                              : ""));
+      }
+      if (t.dtype != layout.tensors[0].dtype) {
+        return Status(StatusCode::kFailedPrecondition,
+                      fmt::format("group '{}' mixes compute dtypes ({} and "
+                                  "{}); the optimizer needs one per group",
+                                  layout.name, DTypeName(t.dtype),
+                                  DTypeName(layout.tensors[0].dtype)));
+      }
+    }
+    g.trainable = true;
+    ++trainable;
+    g.n = layout.elements[static_cast<int>(Role::kMaster)];
+    g.compute = FloatTypeOf(layout.tensors[0].dtype);
+    g.compute_bytes = g.n * FloatTypeSize(g.compute);
+    g.step_roles = needed & ~kGradBit;
+    for (const store::ChunkLayout& c : layout.chunks) {
+      if ((g.step_roles & RoleBit(c.role)) && c.home == Tier::kNvme) {
+        g.write_behind = true;
+      }
+    }
+  }
+  if (trainable == 0) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "no group has a 'master' role, so there is nothing to "
+                  "train; register groups with Role::kMaster");
+  }
+  return Status();
+}
+
+Status OffloadOptimizer::Impl::AllocateSlots() {
+  uint64_t bytes = 0;
+  for (const Group& g : groups_) bytes = std::max(bytes, g.compute_bytes);
+  slots_.resize(options_.grad_buffers);
+  for (Slot& s : slots_) {
+    Result<void*> device = parts_.device->Allocate(bytes);
+    Result<void*> host = device.ok() ? parts_.host->Allocate(bytes)
+                                     : Result<void*>(device.status());
+    if (device.ok()) s.device = *device;
+    if (host.ok()) s.host = *host;
+    if (!host.ok()) {
+      return Status(
+          StatusCode::kResourceExhausted,
+          fmt::format("optimizer gradient buffers: {} x {} on the device and "
+                      "the host do not fit ({}); lower grad_buffers or raise "
+                      "the budgets",
+                      options_.grad_buffers, aio::HumanBytes(bytes),
+                      host.status().message()));
+    }
+  }
+  return Status();
+}
+
+Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
+  if (!(hyper.loss_scale > 0) || !std::isfinite(hyper.loss_scale)) {
+    return Invalid(fmt::format("loss_scale must be finite and > 0, not {}",
+                               hyper.loss_scale));
+  }
+  if (in_step_) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "BeginStep: the previous step was not finished; call "
+                  "FinishStep first");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  for (Group& g : groups_) {
+    g.handoffs = 0;
+    g.sum_squares = 0;
+    g.finite = true;
+  }
+  hyper_ = hyper;
+  clip_coef_ = 1.0f;
+  error_ = Status();
+  step_seconds_ = hidden_seconds_ = acquire_wait_ = 0;
+  finishing_ = false;
+  this_order_.clear();
+  in_step_ = true;
+  return Status();
+}
+
+Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
+  if (!in_step_) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "AcquireGradients outside a step; call BeginStep first");
+  }
+  if (group < 0 || group >= static_cast<int>(groups_.size()) ||
+      !groups_[group].trainable) {
+    return Invalid(fmt::format("group {} is not a trained group", group));
+  }
+  int index = -1;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    const Clock::time_point start = Clock::now();
+    for (;;) {
+      for (size_t i = 0; i < slots_.size() && index < 0; ++i) {
+        if (!slots_[i].acquired && !slots_[i].pending) index = i;
+      }
+      if (index >= 0 || !error_.ok()) break;
+      changed_.wait(lk);
+    }
+    acquire_wait_ += Seconds(Clock::now() - start);
+    if (index < 0) return error_;
+    slots_[index].acquired = true;
+    slots_[index].group = group;
+  }
+  Slot& s = slots_[index];
+  const Group& g = groups_[group];
+  if (Status st = parts_.device->Memset(s.device, 0, g.compute_bytes);
+      !st.ok()) {
+    return st;
+  }
+  GradientBuffer buffer;
+  buffer.group = group;
+  buffer.data = s.device;
+  buffer.bytes = g.compute_bytes;
+  buffer.on_cuda = parts_.device->info().kind == tier::DeviceKind::kCuda;
+  for (const store::TensorLayout& t : parts_.residency->layout(group).tensors) {
+    const uint64_t offset = t.offset[static_cast<int>(Role::kCompute)];
+    buffer.tensors.push_back({t.name, Role::kCompute, t.dtype, t.shape,
+                              static_cast<char*>(s.device) + offset,
+                              t.elements * DTypeSize(t.dtype), Tier::kDevice,
+                              buffer.on_cuda});
+  }
+  return buffer;
+}
+
+Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer) {
+  std::unique_lock<std::mutex> lk(mu_);
+  int index = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].device == buffer.data) index = i;
+  }
+  if (index < 0 || !slots_[index].acquired ||
+      slots_[index].group != buffer.group) {
+    return Invalid(
+        "HandOff: the buffer is not one AcquireGradients returned "
+        "(or it was handed off already)");
+  }
+  Group& g = groups_[buffer.group];
+  if (g.handoffs == options_.micro_batches) {
+    return Status(StatusCode::kFailedPrecondition,
+                  fmt::format("group '{}' was already handed off {} times "
+                              "this step (micro_batches)",
+                              parts_.residency->layout(buffer.group).name,
+                              options_.micro_batches));
+  }
+  Slot& s = slots_[index];
+  Result<tier::Event> d2h =
+      parts_.device->CopyToHost(s.host, s.device, g.compute_bytes);
+  if (!d2h.ok()) return d2h.status();
+  s.d2h = *d2h;
+  s.acquired = false;
+  s.pending = true;
+  ++g.handoffs;
+  const bool final = g.handoffs == options_.micro_batches;
+  if (final) this_order_.push_back(buffer.group);
+  tasks_.push_back({buffer.group, index, g.handoffs == 1, final});
+  changed_.notify_all();
+  return Status();
+}
+
+void OffloadOptimizer::Impl::WorkerLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    changed_.wait(lk, [this] { return stop_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;
+    const Task task = tasks_.front();
+    tasks_.pop_front();
+    ++running_;
+    lk.unlock();
+    const Status status = RunTask(task);
+    lk.lock();
+    --running_;
+    if (!status.ok() && error_.ok()) error_ = status;
+    changed_.notify_all();
+  }
+}
+
+Status OffloadOptimizer::Impl::RunTask(const Task& task) {
+  if (task.slot >= 0) return ConsumeGradients(task);
+  FetchOptions fetch;
+  fetch.roles = kGradBit;
+  fetch.write = true;
+  fetch.record = false;
+  Result<GroupView> grads = engine_->Fetch(task.group, Tier::kHost, fetch);
+  if (!grads.ok()) return grads.status();
+  const void* base =
+      parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
+  Status status = StepGroup(task.group, base, FloatType::kF32);
+  Status released = engine_->Release(task.group);
+  return status.ok() ? released : status;
+}
+
+Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
+  Slot& s = slots_[task.slot];
+  Group& g = groups_[task.group];
+  Status status = s.d2h.Wait();
+  auto free_slot = [&] {
+    std::lock_guard<std::mutex> lk(mu_);
+    s.pending = false;
+    changed_.notify_all();
+  };
+  auto record = [&](const SumSquaresResult& r) {
+    std::lock_guard<std::mutex> lk(mu_);
+    g.sum_squares = r.sum;
+    g.finite = r.finite;
+  };
+  if (!status.ok()) {
+    free_slot();
+    return status;
+  }
+  if (task.first && task.final && !Deferred()) {
+    // One micro-batch: the staged gradients feed the step directly.
+    Result<SumSquaresResult> sum = cpu_->SumSquares(s.host, g.compute, g.n);
+    if (sum.ok()) record(*sum);
+    if (sum.ok() && sum->finite)
+      status = StepGroup(task.group, s.host, g.compute);
+    free_slot();
+    return sum.ok() ? status : sum.status();
+  }
+  FetchOptions fetch;
+  fetch.roles = kGradBit;
+  fetch.write = true;
+  fetch.record = false;
+  Result<GroupView> view = engine_->Fetch(task.group, Tier::kHost, fetch);
+  if (!view.ok()) {
+    free_slot();
+    return view.status();
+  }
+  auto* acc = static_cast<float*>(
+      parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0));
+  if (task.first) {
+    if (g.compute == FloatType::kF32) {
+      std::memcpy(acc, s.host, g.n * sizeof(float));
+    } else {
+      status = cpu_->Convert(s.host, g.compute, acc, FloatType::kF32, g.n);
+    }
+  } else {
+    optim::Accumulate(acc, s.host, g.compute, g.n);
+  }
+  free_slot();
+  if (status.ok() && task.final) {
+    Result<SumSquaresResult> sum = cpu_->SumSquares(acc, FloatType::kF32, g.n);
+    if (sum.ok()) record(*sum);
+    status = sum.status();
+    if (status.ok() && sum->finite && !Deferred()) {
+      status = StepGroup(task.group, acc, FloatType::kF32);
+    }
+  }
+  Status released = engine_->Release(task.group);
+  return status.ok() ? released : status;
+}
+
+Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
+                                         FloatType grad_type) {
+  const Group& g = groups_[group];
+  {
+    // Write-behind keeps one group in flight: the previous group's state
+    // goes back to NVMe while this one is updated.
+    std::unique_lock<std::mutex> lk(mu_);
+    changed_.wait(lk,
+                  [this] { return stop_ || writes_.size() + writing_ <= 1; });
+  }
+  ReadAhead(group);
+  const Clock::time_point start = Clock::now();
+  FetchOptions fetch;
+  fetch.roles = g.step_roles;
+  fetch.write = true;
+  fetch.record = false;
+  Result<GroupView> view = engine_->Fetch(group, Tier::kHost, fetch);
+  if (!view.ok()) return view.status();
+  store::Residency& residency = *parts_.residency;
+  auto chunk = [&](Role role) {
+    return residency.Address(group, role, Tier::kHost, 0);
+  };
+  OptimBuffers b;
+  b.params = static_cast<float*>(chunk(Role::kMaster));
+  b.grads = grads;
+  b.grad_type = grad_type;
+  b.state1 = chunk(Role::kState1);
+  b.state2 = UsesState2(options_.algo) ? chunk(Role::kState2) : nullptr;
+  b.state_type = FloatType::kF32;
+  b.params_out = g.compute == FloatType::kF32 ? nullptr : chunk(Role::kCompute);
+  b.out_type = g.compute == FloatType::kF32 ? FloatType::kBF16 : g.compute;
+  b.n = g.n;
+  StepOptions step;
+  step.algo = options_.algo;
+  step.hyper = {hyper_.lr,           hyper_.beta1,    hyper_.beta2, hyper_.eps,
+                hyper_.weight_decay, hyper_.lr_decay, step_ + 1};
+  step.prep = {static_cast<float>(1.0 / hyper_.loss_scale), clip_coef_};
+  step.overflow = OverflowPolicy::kStopAtNonFinite;
+  Result<StepReport> report = cpu_->Step(step, b);
+  if (report.ok() && g.compute == FloatType::kF32) {
+    std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
+  }
+  Status released = engine_->Release(group);
+  const Clock::time_point end = Clock::now();
+  if (!report.ok()) return report.status();
+  if (report->overflow()) {
+    return Status(StatusCode::kInternal,
+                  fmt::format("group '{}': the step overflowed after its "
+                              "gradients checked finite",
+                              residency.layout(group).name));
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  step_seconds_ += Seconds(end - start);
+  if (!finishing_) hidden_seconds_ += Seconds(end - start);
+  if (g.write_behind) {
+    writes_.push_back(group);
+    changed_.notify_all();
+  }
+  return released;
+}
+
+void OffloadOptimizer::Impl::ReadAhead(int group) {
+  std::vector<int> next;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const Task& t : tasks_) {
+      if (t.slot < 0 && static_cast<int>(next.size()) < options_.read_ahead) {
+        next.push_back(t.group);
+      }
+    }
+    if (next.empty()) {
+      const auto at = std::find(order_.begin(), order_.end(), group);
+      for (auto it = at; it != order_.end() && ++it != order_.end() &&
+                         static_cast<int>(next.size()) < options_.read_ahead;) {
+        next.push_back(*it);
+      }
+    }
+  }
+  for (int n : next) {
+    // Best effort: a prefetch that fails is retried by the demand fetch.
+    static_cast<void>(engine_->Prefetch(n, Tier::kHost, groups_[n].step_roles));
+  }
+}
+
+void OffloadOptimizer::Impl::WriterLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    changed_.wait(lk, [this] { return stop_ || !writes_.empty(); });
+    if (writes_.empty()) return;
+    const int group = writes_.front();
+    writes_.pop_front();
+    ++writing_;
+    lk.unlock();
+    Status status = engine_->Evict(group, Tier::kHost);
+    // Fetched again meanwhile: it stays, and is written when evicted.
+    if (status.code() == StatusCode::kFailedPrecondition) status = Status();
+    lk.lock();
+    --writing_;
+    if (!status.ok() && error_.ok()) error_ = status;
+    changed_.notify_all();
+  }
+}
+
+Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
+  if (!in_step_) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "FinishStep without BeginStep");
+  }
+  const store::Residency& residency = *parts_.residency;
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    const Group& g = groups_[id];
+    if (g.trainable && g.handoffs != options_.micro_batches) {
+      return Status(
+          StatusCode::kFailedPrecondition,
+          fmt::format("FinishStep: group '{}' was handed off {} of {} times "
+                      "(micro_batches); hand off every trained group once "
+                      "per micro-batch",
+                      residency.layout(id).name, g.handoffs,
+                      options_.micro_batches));
+    }
+  }
+  const Clock::time_point start = Clock::now();
+  std::unique_lock<std::mutex> lk(mu_);
+  finishing_ = true;
+  auto idle = [this] { return tasks_.empty() && running_ == 0; };
+  changed_.wait(lk, idle);
+  in_step_ = false;
+  if (!error_.ok()) return error_;
+  OptimStepReport report;
+  double total = 0;
+  int bad = -1;
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    total += groups_[id].sum_squares;
+    if (!groups_[id].finite && bad < 0) bad = id;
+  }
+  report.grad_norm = std::sqrt(total) / hyper_.loss_scale;
+  if (bad >= 0 && options_.skip_on_overflow) {
+    report.skipped = true;
+  } else if (bad >= 0) {
+    return Status(
+        StatusCode::kDataLoss,
+        fmt::format("non-finite gradients in group '{}' at step {}; {}. Load "
+                    "the last checkpoint, and lower the learning rate or use "
+                    "a loss scale with skip_on_overflow",
+                    residency.layout(bad).name, step_ + 1,
+                    Deferred() ? "no group was updated"
+                               : "groups whose gradients came earlier were "
+                                 "updated"));
+  } else if (Deferred()) {
+    if (options_.clip_norm > 0) {
+      clip_coef_ = static_cast<float>(
+          std::min(1.0, options_.clip_norm / (report.grad_norm + 1e-6)));
+    }
+    for (size_t id = 0; id < groups_.size(); ++id) {
+      if (groups_[id].trainable) tasks_.push_back({static_cast<int>(id)});
+    }
+    changed_.notify_all();
+    changed_.wait(lk, idle);
+    if (!error_.ok()) return error_;
+  }
+  report.clip_coef = clip_coef_;
+  if (!report.skipped) ++step_;
+  order_ = this_order_;
+  report.step = step_;
+  report.step_seconds = step_seconds_;
+  report.hidden_seconds = hidden_seconds_;
+  report.finish_wait_seconds = Seconds(Clock::now() - start);
+  report.acquire_wait_seconds = acquire_wait_;
+  return report;
+}
+
+}  // namespace strata
