@@ -95,12 +95,19 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
                                std::string(RoleName(static_cast<Role>(r))) +
                                "' has an invalid home tier");
     }
+    if (home == Tier::kDevice && (placement.device_roles & (1u << r)) == 0) {
+      return Invalid(spec, "role '" +
+                               std::string(RoleName(static_cast<Role>(r))) +
+                               "' is homed on the device but not in "
+                               "device_roles");
+    }
     layout.chunk_of_role[r] = static_cast<int>(layout.chunks.size());
     layout.chunks.push_back({static_cast<Role>(r), home,
                              AlignUp(end[r] * width[r], kChunkAlign),
                              width[r]});
   }
   layout.elements = end;
+  layout.device_roles = placement.device_roles;
   return layout;
 }
 

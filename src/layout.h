@@ -48,6 +48,7 @@ struct GroupLayout {
   std::vector<ChunkLayout> chunks;
   std::array<int, kNumRoles> chunk_of_role = {-1, -1, -1, -1, -1};
   RoleMask roles = 0;
+  RoleMask device_roles = kAllRoles;  // Placement::device_roles
   // Per role: the element index just past its last tensor (0: unused).
   std::array<uint64_t, kNumRoles> elements = {};
 };

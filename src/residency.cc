@@ -73,7 +73,9 @@ Status Residency::CheckFits(const GroupLayout& layout) const {
   for (const ChunkLayout& c : layout.chunks) {
     const uint64_t host_bytes = tier::PinnedPool::SizeClass(c.bytes);
     homed[Index(c.home)] += c.home == Tier::kHost ? host_bytes : c.bytes;
-    if (c.home != Tier::kDevice) fetched[Index(Tier::kDevice)] += c.bytes;
+    if (c.home != Tier::kDevice && (layout.device_roles & RoleBit(c.role))) {
+      fetched[Index(Tier::kDevice)] += c.bytes;
+    }
     if (c.home != Tier::kHost) fetched[Index(Tier::kHost)] += host_bytes;
   }
   const std::array<uint64_t, kNumTiers> free = {
@@ -196,6 +198,14 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write,
     return Status(StatusCode::kInvalidArgument,
                   "cannot fetch to NVMe: fetch to the device or the host");
   }
+  const RoleMask allowed = groups_[group].layout.device_roles;
+  if (tier == Tier::kDevice &&
+      (roles & groups_[group].layout.roles & ~allowed) != 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "group '" + groups_[group].layout.name +
+                      "': a role asked for is not in its placement's "
+                      "device_roles; fetch it to the host");
+  }
   const std::vector<int> ids = ChunksOf(group, roles);
   if (ids.empty()) {
     return Status(StatusCode::kInvalidArgument,
@@ -258,6 +268,7 @@ Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int entry) {
                   "prefetch of group " + std::to_string(group) + " to " +
                       TierLabel(tier) + " is not possible");
   }
+  if (tier == Tier::kDevice) roles &= groups_[group].layout.device_roles;
   for (int id : ChunksOf(group, roles)) {
     bool hit = false;
     Status s = Ensure(lk, id, tier, entry < 0 ? -2 : entry, &hit);

@@ -91,10 +91,13 @@ STRATA_EXPORT size_t DTypeSize(DType dtype);
 // The dtype a role is stored in: the tensor's dtype for kCompute, else fp32.
 STRATA_EXPORT DType RoleDType(Role role, DType compute);
 
-// Home tier of every role.
+// Home tier of every role, and the roles that may be fetched to the device
+// (registration checks the device budget against those only; with the
+// optimizer on the CPU, only kCompute ever goes there).
 struct Placement {
   std::array<Tier, kNumRoles> home = {Tier::kHost, Tier::kHost, Tier::kHost,
                                       Tier::kHost, Tier::kHost};
+  RoleMask device_roles = kAllRoles;
 };
 
 struct TensorSpec {

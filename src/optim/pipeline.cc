@@ -157,6 +157,17 @@ Status OffloadOptimizer::Impl::InspectGroups() {
 Status OffloadOptimizer::Impl::AllocateSlots() {
   uint64_t bytes = 0;
   for (const Group& g : groups_) bytes = std::max(bytes, g.compute_bytes);
+  const uint64_t budget = parts_.device->info().budget;
+  const uint64_t ring = bytes * options_.grad_buffers;
+  if (ring + bytes > budget) {
+    return Status(
+        StatusCode::kResourceExhausted,
+        fmt::format("the device budget ({}) cannot hold {} gradient buffers "
+                    "of {} and a group's compute copy beside them; raise the "
+                    "device budget to at least {} or lower grad_buffers",
+                    aio::HumanBytes(budget), options_.grad_buffers,
+                    aio::HumanBytes(bytes), aio::HumanBytes(ring + bytes)));
+  }
   slots_.resize(options_.grad_buffers);
   for (Slot& s : slots_) {
     Result<void*> device = parts_.device->Allocate(bytes);

@@ -130,6 +130,34 @@ TEST_F(StoreTest, InfeasibleGroupFailsAtRegistrationNamingTheBytes) {
   EXPECT_TRUE(engine->RegisterGroup(Layer("layer.0", 1000)).ok());
 }
 
+// With only the compute copy allowed on the device, the master does not
+// count against the device budget, and fetching it there is refused.
+TEST_F(StoreTest, DeviceRolesBoundWhatTheDeviceMustHold) {
+  auto engine = Open(512 * kKiB, 4096 * kKiB, 8192 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  GroupSpec spec = Layer("layer.17", 200 * 1024 / 2);  // 200 + 400 KiB
+  ASSERT_FALSE(engine->RegisterGroup(spec).ok());
+  spec.use_default_placement = false;
+  spec.placement.home.fill(Tier::kNvme);
+  spec.placement.device_roles = RoleBit(Role::kCompute);
+  auto id = engine->RegisterGroup(spec);
+  ASSERT_TRUE(id.ok()) << id.status().message();
+  auto compute = engine->Fetch(*id, Tier::kDevice, {RoleBit(Role::kCompute)});
+  ASSERT_TRUE(compute.ok()) << compute.status().message();
+  ASSERT_TRUE(engine->Release(*id).ok());
+  auto master = engine->Fetch(*id, Tier::kDevice, {RoleBit(Role::kMaster)});
+  ASSERT_FALSE(master.ok());
+  EXPECT_NE(master.status().message().find("device_roles"), std::string::npos)
+      << master.status().message();
+  spec.name = "layer.18";
+  spec.placement.home.fill(Tier::kDevice);
+  auto bad = engine->RegisterGroup(spec);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("not in device_roles"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 TEST_F(StoreTest, NvmePlacementWithoutNvmeTierFails) {
   auto engine = Open(512 * kKiB, 512 * kKiB, 0, Tier::kNvme);
   ASSERT_NE(engine, nullptr);

@@ -1,0 +1,80 @@
+// strata-sim as a user runs it: a small model through every tier, its
+// JSON report, and its errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "tests/testutil/testutil.h"
+
+namespace {
+
+struct Outcome {
+  int status = -1;
+  std::string err;
+};
+
+Outcome Sim(const std::string& args, const std::string& dir) {
+  const std::string err = dir + "/stderr";
+  const std::string cmd =
+      STRATA_SIM_BIN " " + args + " >/dev/null 2>'" + err + "'";
+  const int ws = std::system(cmd.c_str());
+  std::ifstream in(err);
+  std::stringstream text;
+  text << in.rdbuf();
+  return {WIFEXITED(ws) ? WEXITSTATUS(ws) : -1, text.str()};
+}
+
+TEST(SimCliTest, StreamsStateFromNvmeAndReportsEveryFigure) {
+  strata::testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  const Outcome run = Sim(
+      "--params 4M --layers 4 --device-budget 8M --host-budget 24M --nvme " +
+          dir.path() + " --steps 3 --tflops 0.5 --json " + json,
+      dir.path());
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_NE(run.err.find("offloaded step 3/3"), std::string::npos) << run.err;
+  std::ifstream in(json);
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(doc.is_object());
+  ASSERT_EQ(doc["steps"].size(), 3u);
+  const auto& step = doc["steps"][2];
+  EXPECT_GT(step["seconds"].get<double>(), 0);
+  EXPECT_GT(step["compute_seconds"].get<double>(), 0);
+  EXPECT_TRUE(step["stall"].contains("optimizer"));
+  // The optimizer state (48 MB) does not fit the 24 MiB host: streamed.
+  EXPECT_GT(step["bytes"]["nvme->host"].get<uint64_t>(), 40'000'000u);
+  EXPECT_GT(step["bytes"]["host->nvme"].get<uint64_t>(), 40'000'000u);
+  EXPECT_GT(doc["offload_efficiency"].get<double>(), 0);
+  EXPECT_GT(doc["floor"]["seconds"].get<double>(), 0);
+  for (const char* tier : {"device", "host"}) {
+    EXPECT_LE(doc["memory"][tier]["peak"].get<uint64_t>(),
+              doc["memory"][tier]["budget"].get<uint64_t>())
+        << tier;
+  }
+}
+
+TEST(SimCliTest, BadInputExitsOneWithTheReason) {
+  strata::testutil::ScratchDir dir;
+  const std::pair<std::string, std::string> cases[] = {
+      {"--params 4M", "--layers is required"},
+      {"--params 4M --layers 4", "--nvme DIR"},
+      {"--params 4X --layers 4", "--params"},
+      {"--params 4M --layers 4 --state-home host --mode sideways", "--mode"},
+      {"--params 4M --layers 4 --state-home device", "--state-home"},
+      {"--params 4M --layers 4 --state-home host --device-budget 1M "
+       "--host-budget 64M",
+       "device budget"},
+  };
+  for (const auto& [args, why] : cases) {
+    const Outcome run = Sim(args, dir.path());
+    EXPECT_EQ(run.status, 1) << args;
+    EXPECT_NE(run.err.find(why), std::string::npos) << args << ": " << run.err;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,269 @@
+// strata-sim's command line, its report and strata-plan's floor for the
+// simulated placement.
+#include "tools/sim/cli.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+
+#include "strata/aio.h"
+#include "tools/nvme_bench/cli.h"
+#include "tools/plan/cli.h"
+#include "tools/plan/estimate.h"
+
+namespace strata::sim {
+namespace {
+
+Status Invalid(const std::string& message) {
+  return Status(StatusCode::kInvalidArgument, message);
+}
+
+Result<uint64_t> Size(const std::string& flag, const std::string& text) {
+  Result<uint64_t> bytes = bench::ParseSize(text);
+  if (!bytes.ok()) return Invalid(flag + ": " + bytes.status().message());
+  return bytes;
+}
+
+// strata-plan's model of the simulated placement: the compute copy and the
+// optimizer state where the simulation homes them, gradients on the device.
+plan::Floor PlanFloor(const CliOptions& cli, double* host_gb) {
+  const SimOptions& o = cli.sim;
+  plan::Model model{o.params, o.dtype, 12};
+  plan::Placement placement;
+  const plan::Tier tiers[] = {static_cast<plan::Tier>(o.params_home),
+                              plan::Tier::kDevice,
+                              static_cast<plan::Tier>(o.state_home),
+                              static_cast<plan::Tier>(o.state_home)};
+  for (int r = 0; r < plan::kNumRoles; ++r) {
+    const plan::Role role = plan::kRoles[r];
+    const uint64_t bytes = o.params * plan::BytesPerParam(model, role);
+    placement.roles[r] = {role, tiers[r], bytes, true};
+    placement.needs[static_cast<int>(tiers[r])] += bytes;
+  }
+  const auto link_bytes = plan::LinkBytes(plan::StepTraffic(model, placement));
+  *host_gb = link_bytes[static_cast<int>(plan::Link::kHostMemory)] / 1e9;
+  return plan::StepFloor(model, link_bytes, plan::RatesOf(cli.rates));
+}
+
+}  // namespace
+
+Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
+  *exit_now = false;
+  CliOptions cli;
+  SimOptions& o = cli.sim;
+  std::string params = "1G", dtype = "bf16", device_budget = "256M",
+              host_budget = "3G", nvme_budget, mode = "overlap",
+              params_home = "host", state_home = "nvme";
+  CLI::App app(
+      "strata-sim: a training step of a synthetic model through "
+      "the whole engine",
+      "strata-sim");
+  app.add_option("--params", params, "Total parameters (1G, 350M, ...)")
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "Layers (one group each)")->required();
+  app.add_option("--dtype", dtype, "Compute dtype: bf16, fp16, fp32")
+      ->capture_default_str();
+  app.add_option("--device", o.device, "auto, cuda or host (emulated)")
+      ->capture_default_str();
+  app.add_option("--device-budget", device_budget, "Device bytes")
+      ->capture_default_str();
+  app.add_option("--host-budget", host_budget, "Pinned host bytes")
+      ->capture_default_str();
+  app.add_option("--nvme", o.nvme_dir, "Swap directory (NVMe tier)");
+  app.add_option("--nvme-budget", nvme_budget,
+                 "Swap bytes (default: what the model needs, plus room)");
+  app.add_option("--params-home", params_home,
+                 "Compute copy home: host or nvme")
+      ->capture_default_str();
+  app.add_option("--state-home", state_home,
+                 "Master, m, v home: host or nvme (nvme needs --nvme)")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "Steps")->capture_default_str();
+  app.add_option("--tflops", o.tflops,
+                 "Synthetic device speed, TFLOP/s (0: no compute)")
+      ->capture_default_str();
+  app.add_option("--tokens", o.tokens, "Tokens per micro-batch")
+      ->capture_default_str();
+  app.add_option("--mode", mode, "overlap or after_backward")
+      ->capture_default_str();
+  app.add_option("--micro-batches", o.optimizer.micro_batches,
+                 "Gradient accumulation steps")
+      ->capture_default_str();
+  app.add_option("--clip-norm", o.optimizer.clip_norm,
+                 "Global-norm clipping (0: off)")
+      ->capture_default_str();
+  app.add_option("--threads", o.optimizer.threads,
+                 "CPU optimizer threads (0: all cores but one)")
+      ->capture_default_str();
+  app.add_flag("--measure", cli.measure,
+               "Measure host memory and NVMe bandwidth for the floor (about "
+               "2 s) instead of assuming strata-plan's defaults");
+  app.add_flag("!--no-baseline", o.resident_baseline,
+               "Skip the resident run (no offload_efficiency)");
+  app.add_option("--json", cli.json_path, "Also write the report as JSON");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    *exit_now = true;
+    app.exit(e);
+    return cli;
+  } catch (const CLI::ParseError& e) {
+    return Invalid(e.what() + std::string("; run with --help for usage"));
+  }
+  Result<uint64_t> n = plan::ParseParamCount(params);
+  if (!n.ok()) return Invalid("--params: " + n.status().message());
+  o.params = *n;
+  if (o.layers < 1 || static_cast<uint64_t>(o.layers) > o.params) {
+    return Invalid("--layers must be in 1..params");
+  }
+  Result<DType> d = ParseDType(dtype);
+  if (!d.ok()) return Invalid("--dtype: " + d.status().message());
+  o.dtype = *d;
+  Result<OptimMode> m = ParseOptimMode(mode);
+  if (!m.ok()) return Invalid("--mode: " + m.status().message());
+  o.optimizer.mode = *m;
+  for (auto [flag, text, tier] :
+       {std::tuple{"--params-home", params_home, &o.params_home},
+        std::tuple{"--state-home", state_home, &o.state_home}}) {
+    Result<Tier> t = ParseTier(text);
+    if (!t.ok() || *t == Tier::kDevice) {
+      return Invalid(std::string(flag) + ": host or nvme, not '" + text + "'");
+    }
+    *tier = *t;
+  }
+  const bool uses_nvme =
+      o.params_home == Tier::kNvme || o.state_home == Tier::kNvme;
+  if (uses_nvme && o.nvme_dir.empty()) {
+    return Invalid(
+        "a role is homed on NVMe: give the swap directory with "
+        "--nvme DIR (or --state-home host --params-home host)");
+  }
+  Result<uint64_t> dev = Size("--device-budget", device_budget);
+  Result<uint64_t> host = Size("--host-budget", host_budget);
+  if (!dev.ok()) return dev.status();
+  if (!host.ok()) return host.status();
+  o.device_budget = *dev;
+  o.host_budget = *host;
+  if (!nvme_budget.empty()) {
+    Result<uint64_t> nvme = Size("--nvme-budget", nvme_budget);
+    if (!nvme.ok()) return nvme.status();
+    o.nvme_budget = *nvme;
+  } else if (!o.nvme_dir.empty()) {
+    // Everything homed there, gradients included, plus 1/8 for extents.
+    o.nvme_budget = o.params * (16 + DTypeSize(o.dtype)) * 9 / 8;
+  }
+  for (plan::Link link : plan::kLinks) {
+    cli.rates.links[static_cast<int>(link)].value =
+        link == plan::Link::kHostToDevice || link == plan::Link::kDeviceToHost
+            ? plan::kDefaultPcieGbps
+        : link == plan::Link::kNvmeToHost ? plan::kDefaultNvmeReadGbps
+        : link == plan::Link::kHostToNvme ? plan::kDefaultNvmeWriteGbps
+                                          : plan::kDefaultHostMemGbps;
+  }
+  cli.rates.adam.value = plan::kDefaultAdamGparams;
+  cli.rates.swap_dir = o.nvme_dir;
+  return cli;
+}
+
+namespace {
+
+nlohmann::ordered_json StepJson(const StepFigures& f) {
+  nlohmann::ordered_json bytes = nlohmann::ordered_json::object();
+  for (int a = 0; a < kNumTiers; ++a) {
+    for (int b = 0; b < kNumTiers; ++b) {
+      if (f.bytes[a][b] == 0) continue;
+      bytes[fmt::format("{}->{}", TierName(static_cast<Tier>(a)),
+                        TierName(static_cast<Tier>(b)))] = f.bytes[a][b];
+    }
+  }
+  return {{"seconds", f.seconds},
+          {"compute_seconds", f.compute_seconds},
+          {"stall",
+           {{"fetch", f.fetch_stall},
+            {"gradient_buffers", f.gradient_wait},
+            {"optimizer", f.optimizer_wait}}},
+          {"optimizer_seconds", f.optimizer_seconds},
+          {"optimizer_hidden_fraction", f.hidden_fraction},
+          {"bytes", bytes}};
+}
+
+}  // namespace
+
+Result<int> Run(CliOptions cli) {
+  if (cli.measure) {
+    if (Status s = plan::Measure(&cli.rates); !s.ok()) return s;
+  }
+  const SimOptions& o = cli.sim;
+  double host_gb = 0;
+  const plan::Floor floor = PlanFloor(cli, &host_gb);
+  std::fprintf(stderr,
+               "strata-sim: %s params, %d layers, %s; strata-plan floor "
+               "%.2f s/step; compute %.2f s/step\n",
+               aio::HumanBytes(o.params).c_str(), o.layers,
+               std::string(OptimModeName(o.optimizer.mode)).c_str(),
+               floor.seconds,
+               o.tflops > 0 ? 6.0 * o.params * o.tokens *
+                                  o.optimizer.micro_batches / (o.tflops * 1e12)
+                            : 0.0);
+  Result<SimResult> result = Simulate(o, [](const std::string& line) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  });
+  if (!result.ok()) return result.status();
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  for (const StepFigures& f : result->steps) steps.push_back(StepJson(f));
+  nlohmann::ordered_json peaks = nlohmann::ordered_json::object();
+  for (int t = 0; t < kNumTiers; ++t) {
+    peaks[std::string(TierName(static_cast<Tier>(t)))] = {
+        {"peak", result->peak[t]}, {"budget", result->budget[t]}};
+  }
+  const nlohmann::ordered_json doc = {
+      {"params", o.params},
+      {"layers", o.layers},
+      {"mode", OptimModeName(o.optimizer.mode)},
+      {"tflops", o.tflops},
+      {"steps", steps},
+      {"steady_step_seconds", SteadySeconds(result->steps)},
+      {"resident_step_seconds", SteadySeconds(result->resident)},
+      {"offload_efficiency", result->offload_efficiency},
+      {"memory", peaks},
+      {"floor",
+       {{"seconds", floor.seconds},
+        {"transfer_seconds", floor.transfer_seconds},
+        {"binding", plan::LinkName(floor.transfer_binding)},
+        {"optimizer_seconds", floor.optimizer_seconds},
+        {"host_memory_gb", host_gb}}}};
+  std::printf("%-6s %9s %9s %9s %9s %9s %9s %8s\n", "step", "seconds",
+              "compute", "stall:f", "stall:g", "stall:o", "optim", "hidden");
+  for (size_t i = 0; i < result->steps.size(); ++i) {
+    const StepFigures& f = result->steps[i];
+    std::printf("%-6zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.0f%%\n", i,
+                f.seconds, f.compute_seconds, f.fetch_stall, f.gradient_wait,
+                f.optimizer_wait, f.optimizer_seconds, 100 * f.hidden_fraction);
+  }
+  std::printf("steady step %.2f s; resident %.2f s; offload_efficiency %.3f\n",
+              SteadySeconds(result->steps), SteadySeconds(result->resident),
+              result->offload_efficiency);
+  for (int t = 0; t < kNumTiers; ++t) {
+    std::printf("peak %-7s %s of %s\n",
+                std::string(TierName(static_cast<Tier>(t))).c_str(),
+                aio::HumanBytes(result->peak[t]).c_str(),
+                aio::HumanBytes(result->budget[t]).c_str());
+  }
+  std::printf("strata-plan floor %.2f s/step (bound by %s; optimizer %.2f s)\n",
+              floor.seconds,
+              std::string(plan::LinkName(floor.transfer_binding)).c_str(),
+              floor.optimizer_seconds);
+  if (!cli.json_path.empty()) {
+    std::ofstream out(cli.json_path);
+    out << doc.dump(2) << "\n";
+    if (!out) {
+      return Status(StatusCode::kIoError,
+                    "cannot write --json " + cli.json_path);
+    }
+  }
+  return 0;
+}
+
+}  // namespace strata::sim

@@ -1,0 +1,215 @@
+#include "tools/sim/sim.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "strata/aio.h"
+
+namespace strata::sim {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The device's work: a timed busy loop (the host-emulated GPU is busy, not
+// asleep, so it competes for the cores as real work would).
+void Busy(double seconds) {
+  const Clock::time_point end =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(seconds));
+  while (Clock::now() < end) {
+  }
+}
+
+bool KeepsGradients(const OffloadOptimizerOptions& o) {
+  return o.micro_batches > 1 || o.mode == OptimMode::kAfterBackward ||
+         o.clip_norm > 0 || o.skip_on_overflow;
+}
+
+struct Run {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<OffloadOptimizer> optimizer;
+  std::vector<uint64_t> layer_params;
+};
+
+Result<Run> Build(const SimOptions& o, bool resident) {
+  EngineOptions e;
+  e.device = o.device;
+  const uint64_t state_bytes = o.params * 12 + o.params * 4;
+  const uint64_t compute_bytes = o.params * DTypeSize(o.dtype);
+  if (resident) {
+    // Unlimited, in effect: every role in memory with room to spare.
+    e.device_budget = compute_bytes * 2 + (64u << 20);
+    e.host_budget = state_bytes + compute_bytes * 2 + (64u << 20);
+  } else {
+    e.device_budget = o.device_budget;
+    e.host_budget = o.host_budget;
+    e.nvme_budget = o.nvme_dir.empty() ? 0 : o.nvme_budget;
+    e.swap_dir = o.nvme_dir;
+  }
+  const Tier state = resident ? Tier::kHost : o.state_home;
+  e.placement.home = {resident ? Tier::kDevice : o.params_home, state, state,
+                      state, state};
+  e.placement.device_roles = RoleBit(Role::kCompute);
+  auto engine = Engine::Open(e);
+  if (!engine.ok()) return engine.status();
+  Run run;
+  run.engine = std::move(*engine);
+  RoleMask roles = kAllRoles;
+  if (!KeepsGradients(o.optimizer)) roles &= ~RoleBit(Role::kGrad);
+  for (int l = 0; l < o.layers; ++l) {
+    const uint64_t each = o.params / o.layers;
+    const uint64_t n = l + 1 < o.layers ? each : o.params - each * l;
+    run.layer_params.push_back(n);
+    GroupSpec spec;
+    spec.name = "layer." + std::to_string(l);
+    spec.tensors.push_back({"w", {static_cast<int64_t>(n)}, o.dtype, roles});
+    Result<int> id = run.engine->RegisterGroup(spec);
+    if (!id.ok()) return id.status();
+  }
+  auto optimizer = OffloadOptimizer::Create(run.engine.get(), o.optimizer);
+  if (!optimizer.ok()) return optimizer.status();
+  run.optimizer = std::move(*optimizer);
+  return run;
+}
+
+// Small finite gradients (bf16/fp16 bit patterns of about 0.01) so the
+// optimizer does real arithmetic.
+void WriteGradients(const GradientBuffer& buffer, DType dtype) {
+  if (buffer.on_cuda) return;  // zeroed by AcquireGradients: valid too
+  for (const TensorView& t : buffer.tensors) {
+    if (dtype == DType::kFloat32) {
+      std::fill_n(static_cast<float*>(t.data), t.bytes / 4, 0.01f);
+    } else {
+      const uint16_t v = dtype == DType::kBFloat16 ? 0x3c24 : 0x211f;
+      std::fill_n(static_cast<uint16_t*>(t.data), t.bytes / 2, v);
+    }
+  }
+}
+
+Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
+  Engine& engine = *run.engine;
+  for (int i = 0; i < o.layers; ++i) {
+    const int l = forward ? i : o.layers - 1 - i;
+    Result<GroupView> view =
+        engine.Fetch(l, Tier::kDevice, {RoleBit(Role::kCompute)});
+    if (!view.ok()) return view.status();
+    const double flops = (forward ? 2.0 : 4.0) * run.layer_params[l] * o.tokens;
+    const double seconds = o.tflops > 0 ? flops / (o.tflops * 1e12) : 0;
+    Result<GradientBuffer> grads = GradientBuffer{};
+    if (!forward) {
+      grads = run.optimizer->AcquireGradients(l);
+      if (!grads.ok()) return grads.status();
+    }
+    Busy(seconds);
+    f->compute_seconds += seconds;
+    if (!forward) WriteGradients(*grads, o.dtype);
+    if (Status s = engine.Release(l); !s.ok()) return s;
+    if (!forward) {
+      if (Status s = run.optimizer->HandOff(*grads); !s.ok()) return s;
+    }
+  }
+  return Status();
+}
+
+Result<StepFigures> OneStep(const SimOptions& o, Run& run) {
+  StepFigures f;
+  const EngineStats before = run.engine->stats();
+  const Clock::time_point start = Clock::now();
+  run.engine->BeginStep();
+  StepHyper hyper;
+  hyper.lr = 1e-4;
+  if (Status s = run.optimizer->BeginStep(hyper); !s.ok()) return s;
+  for (int mb = 0; mb < o.optimizer.micro_batches; ++mb) {
+    if (Status s = Pass(o, run, true, &f); !s.ok()) return s;
+    if (Status s = Pass(o, run, false, &f); !s.ok()) return s;
+  }
+  Result<OptimStepReport> report = run.optimizer->FinishStep();
+  if (!report.ok()) return report.status();
+  if (Status s = run.engine->EndStep(); !s.ok()) return s;
+  f.seconds = Since(start);
+  const EngineStats after = run.engine->stats();
+  f.fetch_stall = after.stall_seconds - before.stall_seconds;
+  f.gradient_wait = report->acquire_wait_seconds;
+  f.optimizer_wait = report->finish_wait_seconds;
+  f.optimizer_seconds = report->step_seconds;
+  f.hidden_fraction = report->step_seconds > 0
+                          ? report->hidden_seconds / report->step_seconds
+                          : 0;
+  for (int a = 0; a < kNumTiers; ++a) {
+    for (int b = 0; b < kNumTiers; ++b) {
+      f.bytes[a][b] = after.bytes[a][b] - before.bytes[a][b];
+    }
+  }
+  return f;
+}
+
+Result<std::vector<StepFigures>> Steps(
+    const SimOptions& o, bool resident, SimResult* result,
+    const std::function<void(const std::string&)>& progress) {
+  Result<Run> run = Build(o, resident);
+  if (!run.ok()) return run.status();
+  std::vector<StepFigures> steps;
+  for (int s = 0; s < o.steps; ++s) {
+    Result<StepFigures> f = OneStep(o, *run);
+    if (!f.ok()) return f.status();
+    steps.push_back(*f);
+    progress(fmt::format(
+        "{} step {}/{}: {:.2f} s (compute {:.2f} s, "
+        "optimizer {:.2f} s, {:.0f}% hidden)",
+        resident ? "resident" : "offloaded", s + 1, o.steps, f->seconds,
+        f->compute_seconds, f->optimizer_seconds, 100 * f->hidden_fraction));
+  }
+  if (!resident) {
+    const EngineStats stats = run->engine->stats();
+    for (int t = 0; t < kNumTiers; ++t) {
+      result->peak[t] = stats.tiers[t].peak;
+      result->budget[t] = stats.tiers[t].budget;
+    }
+  }
+  return steps;
+}
+
+}  // namespace
+
+double SteadySeconds(const std::vector<StepFigures>& steps) {
+  std::vector<double> t;
+  for (size_t i = steps.size() > 2 ? 2 : 0; i < steps.size(); ++i) {
+    t.push_back(steps[i].seconds);
+  }
+  if (t.empty()) return 0;
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+Result<SimResult> Simulate(
+    const SimOptions& options,
+    const std::function<void(const std::string&)>& progress) {
+  SimResult result;
+  Result<std::vector<StepFigures>> offloaded =
+      Steps(options, false, &result, progress);
+  if (!offloaded.ok()) return offloaded.status();
+  result.steps = std::move(*offloaded);
+  if (options.resident_baseline) {
+    Result<std::vector<StepFigures>> resident =
+        Steps(options, true, &result, progress);
+    if (!resident.ok()) {
+      return Status(resident.status().code(),
+                    "the resident baseline: " + resident.status().message() +
+                        " (it needs the whole model in memory; pass "
+                        "--no-baseline to skip it)");
+    }
+    result.resident = std::move(*resident);
+    result.offload_efficiency =
+        SteadySeconds(result.resident) / SteadySeconds(result.steps);
+  }
+  return result;
+}
+
+}  // namespace strata::sim

@@ -1,0 +1,84 @@
+// strata-sim: drives the whole engine through training steps of a synthetic
+// model (one group per layer) and reports where the time went.
+//
+// One step: BeginStep; per micro-batch, forward fetches every layer's
+// compute copy to the device and computes; backward fetches each layer in
+// reverse, computes, writes its gradients into a buffer from the optimizer
+// and hands them off; then FinishStep runs or waits for the optimizer.
+// Compute is synthetic: 2 * params * tokens FLOPs per layer forward and
+// twice that backward, at --tflops, spent in a timed busy loop on the
+// training thread (the host-emulated device's "GPU").
+//
+// offload_efficiency is the step time of the same model and compute run
+// fully resident (every role in memory, unlimited budgets), measured in the
+// same invocation, divided by the offloaded step time (medians over the
+// steps after the first two: step 0 records the trace, step 1 is the first
+// to read the state back).
+//
+// Failure: every error comes back as a Status naming what failed; a model
+// that does not fit its budgets fails at registration with the bytes.
+// Not thread-safe; one simulation per process at a time.
+#ifndef STRATA_TOOLS_SIM_SIM_H_
+#define STRATA_TOOLS_SIM_SIM_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "strata/engine.h"
+#include "strata/offload_optimizer.h"
+#include "strata/status.h"
+
+namespace strata::sim {
+
+struct SimOptions {
+  uint64_t params = 0;  // total, split evenly over the layers
+  int layers = 0;
+  DType dtype = DType::kBFloat16;
+  std::string device = "host";
+  uint64_t device_budget = 0;
+  uint64_t host_budget = 0;
+  std::string nvme_dir;  // empty: no NVMe tier
+  uint64_t nvme_budget = 0;
+  Tier params_home = Tier::kHost;  // the compute copy
+  Tier state_home = Tier::kNvme;   // master, m, v (and gradients kept)
+  int steps = 6;
+  double tflops = 0;  // synthetic device speed; 0: no compute
+  uint64_t tokens = 2048;
+  OffloadOptimizerOptions optimizer;
+  bool resident_baseline = true;
+};
+
+struct StepFigures {
+  double seconds = 0;
+  double compute_seconds = 0;
+  double fetch_stall = 0;     // Fetch() waited (includes write-backs)
+  double gradient_wait = 0;   // a gradient buffer was not free yet
+  double optimizer_wait = 0;  // FinishStep() waited for the optimizer
+  double optimizer_seconds = 0;
+  double hidden_fraction = 0;  // of optimizer_seconds, under backward
+  std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes = {};
+};
+
+struct SimResult {
+  std::vector<StepFigures> steps;
+  std::vector<StepFigures> resident;  // empty without the baseline
+  std::array<uint64_t, kNumTiers> peak = {};
+  std::array<uint64_t, kNumTiers> budget = {};
+  double offload_efficiency = 0;  // 0 without the baseline
+};
+
+// Median step time over the steps after the first two (all when fewer).
+double SteadySeconds(const std::vector<StepFigures>& steps);
+
+// Runs the offloaded model, then (when asked) the resident baseline.
+// `progress` gets one line per step.
+Result<SimResult> Simulate(
+    const SimOptions& options,
+    const std::function<void(const std::string&)>& progress);
+
+}  // namespace strata::sim
+
+#endif  // STRATA_TOOLS_SIM_SIM_H_
