@@ -196,7 +196,6 @@ sched::PlanInput Engine::Impl::MakePlanInput() const {
     used[e.group][static_cast<int>(e.tier)] |= e.roles;
   }
   std::array<uint64_t, kNumTiers> homed = {};
-  uint64_t largest_host = 0;
   for (int g = 0; g < groups; ++g) {
     sched::PlanGroup pg;
     pg.name = residency_->layout(g).name;
@@ -210,14 +209,9 @@ sched::PlanInput Engine::Impl::MakePlanInput() const {
     const RoleMask host = used[g][static_cast<int>(Tier::kHost)];
     pg.cached[1] += residency_->NvmeHomedBytes(g, dev & ~host);
     pg.nvme_homed = residency_->NvmeHomedBytes(g, dev | host);
-    largest_host = std::max(largest_host, pg.cached[1]);
     in.groups.push_back(std::move(pg));
   }
-  const uint64_t budget[2] = {options_.device_budget, options_.host_budget};
-  for (int i = 0; i < 2; ++i) {
-    const uint64_t reserve = homed[i] + (i == 1 ? largest_host : 0);
-    in.window[i] = budget[i] > reserve ? budget[i] - reserve : 0;
-  }
+  sched::SetWindows(options_.device_budget, options_.host_budget, homed, &in);
   in.writes = true;
   return in;
 }

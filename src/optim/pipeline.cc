@@ -314,12 +314,7 @@ void OffloadOptimizer::Impl::WorkerLoop() {
 
 Status OffloadOptimizer::Impl::RunTask(const Task& task) {
   if (task.slot >= 0) return ConsumeGradients(task);
-  FetchOptions fetch;
-  fetch.roles = kGradBit;
-  fetch.write = true;
-  fetch.record = false;
-  Result<GroupView> grads = engine_->Fetch(task.group, Tier::kHost, fetch);
-  if (!grads.ok()) return grads.status();
+  if (Status s = FetchToWrite(task.group, kGradBit); !s.ok()) return s;
   const void* base =
       parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
   Status status = StepGroup(task.group, base, FloatType::kF32);
@@ -354,14 +349,9 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     free_slot();
     return sum.ok() ? status : sum.status();
   }
-  FetchOptions fetch;
-  fetch.roles = kGradBit;
-  fetch.write = true;
-  fetch.record = false;
-  Result<GroupView> view = engine_->Fetch(task.group, Tier::kHost, fetch);
-  if (!view.ok()) {
+  if (Status s = FetchToWrite(task.group, kGradBit); !s.ok()) {
     free_slot();
-    return view.status();
+    return s;
   }
   auto* acc = static_cast<float*>(
       parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0));
@@ -387,6 +377,16 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
   return status.ok() ? released : status;
 }
 
+// The pipeline's fetches: to the host, for writing, outside the trace (the
+// pipeline reads ahead on its own); chunks are then reached by Address().
+Status OffloadOptimizer::Impl::FetchToWrite(int group, RoleMask roles) {
+  FetchOptions fetch;
+  fetch.roles = roles;
+  fetch.write = true;
+  fetch.record = false;
+  return engine_->Fetch(group, Tier::kHost, fetch).status();
+}
+
 Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
                                          FloatType grad_type) {
   const Group& g = groups_[group];
@@ -399,12 +399,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   }
   ReadAhead(group);
   const Clock::time_point start = Clock::now();
-  FetchOptions fetch;
-  fetch.roles = g.step_roles;
-  fetch.write = true;
-  fetch.record = false;
-  Result<GroupView> view = engine_->Fetch(group, Tier::kHost, fetch);
-  if (!view.ok()) return view.status();
+  if (Status s = FetchToWrite(group, g.step_roles); !s.ok()) return s;
   store::Residency& residency = *parts_.residency;
   auto chunk = [&](Role role) {
     return residency.Address(group, role, Tier::kHost, 0);
@@ -458,9 +453,11 @@ void OffloadOptimizer::Impl::ReadAhead(int group) {
       }
     }
     if (next.empty()) {
-      const auto at = std::find(order_.begin(), order_.end(), group);
-      for (auto it = at; it != order_.end() && ++it != order_.end() &&
-                         static_cast<int>(next.size()) < options_.read_ahead;) {
+      auto it = std::find(order_.begin(), order_.end(), group);
+      if (it != order_.end()) ++it;
+      for (; it != order_.end() &&
+             static_cast<int>(next.size()) < options_.read_ahead;
+           ++it) {
         next.push_back(*it);
       }
     }

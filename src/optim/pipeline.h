@@ -96,6 +96,7 @@ class OffloadOptimizer::Impl {
   void WriterLoop();
   Status RunTask(const Task& task);
   Status ConsumeGradients(const Task& task);
+  Status FetchToWrite(int group, RoleMask roles);
   Status StepGroup(int group, const void* grads, FloatType grad_type);
   void ReadAhead(int group);
   void RecordError(const Status& status);

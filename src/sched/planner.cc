@@ -105,6 +105,20 @@ void SimulateTier(const PlanInput& in, int t, Plan& plan) {
 
 }  // namespace
 
+void SetWindows(uint64_t device_budget, uint64_t host_budget,
+                const std::array<uint64_t, kNumTiers>& homed,
+                PlanInput* input) {
+  uint64_t largest_host = 0;
+  for (const PlanGroup& g : input->groups) {
+    largest_host = std::max(largest_host, g.cached[kHost]);
+  }
+  const uint64_t budget[] = {device_budget, host_budget};
+  for (int t : {kDev, kHost}) {
+    const uint64_t reserve = homed[t] + (t == kHost ? largest_host : 0);
+    input->window[t] = budget[t] > reserve ? budget[t] - reserve : 0;
+  }
+}
+
 Plan MakePlan(const PlanInput& input) {
   Plan plan;
   if (input.trace.empty()) return plan;

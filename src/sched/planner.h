@@ -74,6 +74,12 @@ struct Plan {
   std::string floor_link;
 };
 
+// Sets input->window from the budgets, Note [Prefetch window]: each tier's
+// budget minus the bytes homed there (`homed`, by Tier), and on the host
+// also minus the largest group's cached bytes, the room a write-back needs.
+void SetWindows(uint64_t device_budget, uint64_t host_budget,
+                const std::array<uint64_t, kNumTiers>& homed, PlanInput* input);
+
 Plan MakePlan(const PlanInput& input);
 std::string FormatPlan(const PlanInput& input, const Plan& plan);
 

@@ -44,13 +44,19 @@ struct Rate {
   std::string note;  // how it was measured, or why it was not
 };
 
+inline Rate Assumed(double value) { return {value, Source::kAssumed, ""}; }
+
 struct PlanOptions {
   Model model;
   std::string model_source;  // how Ψ was given, for the report
   Budgets budgets;
   uint64_t gpus = 1;
-  std::array<Rate, kNumLinks> links;
-  Rate adam;
+  // In kLinks order; the assumed defaults until given or measured.
+  std::array<Rate, kNumLinks> links = {
+      Assumed(kDefaultPcieGbps), Assumed(kDefaultPcieGbps),
+      Assumed(kDefaultNvmeReadGbps), Assumed(kDefaultNvmeWriteGbps),
+      Assumed(kDefaultHostMemGbps)};
+  Rate adam = Assumed(kDefaultAdamGparams);
   bool measure = false;
   std::string swap_dir;  // empty: a temporary directory under the cwd
   bool json = false;

@@ -62,7 +62,6 @@ sched::PlanInput ExplainInput(const Plan& plan, uint64_t groups) {
   sched::PlanInput in;
   std::array<uint64_t, kNumTiers> homed = {};
   std::array<uint64_t, kNumTiers> cached_total = {};
-  uint64_t largest_host = 0;
   for (uint64_t g = 0; g < groups; ++g) {
     sched::PlanGroup pg;
     pg.name = fmt::format("layer.{}", g);
@@ -78,17 +77,14 @@ sched::PlanInput ExplainInput(const Plan& plan, uint64_t groups) {
       if (home != kHost) pg.cached[kHost] += bytes;
     }
     for (int t : {kDev, kHost}) cached_total[t] += pg.cached[t];
-    largest_host = std::max(largest_host, pg.cached[kHost]);
     in.groups.push_back(std::move(pg));
   }
+  constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
+  sched::SetWindows(plan.budgets[kDev].value_or(kUnlimited),
+                    plan.budgets[kHost].value_or(kUnlimited), homed, &in);
+  // An unlimited tier's window holds every group, and says so in bytes.
   for (int t : {kDev, kHost}) {
-    const std::optional<uint64_t>& budget = plan.budgets[t];
-    if (!budget.has_value()) {
-      in.window[t] = cached_total[t];
-      continue;
-    }
-    const uint64_t reserve = homed[t] + (t == kHost ? largest_host : 0);
-    in.window[t] = *budget > reserve ? *budget - reserve : 0;
+    if (!plan.budgets[t].has_value()) in.window[t] = cached_total[t];
   }
   const RoleMask forward = EngineRoles({Role::kParams});
   const RoleMask backward = EngineRoles({Role::kParams, Role::kGrads});

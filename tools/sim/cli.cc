@@ -154,15 +154,6 @@ Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
     // Everything homed there, gradients included, plus 1/8 for extents.
     o.nvme_budget = o.params * (16 + DTypeSize(o.dtype)) * 9 / 8;
   }
-  for (plan::Link link : plan::kLinks) {
-    cli.rates.links[static_cast<int>(link)].value =
-        link == plan::Link::kHostToDevice || link == plan::Link::kDeviceToHost
-            ? plan::kDefaultPcieGbps
-        : link == plan::Link::kNvmeToHost ? plan::kDefaultNvmeReadGbps
-        : link == plan::Link::kHostToNvme ? plan::kDefaultNvmeWriteGbps
-                                          : plan::kDefaultHostMemGbps;
-  }
-  cli.rates.adam.value = plan::kDefaultAdamGparams;
   cli.rates.swap_dir = o.nvme_dir;
   return cli;
 }
