@@ -101,6 +101,17 @@ Status ValidTensorIndex(const strata_view& view, int32_t index) {
                        " tensors (strata_view_count_tensors)");
 }
 
+// Copies `text` into the caller's buffer like snprintf; returns the
+// length + 1 that the whole text needs.
+size_t CopyText(const std::string& text, char* buffer, size_t capacity) {
+  if (capacity > 0) {
+    const size_t n = std::min(capacity - 1, text.size());
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = '\0';
+  }
+  return text.size() + 1;
+}
+
 }  // namespace
 }  // namespace strata
 
@@ -380,6 +391,31 @@ strata_status strata_view_export_dlpack(const strata_view* view, int32_t index,
         strata::ToDLPack(view->view.tensors[index], view->owner->cuda_device);
     if (!managed.ok()) return managed.status();
     *out = *managed;
+    return Status::Ok();
+  });
+}
+
+strata_status strata_engine_save(strata_engine* engine, const char* dir,
+                                 const char* user_state) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(NonNull(
+        {{engine, "engine"}, {dir, "dir"}, {user_state, "user_state"}}));
+    return engine->engine->Save(dir, {user_state});
+  });
+}
+
+strata_status strata_engine_load(strata_engine* engine, const char* dir,
+                                 char* user_state_buf, size_t capacity,
+                                 size_t* needed) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_C_RETURN_IF_ERROR(
+        NonNull({{engine, "engine"}, {dir, "dir"}, {needed, "needed"}}));
+    if (capacity > 0) {
+      STRATA_C_RETURN_IF_ERROR(NonNull({{user_state_buf, "user_state_buf"}}));
+    }
+    strata::LoadResult result;
+    STRATA_C_RETURN_IF_ERROR(engine->engine->Load(dir, &result));
+    *needed = strata::CopyText(result.user_state, user_state_buf, capacity);
     return Status::Ok();
   });
 }

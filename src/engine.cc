@@ -8,6 +8,7 @@
 #include <mutex>
 #include <utility>
 
+#include "src/checkpoint.h"
 #include "src/engine_internal.h"
 #include "src/layout.h"
 #include "src/residency.h"
@@ -308,6 +309,14 @@ Status Engine::EndStep() { return impl_->EndStep(); }
 std::string Engine::Explain() const { return impl_->Explain(); }
 
 EngineStats Engine::stats() const { return impl_->Stats(); }
+
+Status Engine::Save(const std::string& dir, const SaveOptions& options) {
+  return ckpt::Save(*this, *impl_->residency_, impl_->options_, dir, options);
+}
+
+Status Engine::Load(const std::string& dir, LoadResult* result) {
+  return ckpt::Load(*this, *impl_->residency_, dir, result);
+}
 
 namespace internal {
 

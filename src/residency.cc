@@ -320,6 +320,19 @@ EngineStats Residency::counters() const {
   return counters_;
 }
 
+int Residency::FirstPinnedGroup() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!groups_[g].pins.empty()) return static_cast<int>(g);
+  }
+  return -1;
+}
+
+bool Residency::in_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return trace_.in_step();
+}
+
 // Makes chunk `id` valid at `tier`. `entry` is -1 for a demand fetch, the
 // trace position for a planned prefetch, -2 for an explicit prefetch.
 // Returns with the lock held; `hit` says whether it was valid on arrival.

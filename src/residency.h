@@ -91,6 +91,10 @@ class Residency {
   // The fetch, prefetch and eviction counters of EngineStats; the tier,
   // byte and trace fields are left for the engine to fill.
   EngineStats counters() const;
+  // For checkpoints: the first group with an unreleased Fetch (-1 when
+  // none), and whether a step is open.
+  int FirstPinnedGroup() const;
+  bool in_step() const;
 
  private:
   struct Copy {

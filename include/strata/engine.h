@@ -203,6 +203,22 @@ struct EngineInfo {
   std::string aio_backend;  // "io_uring" or "threads"
 };
 
+// Engine::Save options.
+struct SaveOptions {
+  // Opaque UTF-8 text stored verbatim in the manifest (the optimizer's
+  // JSON state: step counter, hyperparameters); Load returns it.
+  std::string user_state;
+};
+
+// What Engine::Load read besides the tensors.
+struct LoadResult {
+  std::string user_state;  // SaveOptions::user_state, verbatim
+  int format_version = 0;  // of the checkpoint
+  uint64_t steps = 0;      // EngineStats::steps of the engine that saved it
+  uint64_t bytes = 0;      // tensor bytes loaded
+  bool recovered = false;  // restored from "<dir>.old" first (see Load)
+};
+
 class STRATA_EXPORT Engine {
  public:
   static Result<std::unique_ptr<Engine>> Open(const EngineOptions& options);
@@ -239,6 +255,33 @@ class STRATA_EXPORT Engine {
   std::string Explain() const;
 
   EngineStats stats() const;
+
+  // Checkpoints (format and crash protocol: src/checkpoint.h). Both need
+  // every group released and no step open (else kFailedPrecondition
+  // naming the group), call Drain() first and return its error; other
+  // threads must not use the engine meanwhile.
+  //
+  // Save writes every role of every tensor, with `options.user_state` and
+  // the step count, to the directory `dir`. Data streams group by group
+  // through the host tier within its budget; nothing else is staged. It is
+  // written to "<dir>.tmp-<pid>", fsynced and renamed into place, so a
+  // crash at any point leaves the previous checkpoint at `dir` loadable or
+  // the new one complete. On failure (kNoSpace for a full disk, ...) the
+  // previous checkpoint is kept and the temporary removed. A `dir` that
+  // exists and is neither a checkpoint nor empty is refused, not replaced.
+  Status Save(const std::string& dir, const SaveOptions& options = {});
+  // Load reads a checkpoint into this engine. The engine must have the
+  // same groups (same order and names) and tensors (names, shapes, dtypes,
+  // roles), else an error naming the first mismatch; budgets, placements
+  // and the order of tensors within a group may differ. The manifest and
+  // every data file (size, XXH3-64) are verified before any data changes:
+  // a damaged, truncated or missing file or another format version fails
+  // naming the file and leaves the engine untouched. Only an I/O error
+  // after that check leaves the data partly loaded (the error says so).
+  // If `dir` is missing but "<dir>.old" exists (a Save was cut off after
+  // moving the old checkpoint aside), Load renames it back to `dir` and
+  // loads it. `result` may be null.
+  Status Load(const std::string& dir, LoadResult* result = nullptr);
 
   class Impl;
 

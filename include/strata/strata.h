@@ -18,8 +18,9 @@
  *   the thread's next failed call, and is "" before the first. Out
  *   parameters are left untouched on failure.
  * - Every pointer argument is checked: NULL fails with
- *   STRATA_INVALID_ARGUMENT naming the argument (the one exception is
- *   strata_engine_explain's buffer when its capacity is 0). So are group ids,
+ *   STRATA_INVALID_ARGUMENT naming the argument (the exceptions are the
+ *   text buffers of strata_engine_explain and strata_engine_load when their
+ *   capacity is 0). So are group ids,
  *   tiers, roles and dtypes. No C++ exception crosses this boundary; running
  *   out of memory inside a call is STRATA_RESOURCE_EXHAUSTED.
  * - Structs that may grow start with `uint32_t struct_size`. Inputs are
@@ -319,6 +320,30 @@ STRATA_EXPORT strata_status strata_view_find_tensor(const strata_view* view,
 STRATA_EXPORT strata_status strata_view_export_dlpack(const strata_view* view,
                                                       int32_t index,
                                                       DLManagedTensor** out);
+
+/* ---- Checkpoints ----------------------------------------------------- */
+
+/* Saves every tensor of every group, and `user_state` (UTF-8, stored
+ * verbatim; "" for none), to the directory `dir`; see strata::Engine::Save
+ * for the format's guarantees. Every view must be released first
+ * (STRATA_FAILED_PRECONDITION names a fetched group). On failure
+ * (STRATA_NO_SPACE for a full disk, ...) the previous checkpoint at `dir`
+ * is kept. */
+STRATA_EXPORT strata_status strata_engine_save(strata_engine* engine,
+                                               const char* dir,
+                                               const char* user_state);
+/* Loads the checkpoint at `dir` into the engine, which must have the same
+ * groups and tensors registered; see strata::Engine::Load. A damaged or
+ * mismatched checkpoint fails naming the file or the tensor and changes
+ * nothing. The saved user_state is copied into user_state_buf like
+ * strata_engine_explain's text: at most capacity bytes, NUL-terminated
+ * when capacity > 0, *needed set to its length + 1. The tensors are loaded
+ * even when the text was cut (*needed > capacity); the whole text is the
+ * "user_state" field of <dir>/manifest.json. */
+STRATA_EXPORT strata_status strata_engine_load(strata_engine* engine,
+                                               const char* dir,
+                                               char* user_state_buf,
+                                               size_t capacity, size_t* needed);
 
 #ifdef __cplusplus
 } /* extern "C" */

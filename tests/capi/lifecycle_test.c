@@ -2,7 +2,8 @@
  * small budgets and an NVMe tier, register groups homed on NVMe, write a
  * pattern through device views, evict it down to NVMe, read it back through
  * the device and the host and compare every byte; steps, stats, explain,
- * DLPack export and the error paths. Exits 0 on success, 1 with a message
+ * DLPack export, a checkpoint saved and loaded into another placement, and
+ * the error paths. Exits 0 on success, 1 with a message
  * naming the failed check otherwise. */
 #define _XOPEN_SOURCE 700
 
@@ -441,6 +442,57 @@ static void CheckErrors(strata_engine* engine) {
   CHECK(strcmp(before, strata_last_error()) == 0);
 }
 
+/* Saves the engine's groups with a user state, loads them into a second
+ * engine that homes every role on the host, and checks every byte and the
+ * state; then the error paths. */
+static void CheckCheckpoint(strata_engine* engine) {
+  static const char kState[] = "{\"step\": 2, \"lr\": 0.001}";
+  char dir[4200], swap[4200], state[64];
+  snprintf(dir, sizeof(dir), "%s/ckpt", scratch);
+  snprintf(swap, sizeof(swap), "%s/swap2", scratch);
+  CHECK(mkdir(swap, 0755) == 0);
+  CHECK_OK(strata_engine_save(engine, dir, kState));
+
+  strata_engine_options options;
+  CHECK_OK(strata_engine_options_init(&options));
+  options.device = STRATA_DEVICE_HOST;
+  options.device_budget = 1 * MIB;
+  options.host_budget = 4 * MIB;
+  options.nvme_budget = 8 * MIB; /* HOST_GROUP's master stays on NVMe */
+  options.swap_dir = swap;
+  strata_engine* other = NULL;
+  CHECK_OK(strata_engine_open(&options, &other));
+  for (int32_t g = 0; g < NUM_GROUPS; ++g) CHECK(Register(other, g) == g);
+  FetchAll(other, STRATA_TIER_HOST, 0, kZeros);
+
+  size_t needed = 0;
+  CHECK_OK(strata_engine_load(other, dir, state, 5, &needed));
+  CHECK(needed == sizeof(kState) && strcmp(state, "{\"st") == 0);
+  CHECK_OK(strata_engine_load(other, dir, NULL, 0, &needed));
+  CHECK_OK(strata_engine_load(other, dir, state, sizeof(state), &needed));
+  CHECK(needed == sizeof(kState) && strcmp(state, kState) == 0);
+  FetchAll(other, STRATA_TIER_HOST, 0, kVerify);
+
+  char missing[4200];
+  snprintf(missing, sizeof(missing), "%s/no-such-ckpt", scratch);
+  needed = 0;
+  CHECK_FAILS(STRATA_NOT_FOUND, strata_engine_load(other, missing, state,
+                                                   sizeof(state), &needed));
+  CHECK(needed == 0 && strstr(strata_last_error(), "no-such-ckpt") != NULL);
+  CHECK_FAILS(STRATA_INVALID_ARGUMENT,
+              strata_engine_load(other, dir, NULL, 4, &needed));
+  CHECK(strstr(strata_last_error(), "'user_state_buf'") != NULL);
+  CHECK_FAILS(STRATA_INVALID_ARGUMENT, strata_engine_save(other, NULL, ""));
+  CHECK(strstr(strata_last_error(), "'dir'") != NULL);
+  strata_view* view = NULL;
+  CHECK_OK(strata_group_fetch(other, 1, STRATA_TIER_HOST, STRATA_ALL_ROLES, 0,
+                              &view));
+  CHECK_FAILS(STRATA_FAILED_PRECONDITION, strata_engine_save(other, dir, ""));
+  CHECK(strstr(strata_last_error(), "layer.1") != NULL);
+  CHECK_OK(strata_view_release(view));
+  CHECK_OK(strata_engine_close(other));
+}
+
 int main(void) {
   MakeScratch();
   int32_t major = -1, minor = -1, patch = -1;
@@ -489,6 +541,7 @@ int main(void) {
   CheckRoleSubset(engine);
   CheckDLPack(engine);
   CheckErrors(engine);
+  CheckCheckpoint(engine);
   CHECK_OK(strata_engine_close(engine));
   CheckCudaExport();
   printf("capi_lifecycle_test: OK\n");

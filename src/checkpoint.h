@@ -1,0 +1,78 @@
+// Checkpoint and resume: Engine::Save and Engine::Load (strata/engine.h
+// states the contract callers see; this file the format and the protocol).
+//
+// Note [Checkpoint format]
+// A checkpoint is a directory:
+// - manifest.json: {"format": "strata-checkpoint", "format_version": 1,
+//   "steps", "user_state", "config" (budgets, default placement, device:
+//   informational, never checked), "groups": [{"name", "file", "bytes",
+//   "xxh3" (16 hex digits), "placement" (informational), "tensors":
+//   [{"name", "shape", "dtype", "roles": {role name: byte offset in the
+//   file}}]}]}. Groups are listed in registration order.
+// - group-NNNNNN.bin, one per group (NNNNNN its id): every role's tensors
+//   back to back, role-major (compute, master, state1, state2, grad) and in
+//   registration order within a role, only the real elements (no chunk or
+//   alignment padding), in the role's dtype as the tier holds it
+//   (little-endian fp32, bf16, fp16). So the bytes do not depend on the
+//   chunk layout or the placement of the engine that wrote them.
+// A reader of another format_version is refused, naming both versions.
+//
+// Note [Checkpoint crash safety]
+// Save writes into the sibling "<dir>.tmp-<pid>", fsyncs every file and
+// that directory, then moves it into place: rename <dir> to "<dir>.old",
+// rename the temporary to <dir>, fsync the parent, remove "<dir>.old".
+// Invariant: whenever <dir> exists it is complete and the newest; "<dir>.old"
+// matters only while <dir> is missing. A crash therefore leaves one of:
+// - <dir> (old) and a partial "<dir>.tmp-<pid>": Load ignores the
+//   temporary; the next Save removes it once its pid is gone.
+// - no <dir>, "<dir>.old" complete: Load renames it back (and says so on
+//   stderr and in LoadResult::recovered); the next Save keeps it until the
+//   new checkpoint is in place.
+// - <dir> (new) and "<dir>.old": the old one is stale; the next Save
+//   removes it.
+// Save refuses to replace a directory that is neither a checkpoint nor
+// empty, so a wrong path cannot delete a user's files. Two Saves or a Save
+// and a Load of one <dir> at the same time are not supported.
+//
+// Streaming: Save fetches one role of one group at a time to the host
+// (Fetch(kHost), which brings NVMe-homed chunks up within the host budget),
+// pwrites its tensors straight from the tier and releases it, so it holds
+// no buffer of its own. Load verifies every file through one 1 MiB buffer,
+// then fetches the same way with write = true and preads into the tier.
+#ifndef STRATA_SRC_CHECKPOINT_H_
+#define STRATA_SRC_CHECKPOINT_H_
+
+#include <string>
+
+#include "src/residency.h"
+#include "strata/engine.h"
+
+namespace strata::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+
+// Engine::Save: `engine` and `residency` are the same engine's; `options`
+// are the options it was opened with (written as its configuration).
+Status Save(Engine& engine, const store::Residency& residency,
+            const EngineOptions& options, const std::string& dir,
+            const SaveOptions& save);
+// Engine::Load. `result` may be null.
+Status Load(Engine& engine, const store::Residency& residency,
+            const std::string& dir, LoadResult* result);
+
+// Testing hook: the points of Note [Checkpoint crash safety] that a crash
+// test kills the process at. kDataFileWritten is reached once per group.
+enum class SaveStage {
+  kDataFileWritten,
+  kTempComplete,
+  kOldMovedAside,
+  kNewInPlace,
+};
+using SaveStageHook = void (*)(SaveStage stage);
+// Every Save in the process calls `hook` at each stage; null (the default)
+// for none. Tests only: set it before saving, not while a Save runs.
+void SetSaveStageHookForTesting(SaveStageHook hook);
+
+}  // namespace strata::ckpt
+
+#endif  // STRATA_SRC_CHECKPOINT_H_

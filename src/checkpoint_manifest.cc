@@ -1,0 +1,342 @@
+#include "src/checkpoint_manifest.h"
+
+#include <charconv>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "src/checkpoint.h"
+
+namespace strata::ckpt {
+namespace {
+
+// Ordered, so that the manifest reads in the order it is written.
+using Json = nlohmann::ordered_json;
+
+constexpr char kFormatName[] = "strata-checkpoint";
+
+std::string Hex(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx",
+                static_cast<unsigned long long>(value));
+  return text;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    out += (i > 0 ? ", " : "") + std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+std::string RolesText(RoleMask roles) {
+  std::string out;
+  for (int r = 0; r < kNumRoles; ++r) {
+    if ((roles & RoleBit(static_cast<Role>(r))) == 0) continue;
+    out += (out.empty() ? "" : ",") + std::string(RoleName(Role(r)));
+  }
+  return out;
+}
+
+Json PlacementJson(const std::array<Tier, kNumRoles>& home, RoleMask roles) {
+  Json out = Json::object();
+  for (int r = 0; r < kNumRoles; ++r) {
+    if ((roles & RoleBit(static_cast<Role>(r))) == 0) continue;
+    out[std::string(RoleName(Role(r)))] = std::string(TierName(home[r]));
+  }
+  return out;
+}
+
+Json GroupJson(const GroupEntry& g) {
+  Json tensors = Json::array();
+  for (const TensorEntry& t : g.tensors) {
+    Json roles = Json::object();
+    for (int r = 0; r < kNumRoles; ++r) {
+      if ((t.roles & RoleBit(Role(r))) == 0) continue;
+      roles[std::string(RoleName(Role(r)))] = t.offset[r];
+    }
+    tensors.push_back({{"name", t.name},
+                       {"shape", t.shape},
+                       {"dtype", std::string(DTypeName(t.dtype))},
+                       {"roles", std::move(roles)}});
+  }
+  return {{"name", g.name},
+          {"file", g.file},
+          {"bytes", g.bytes},
+          {"xxh3", Hex(g.xxh3)},
+          {"placement", PlacementJson(g.home, g.roles)},
+          {"tensors", std::move(tensors)}};
+}
+
+Status Malformed(const std::string& path, const std::string& where,
+                 const std::string& what) {
+  return Status(StatusCode::kDataLoss,
+                "manifest '" + path + "' is malformed at " + where + ": " +
+                    what +
+                    "; the checkpoint is damaged: restore it from a backup "
+                    "or save a new one");
+}
+
+// Field `key` of `j` as T. `where` is set to the field's path first, so a
+// json exception (missing field, other type) can name it.
+template <typename T>
+T Get(const Json& j, const std::string& parent, const char* key,
+      std::string& where) {
+  where = parent.empty() ? key : parent + "." + key;
+  return j.at(key).get<T>();
+}
+
+// Element count, or 0 for a negative, empty or overflowing shape (as
+// BuildGroupLayout refuses them).
+uint64_t Elements(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t dim : shape) {
+    if (dim <= 0 || n > (uint64_t{1} << 62) / static_cast<uint64_t>(dim)) {
+      return 0;
+    }
+    n *= static_cast<uint64_t>(dim);
+  }
+  return n;
+}
+
+Result<Role> ParseRole(const std::string& name) {
+  for (int r = 0; r < kNumRoles; ++r) {
+    if (name == RoleName(Role(r))) return Role(r);
+  }
+  return Status(StatusCode::kInvalidArgument, "unknown role '" + name + "'");
+}
+
+// One tensor of a group whose file has `file_bytes` bytes. Throws json
+// exceptions for missing fields; returns what else is wrong.
+Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
+                                uint64_t file_bytes, std::string& where) {
+  TensorEntry t;
+  t.name = Get<std::string>(j, at, "name", where);
+  t.shape = Get<std::vector<int64_t>>(j, at, "shape", where);
+  t.elements = Elements(t.shape);
+  if (t.elements == 0) return Status(StatusCode::kDataLoss, "empty shape");
+  Result<DType> dtype = ParseDType(Get<std::string>(j, at, "dtype", where));
+  if (!dtype.ok()) return dtype.status();
+  t.dtype = *dtype;
+  const Json roles = Get<Json>(j, at, "roles", where);
+  for (const auto& [name, offset] : roles.items()) {
+    where = at + ".roles." + name;
+    Result<Role> role = ParseRole(name);
+    if (!role.ok()) return role.status();
+    t.roles |= RoleBit(*role);
+    t.offset[static_cast<int>(*role)] = offset.get<uint64_t>();
+    const uint64_t bytes = RoleBytes(t, *role);
+    if (bytes > file_bytes || offset.get<uint64_t>() > file_bytes - bytes) {
+      return Status(StatusCode::kDataLoss, "the tensor lies beyond the file");
+    }
+  }
+  if (t.roles == 0) return Status(StatusCode::kDataLoss, "no roles");
+  return t;
+}
+
+Result<GroupEntry> ParseGroup(const Json& j, const std::string& at,
+                              std::string& where) {
+  GroupEntry g;
+  g.name = Get<std::string>(j, at, "name", where);
+  g.file = Get<std::string>(j, at, "file", where);
+  if (g.file.empty() || g.file[0] == '.' ||
+      g.file.find('/') != std::string::npos) {
+    return Status(StatusCode::kDataLoss, "not a file name in the checkpoint");
+  }
+  g.bytes = Get<uint64_t>(j, at, "bytes", where);
+  const std::string hex = Get<std::string>(j, at, "xxh3", where);
+  const auto [end, err] =
+      std::from_chars(hex.data(), hex.data() + hex.size(), g.xxh3, 16);
+  if (hex.size() != 16 || err != std::errc() || end != hex.data() + 16) {
+    return Status(StatusCode::kDataLoss, "not 16 hex digits");
+  }
+  const Json tensors = Get<Json>(j, at, "tensors", where);
+  std::set<std::string> names;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const std::string tensor_at = at + ".tensors[" + std::to_string(k) + "]";
+    Result<TensorEntry> t =
+        ParseTensor(tensors.at(k), tensor_at, g.bytes, where);
+    if (!t.ok()) return t.status();
+    if (!names.insert(t->name).second) {
+      return Status(StatusCode::kDataLoss, "tensor listed twice");
+    }
+    g.roles |= t->roles;
+    g.tensors.push_back(std::move(*t));
+  }
+  if (g.tensors.empty()) return Status(StatusCode::kDataLoss, "no tensors");
+  return g;
+}
+
+Result<Manifest> ParseFields(const Json& j, const std::string& path,
+                             std::string& where) {
+  if (!j.is_object() || !j.contains("format") ||
+      j["format"] != std::string(kFormatName)) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "'" + path + "' is not a strata checkpoint manifest (no \"" +
+                      "format\": \"" + kFormatName + "\")");
+  }
+  Manifest m;
+  m.format_version = Get<int>(j, "", "format_version", where);
+  if (m.format_version != kFormatVersion) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "'" + path + "' is checkpoint format version " +
+                      std::to_string(m.format_version) +
+                      "; this build reads version " +
+                      std::to_string(kFormatVersion) +
+                      ": load it with the strata release that wrote it");
+  }
+  m.steps = Get<uint64_t>(j, "", "steps", where);
+  m.user_state = Get<std::string>(j, "", "user_state", where);
+  const Json groups = Get<Json>(j, "", "groups", where);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const std::string at = "groups[" + std::to_string(i) + "]";
+    Result<GroupEntry> g = ParseGroup(groups.at(i), at, where);
+    if (!g.ok()) return Malformed(path, where, g.status().message());
+    m.groups.push_back(std::move(*g));
+  }
+  return m;
+}
+
+Status Mismatch(const GroupEntry& g, const std::string& what) {
+  return Status(StatusCode::kFailedPrecondition,
+                "group '" + g.name + "': " + what);
+}
+
+Status MatchGroup(const GroupEntry& g, const store::GroupLayout& layout) {
+  if (g.tensors.size() != layout.tensors.size()) {
+    return Mismatch(g, "the checkpoint has " +
+                           std::to_string(g.tensors.size()) +
+                           " tensors, this engine has " +
+                           std::to_string(layout.tensors.size()));
+  }
+  for (const TensorEntry& t : g.tensors) {
+    const store::TensorLayout* mine = nullptr;
+    for (const store::TensorLayout& l : layout.tensors) {
+      if (l.name == t.name) mine = &l;
+    }
+    const std::string what = "tensor '" + t.name + "' ";
+    if (mine == nullptr) {
+      return Mismatch(g, what + "is in the checkpoint but not in this engine");
+    }
+    const std::string sep = " in the checkpoint but ";
+    if (mine->shape != t.shape) {
+      return Mismatch(g, what + "has shape " + ShapeText(t.shape) + sep +
+                             ShapeText(mine->shape) + " in this engine");
+    }
+    if (mine->dtype != t.dtype) {
+      return Mismatch(g, what + "has dtype " + std::string(DTypeName(t.dtype)) +
+                             sep + std::string(DTypeName(mine->dtype)) +
+                             " in this engine");
+    }
+    if (mine->roles != t.roles) {
+      return Mismatch(g, what + "has roles " + RolesText(t.roles) + sep +
+                             RolesText(mine->roles) + " in this engine");
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+uint64_t RoleBytes(const TensorEntry& tensor, Role role) {
+  return tensor.elements * DTypeSize(RoleDType(role, tensor.dtype));
+}
+
+const TensorEntry* GroupEntry::Find(std::string_view tensor) const {
+  for (const TensorEntry& t : tensors) {
+    if (t.name == tensor) return &t;
+  }
+  return nullptr;
+}
+
+GroupEntry DescribeGroup(int id, const store::GroupLayout& layout) {
+  GroupEntry g;
+  g.name = layout.name;
+  char file[32];
+  std::snprintf(file, sizeof(file), "group-%06d.bin", id);
+  g.file = file;
+  g.roles = layout.roles;
+  for (const store::ChunkLayout& c : layout.chunks) {
+    g.home[static_cast<int>(c.role)] = c.home;
+  }
+  g.tensors = layout.tensors;
+  for (int r = 0; r < kNumRoles; ++r) {
+    for (TensorEntry& t : g.tensors) {
+      if ((t.roles & RoleBit(Role(r))) == 0) continue;
+      t.offset[r] = g.bytes;
+      g.bytes += RoleBytes(t, Role(r));
+    }
+  }
+  return g;
+}
+
+Result<std::string> ManifestText(const Manifest& manifest,
+                                 const EngineOptions& options,
+                                 const EngineInfo& info) {
+  Json groups = Json::array();
+  for (const GroupEntry& g : manifest.groups) groups.push_back(GroupJson(g));
+  Json config = {
+      {"device", info.device},
+      {"device_name", info.device_name},
+      {"device_budget", options.device_budget},
+      {"host_budget", options.host_budget},
+      {"nvme_budget", options.nvme_budget},
+      {"placement", PlacementJson(options.placement.home, kAllRoles)}};
+  Json m = {{"format", kFormatName},
+            {"format_version", manifest.format_version},
+            {"steps", manifest.steps},
+            {"user_state", manifest.user_state},
+            {"config", std::move(config)},
+            {"groups", std::move(groups)}};
+  try {
+    return m.dump(2) + "\n";
+  } catch (const Json::exception& e) {
+    return Status(StatusCode::kInvalidArgument,
+                  std::string("the manifest cannot be written: ") + e.what() +
+                      "; user_state and every name must be valid UTF-8");
+  }
+}
+
+Result<Manifest> ParseManifest(const std::string& text,
+                               const std::string& path) {
+  std::string where = "the top level";
+  try {
+    const Json j = Json::parse(text);
+    return ParseFields(j, path, where);
+  } catch (const Json::parse_error& e) {
+    return Status(StatusCode::kDataLoss,
+                  "manifest '" + path + "' is not valid JSON (byte " +
+                      std::to_string(e.byte) +
+                      "); the checkpoint is damaged: restore it from a "
+                      "backup or save a new one");
+  } catch (const Json::exception& e) {
+    return Malformed(path, where, e.what());
+  }
+}
+
+Status MatchEngine(const Manifest& manifest,
+                   const store::Residency& residency) {
+  const size_t groups = static_cast<size_t>(residency.group_count());
+  if (manifest.groups.size() != groups) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "the checkpoint has " +
+                      std::to_string(manifest.groups.size()) +
+                      " groups, this engine has " + std::to_string(groups));
+  }
+  for (size_t i = 0; i < groups; ++i) {
+    const GroupEntry& g = manifest.groups[i];
+    const store::GroupLayout& layout = residency.layout(static_cast<int>(i));
+    if (g.name != layout.name) {
+      return Status(StatusCode::kFailedPrecondition,
+                    "group " + std::to_string(i) + " is '" + g.name +
+                        "' in the checkpoint but '" + layout.name +
+                        "' in this engine");
+    }
+    if (Status s = MatchGroup(g, layout); !s.ok()) return s;
+  }
+  return Status();
+}
+
+}  // namespace strata::ckpt
