@@ -456,7 +456,8 @@ Status Save(Engine& engine, const store::Residency& residency,
 }
 
 Status Load(Engine& engine, const store::Residency& residency,
-            const std::string& dir, LoadResult* result) {
+            const std::string& dir, LoadResult* result,
+            const UserStateCheck& check) {
   Result<Paths> paths = MakePaths(dir);
   if (!paths.ok()) return paths.status();
   if (Status s = CheckIdle(engine, residency, "Load"); !s.ok()) return s;
@@ -469,6 +470,12 @@ Status Load(Engine& engine, const store::Residency& residency,
                                 "' does not fit this engine: " + s.message() +
                                 "; register the groups and tensors it was "
                                 "saved from");
+  }
+  if (check) {
+    if (Status s = check(manifest->user_state); !s.ok()) {
+      return Status(s.code(), "checkpoint '" + paths->dir +
+                                  "': " + s.message() + "; nothing was loaded");
+    }
   }
   std::vector<char> buffer(kVerifyBuffer);
   for (const GroupEntry& g : manifest->groups) {

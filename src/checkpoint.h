@@ -42,6 +42,7 @@
 #ifndef STRATA_SRC_CHECKPOINT_H_
 #define STRATA_SRC_CHECKPOINT_H_
 
+#include <functional>
 #include <string>
 
 #include "src/residency.h"
@@ -56,9 +57,14 @@ inline constexpr int kFormatVersion = 1;
 Status Save(Engine& engine, const store::Residency& residency,
             const EngineOptions& options, const std::string& dir,
             const SaveOptions& save);
-// Engine::Load. `result` may be null.
+// Checks a checkpoint's user_state before Load changes any data (the
+// optimizer's: its step count and algorithm); an error stops the load.
+using UserStateCheck = std::function<Status(const std::string& user_state)>;
+// Engine::Load. `result` may be null; `check`, when set, runs once the
+// manifest matches the engine and before the files are verified.
 Status Load(Engine& engine, const store::Residency& residency,
-            const std::string& dir, LoadResult* result);
+            const std::string& dir, LoadResult* result,
+            const UserStateCheck& check = {});
 
 // Testing hook: the points of Note [Checkpoint crash safety] that a crash
 // test kills the process at. kDataFileWritten is reached once per group.

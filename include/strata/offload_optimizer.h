@@ -150,6 +150,19 @@ class STRATA_EXPORT OffloadOptimizer {
   // For a resume: the steps already applied. No step may be in progress.
   Status set_step(int64_t step);
 
+  // Checkpoint (Engine::Save/Load, Note [Checkpoint format]): every tensor
+  // of the engine, plus this optimizer's step count and algorithm, which go
+  // into the manifest's user_state around the caller's `user_state`.
+  // Between steps only; waits for the write-behind of the last step first.
+  Status Save(const std::string& dir, const std::string& user_state = "");
+  // Loads a checkpoint written by Save() into the engine (any placement or
+  // budgets with the same groups and tensors) and restores the step count,
+  // so the next step is the one the saved run would have taken.
+  // `user_state` (may be null) receives the caller's part. A checkpoint
+  // without optimizer state (written by Engine::Save) or of another
+  // algorithm is refused before any data changes, as are damaged ones.
+  Status Load(const std::string& dir, std::string* user_state = nullptr);
+
   class Impl;
 
  private:

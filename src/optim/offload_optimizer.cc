@@ -1,11 +1,66 @@
 // OffloadOptimizer: the public face of the pipeline (pipeline.h).
 #include "strata/offload_optimizer.h"
 
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "src/checkpoint.h"
 #include "src/optim/pipeline.h"
 
 namespace strata {
+namespace {
+
+// Note [Optimizer checkpoint state]
+// OffloadOptimizer::Save wraps the caller's user_state in the manifest's:
+// {"strata_optimizer": {"version": 1, "algo": "adamw", "step": N},
+//  "user_state": "<the caller's, verbatim>"}. The step count is what makes a
+// resume exact (bias correction); the algorithm says what kState1/kState2
+// hold. Mode, micro-batches, clipping and threads are the running
+// configuration, not state: a run may resume with others.
+constexpr char kStateKey[] = "strata_optimizer";
+constexpr int kStateVersion = 1;
+
+// The optimizer's state from a manifest's user_state, checked against
+// `algo`: its step count and the caller's part.
+Status ParseState(const std::string& text, OptimAlgo algo, int64_t* step,
+                  std::string* user_state) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains(kStateKey)) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "it holds no optimizer state (it was written by "
+                  "Engine::Save); load it with Engine::Load and set_step()");
+  }
+  const nlohmann::json& o = j[kStateKey];
+  if (!o.is_object() || !o.value("version", nlohmann::json()).is_number() ||
+      !o.value("algo", nlohmann::json()).is_string() ||
+      !o.value("step", nlohmann::json()).is_number_unsigned() ||
+      !j.value("user_state", nlohmann::json()).is_string()) {
+    return Status(StatusCode::kDataLoss,
+                  std::string("its optimizer state (\"") + kStateKey +
+                      "\" in the manifest's user_state) is malformed");
+  }
+  if (o["version"] != kStateVersion) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "its optimizer state has version " + o["version"].dump() +
+                      "; this strata reads version " +
+                      std::to_string(kStateVersion));
+  }
+  const std::string saved = o["algo"];
+  if (saved != OptimAlgoName(algo)) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "it was saved by the " + saved +
+                      " optimizer, and this one is " +
+                      std::string(OptimAlgoName(algo)) +
+                      "; their state roles differ: create the optimizer "
+                      "with algo " +
+                      saved);
+  }
+  *step = o["step"].get<int64_t>();
+  if (user_state != nullptr) *user_state = j["user_state"];
+  return Status();
+}
+
+}  // namespace
 
 std::string_view OptimModeName(OptimMode mode) {
   switch (mode) {
@@ -71,6 +126,43 @@ Status OffloadOptimizer::set_step(int64_t step) {
                   "the step count must be >= 0, not " + std::to_string(step));
   }
   impl_->step_ = step;
+  return Status();
+}
+
+Status OffloadOptimizer::Save(const std::string& dir,
+                              const std::string& user_state) {
+  if (Status s = impl_->Quiesce(); !s.ok()) return s;
+  nlohmann::json state = {
+      {kStateKey,
+       {{"version", kStateVersion},
+        {"algo", std::string(OptimAlgoName(impl_->options_.algo))},
+        {"step", impl_->step_}}},
+      {"user_state", user_state}};
+  std::string text;
+  try {
+    text = state.dump();
+  } catch (const nlohmann::json::exception&) {
+    return Status(StatusCode::kInvalidArgument,
+                  "the user state is not UTF-8 text; encode it (base64, "
+                  "hex) before saving");
+  }
+  return impl_->engine()->Save(dir, {text});
+}
+
+Status OffloadOptimizer::Load(const std::string& dir, std::string* user_state) {
+  if (Status s = impl_->Quiesce(); !s.ok()) return s;
+  int64_t step = 0;
+  std::string caller;
+  auto check = [&](const std::string& text) {
+    return ParseState(text, impl_->options_.algo, &step, &caller);
+  };
+  if (Status s =
+          ckpt::Load(*impl_->engine(), impl_->residency(), dir, nullptr, check);
+      !s.ok()) {
+    return s;
+  }
+  impl_->step_ = step;
+  if (user_state != nullptr) *user_state = std::move(caller);
   return Status();
 }
 

@@ -487,6 +487,17 @@ void OffloadOptimizer::Impl::WriterLoop() {
   }
 }
 
+Status OffloadOptimizer::Impl::Quiesce() {
+  if (in_step_) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "a checkpoint inside an optimizer step would miss its "
+                  "updates; call it after FinishStep()");
+  }
+  std::unique_lock<std::mutex> lk(mu_);
+  changed_.wait(lk, [this] { return writes_.empty() && writing_ == 0; });
+  return error_;
+}
+
 Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
   if (!in_step_) {
     return Status(StatusCode::kFailedPrecondition,

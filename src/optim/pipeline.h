@@ -56,6 +56,10 @@ class OffloadOptimizer::Impl {
   Result<GradientBuffer> Acquire(int group);
   Status HandOff(const GradientBuffer& buffer);
   Result<OptimStepReport> Finish();
+  // Between steps: waits for the write-behind; its error, if any.
+  Status Quiesce();
+  Engine* engine() const { return engine_; }
+  const store::Residency& residency() const { return *parts_.residency; }
 
   OffloadOptimizerOptions options_;
   int64_t step_ = 0;
