@@ -218,8 +218,21 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write,
   const int position = record ? position_ : -1;
   std::vector<int> pinned;
   for (int id : ids) {
+    const Copy& dst = chunks_[id].copy[Index(tier)];
+    if (record) {
+      ++counters_.fetches;
+      counters_.hits += dst.valid && !dst.busy;
+      counters_.prefetch_hits += dst.valid && !dst.busy && dst.prefetched;
+      counters_.late_prefetches += dst.busy && dst.prefetched;
+    }
+    const auto start = std::chrono::steady_clock::now();
     bool hit = false;
     Status s = Ensure(lk, id, tier, -1, &hit);
+    if (record && !hit) {
+      counters_.stall_seconds += std::chrono::duration<double>(
+                                     std::chrono::steady_clock::now() - start)
+                                     .count();
+    }
     if (!s.ok()) {
       for (int p : pinned) {
         --chunks_[p].copy[Index(tier)].pins;
@@ -341,13 +354,6 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
   const bool demand = entry == -1;
   Copy& dst = c.copy[Index(tier)];
   *hit = dst.valid && !dst.busy;
-  if (demand) {
-    ++counters_.fetches;
-    if (*hit) ++counters_.hits;
-    if (*hit && dst.prefetched) ++counters_.prefetch_hits;
-    if (dst.busy && dst.prefetched) ++counters_.late_prefetches;
-  }
-  const auto start = std::chrono::steady_clock::now();
   Status status;
   for (;;) {
     if (dst.valid && !dst.busy) break;
@@ -391,11 +397,6 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
     }
     status = Fill(lk, id, tier, from, entry);
     if (!status.ok()) break;
-  }
-  if (demand && !*hit) {
-    counters_.stall_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
   }
   if (status.ok() && demand) dst.prefetched = false;
   return status;

@@ -180,6 +180,8 @@ struct EngineStats {
   std::array<TierStats, kNumTiers> tiers;
   // bytes[from][to] moved between tiers (indices are Tier values).
   std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes = {};
+  // Fetch() figures count recorded fetches only (FetchOptions::record): the
+  // training thread's, not an agent's like the optimizer pipeline.
   uint64_t fetches = 0;               // chunk fetches by Fetch()
   uint64_t hits = 0;                  // ... found valid at the tier
   uint64_t prefetch_hits = 0;         // ... made valid there by a prefetch

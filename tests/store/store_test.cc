@@ -232,6 +232,33 @@ TEST_F(StoreTest, LruBeforeATrace) {
   EXPECT_EQ(engine->stats().hits - hits, 6u);
 }
 
+// An agent's fetches (record = false), like the optimizer's, are not the
+// training thread's: they stay out of the fetch, hit and stall figures.
+TEST_F(StoreTest, UnrecordedFetchesAreNotCounted) {
+  auto engine = Open(150 * kKiB, 2048 * kKiB, 0, Tier::kHost);
+  ASSERT_NE(engine, nullptr);
+  std::vector<int> g;
+  for (int i = 0; i < 4; ++i) {
+    g.push_back(*engine->RegisterGroup(Layer("l" + std::to_string(i), 8000)));
+  }
+  auto fetch = [&](int i, bool record) {
+    FetchOptions o;
+    o.record = record;
+    ASSERT_TRUE(engine->Fetch(g[i], Tier::kDevice, o).ok());
+    ASSERT_TRUE(engine->Release(g[i]).ok());
+  };
+  for (int i = 0; i < 4; ++i) fetch(i, false);
+  EngineStats stats = engine->stats();
+  EXPECT_EQ(stats.fetches, 0u);
+  EXPECT_EQ(stats.hits, 0u);
+  EXPECT_EQ(stats.stall_seconds, 0.0);
+  EXPECT_GT(stats.tiers[0].peak, 0u) << "the fetches filled nothing";
+  for (int i = 0; i < 4; ++i) fetch(i, true);
+  stats = engine->stats();
+  EXPECT_EQ(stats.fetches, 8u);  // 2 chunks per group
+  EXPECT_GT(stats.stall_seconds, 0.0);
+}
+
 TEST_F(StoreTest, TracePrefetchesAheadAndChangesAreLogged) {
   auto engine = Open(200 * kKiB, 4096 * kKiB, 8192 * kKiB);
   ASSERT_NE(engine, nullptr);
