@@ -144,6 +144,9 @@ Status OffloadOptimizer::Impl::InspectGroups() {
       if ((g.step_roles & RoleBit(c.role)) && c.home == Tier::kNvme) {
         g.write_behind = true;
       }
+      if ((needed & RoleBit(c.role)) && c.home != Tier::kHost) {
+        g.host_working += c.bytes;
+      }
     }
   }
   if (trainable == 0) {
@@ -167,6 +170,25 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
                     "device budget to at least {} or lower grad_buffers",
                     aio::HumanBytes(budget), options_.grad_buffers,
                     aio::HumanBytes(bytes), aio::HumanBytes(ring + bytes)));
+  }
+  // The host holds the staging ring, and for the step one group's roles
+  // that live elsewhere, beside what the host tier is home to (already
+  // taken from its budget at registration).
+  uint64_t working = 0;
+  for (const Group& g : groups_) working = std::max(working, g.host_working);
+  const uint64_t host_free = parts_.host->free_bytes();
+  if (ring + working > host_free) {
+    return Status(
+        StatusCode::kResourceExhausted,
+        fmt::format("the host budget has {} left beside the roles homed "
+                    "there, and the optimizer needs {}: {} gradient staging "
+                    "buffers of {} and {} for one group's step (its roles "
+                    "homed off the host); raise the host budget by {}, "
+                    "lower grad_buffers, or home fewer roles on the host",
+                    aio::HumanBytes(host_free), aio::HumanBytes(ring + working),
+                    options_.grad_buffers, aio::HumanBytes(bytes),
+                    aio::HumanBytes(working),
+                    aio::HumanBytes(ring + working - host_free)));
   }
   slots_.resize(options_.grad_buffers);
   for (Slot& s : slots_) {
@@ -198,19 +220,23 @@ Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
                   "BeginStep: the previous step was not finished; call "
                   "FinishStep first");
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  for (Group& g : groups_) {
-    g.handoffs = 0;
-    g.sum_squares = 0;
-    g.finite = true;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (Group& g : groups_) {
+      g.handoffs = 0;
+      g.sum_squares = 0;
+      g.finite = true;
+    }
+    hyper_ = hyper;
+    clip_coef_ = 1.0f;
+    error_ = Status();
+    step_seconds_ = hidden_seconds_ = acquire_wait_ = 0;
+    finishing_ = false;
+    this_order_.clear();
+    in_step_ = true;
   }
-  hyper_ = hyper;
-  clip_coef_ = 1.0f;
-  error_ = Status();
-  step_seconds_ = hidden_seconds_ = acquire_wait_ = 0;
-  finishing_ = false;
-  this_order_.clear();
-  in_step_ = true;
+  // The state of the group stepped first comes in under forward.
+  ReadAhead(-1);
   return Status();
 }
 
@@ -453,8 +479,9 @@ void OffloadOptimizer::Impl::ReadAhead(int group) {
       }
     }
     if (next.empty()) {
-      auto it = std::find(order_.begin(), order_.end(), group);
-      if (it != order_.end()) ++it;
+      auto it = group < 0 ? order_.begin()
+                          : std::find(order_.begin(), order_.end(), group);
+      if (group >= 0 && it != order_.end()) ++it;
       for (; it != order_.end() &&
              static_cast<int>(next.size()) < options_.read_ahead;
            ++it) {

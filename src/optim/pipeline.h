@@ -73,6 +73,7 @@ class OffloadOptimizer::Impl {
     uint64_t compute_bytes = 0;
     RoleMask step_roles = 0;
     bool write_behind = false;  // has roles homed on NVMe
+    uint64_t host_working = 0;  // its step's roles homed off the host
     // This step:
     int handoffs = 0;
     double sum_squares = 0;
@@ -102,6 +103,8 @@ class OffloadOptimizer::Impl {
   Status ConsumeGradients(const Task& task);
   Status FetchToWrite(int group, RoleMask roles);
   Status StepGroup(int group, const void* grads, FloatType grad_type);
+  // Prefetches the state of the groups that step after `group` (-1: the
+  // first), in the last step's order.
   void ReadAhead(int group);
   void RecordError(const Status& status);
 

@@ -409,6 +409,51 @@ TEST(OffloadOptimizerTest, MissingRolesAndMixedDtypesFailAtCreate) {
             StatusCode::kInvalidArgument);
 }
 
+// The gradient buffers and one group's step must fit beside what each
+// tier is home to; otherwise Create says by how much.
+TEST(OffloadOptimizerTest, BudgetsTooSmallForTheBuffersFailAtCreate) {
+  testutil::ScratchDir scratch;
+  auto open = [&](uint64_t device, uint64_t host) {
+    EngineOptions options;
+    options.device = "host";
+    options.device_budget = device;
+    options.host_budget = host;
+    options.nvme_budget = 16 * kMiB;
+    options.swap_dir = scratch.path();
+    options.placement.home = {Tier::kHost, Tier::kNvme, Tier::kNvme,
+                              Tier::kNvme, Tier::kNvme};
+    options.placement.device_roles = RoleBit(Role::kCompute);
+    auto engine = Engine::Open(options);
+    EXPECT_TRUE(engine.ok()) << engine.status().message();
+    // Per group: compute 200 KB (on the host), master, m and v 400 KB each.
+    for (int g = 0; g < 4; ++g) {
+      GroupSpec spec;
+      spec.name = "layer." + std::to_string(g);
+      spec.tensors.push_back({"w", {100000}, DType::kBFloat16, kAllRoles});
+      auto id = (*engine)->RegisterGroup(spec);
+      EXPECT_TRUE(id.ok()) << id.status().message();
+    }
+    return std::move(*engine);
+  };
+  // 3 MiB less 900 KiB of compute copies holds 1.2 MB for a step beside 2
+  // staging buffers of 200 KB, but not beside 6.
+  OffloadOptimizerOptions six;
+  six.grad_buffers = 6;
+  auto host = OffloadOptimizer::Create(open(8 * kMiB, 3 * kMiB).get(), six);
+  ASSERT_FALSE(host.ok());
+  EXPECT_EQ(host.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(host.status().message().find("raise the host budget by"),
+            std::string::npos)
+      << host.status().message();
+  auto device = OffloadOptimizer::Create(open(512 << 10, 3 * kMiB).get(), {});
+  ASSERT_FALSE(device.ok());
+  EXPECT_NE(device.status().message().find("raise the device budget"),
+            std::string::npos)
+      << device.status().message();
+  EXPECT_TRUE(
+      OffloadOptimizer::Create(open(1 * kMiB, 3 * kMiB).get(), {}).ok());
+}
+
 TEST(OffloadOptimizerTest, CallsOutOfOrderAreRefused) {
   auto engine = OneGroupEngine(kAllRoles);
   auto opt = OffloadOptimizer::Create(engine.get(), {});

@@ -241,15 +241,37 @@ TEST(StepFloorTest, SlowestResourceBinds) {
   EXPECT_DOUBLE_EQ(f.link_seconds[2], 3.0);
   EXPECT_DOUBLE_EQ(f.link_seconds[3], 1.0);
   EXPECT_DOUBLE_EQ(f.link_seconds[4], 0.0);
+  // The drive's reads and writes take turns: 3 s + 1 s.
+  EXPECT_DOUBLE_EQ(f.nvme_seconds, 4.0);
+  EXPECT_TRUE(f.nvme_binds);
   EXPECT_EQ(f.transfer_binding, Link::kNvmeToHost);
-  EXPECT_DOUBLE_EQ(f.transfer_seconds, 3.0);
+  EXPECT_EQ(BindingName(f), "NVMe (reads + writes)");
+  EXPECT_EQ(BindingKey(f), "nvme");
+  EXPECT_DOUBLE_EQ(f.transfer_seconds, 4.0);
   EXPECT_DOUBLE_EQ(f.optimizer_seconds, 1.0);
   EXPECT_FALSE(f.optimizer_binds);
-  EXPECT_DOUBLE_EQ(f.seconds, 3.0);
-  bw.adam_gparams = 0.25;
+  EXPECT_DOUBLE_EQ(f.seconds, 4.0);
+  bw.adam_gparams = 0.2;
   f = StepFloor(Bf16(1'000'000'000), bytes, bw);
   EXPECT_TRUE(f.optimizer_binds);
-  EXPECT_DOUBLE_EQ(f.seconds, 4.0);
+  EXPECT_EQ(BindingKey(f), "optimizer");
+  EXPECT_DOUBLE_EQ(f.seconds, 5.0);
+}
+
+TEST(StepFloorTest, FullDuplexLinksDoNotAdd) {
+  Bandwidths bw;
+  bw.gbps = {10, 20, 1, 2, 100};
+  bw.adam_gparams = 1;
+  // PCIe both ways: 2 s and 1 s overlap; reads alone leave the drive's
+  // time equal to the read link's.
+  const std::array<uint64_t, kNumLinks> bytes = {20'000'000'000, 20'000'000'000,
+                                                 1'500'000'000, 0, 0};
+  const Floor f = StepFloor(Bf16(1'000'000'000), bytes, bw);
+  EXPECT_FALSE(f.nvme_binds);
+  EXPECT_EQ(f.transfer_binding, Link::kHostToDevice);
+  EXPECT_EQ(BindingName(f), "host->device");
+  EXPECT_DOUBLE_EQ(f.nvme_seconds, 1.5);
+  EXPECT_DOUBLE_EQ(f.seconds, 2.0);
 }
 
 TEST(LargestModelTest, UnboundedWhenHostOrNvmeIsUnlimited) {
@@ -352,7 +374,9 @@ TEST(MakePlanTest, CombinesEveryEstimate) {
   ASSERT_EQ(plan.shortfalls.size(), 1u);
   EXPECT_EQ(plan.shortfalls[0].needs, 60'000'000'000u);
   EXPECT_EQ(plan.link_bytes, LinkBytes(plan.traffic));
-  EXPECT_DOUBLE_EQ(plan.floor.seconds, 15.0);  // 60 GB written at 4 GB/s
+  // 60 GB read at 6 GB/s, then written at 4 GB/s, by one drive.
+  EXPECT_DOUBLE_EQ(plan.floor.seconds, 25.0);
+  EXPECT_TRUE(plan.floor.nvme_binds);
   EXPECT_EQ(plan.floor.transfer_binding, Link::kHostToNvme);
   EXPECT_EQ(plan.largest_model, LargestModel(m, b));
   EXPECT_EQ(plan.zero_bytes[3], ZeroBytesPerGpu(m, 3, 8));

@@ -33,28 +33,39 @@ TEST(SimCliTest, StreamsStateFromNvmeAndReportsEveryFigure) {
   strata::testutil::ScratchDir dir;
   const std::string json = dir.File("out.json");
   const Outcome run = Sim(
-      "--params 4M --layers 4 --device-budget 8M --host-budget 24M --nvme " +
-          dir.path() + " --steps 3 --tflops 0.5 --json " + json,
+      "--params 4M --layers 4 --device-budget 8M --host-budget 32M --nvme " +
+          dir.path() +
+          " --steps 3 --tflops 0.5 --mode overlap,after_backward --json " +
+          json,
       dir.path());
   ASSERT_EQ(run.status, 0) << run.err;
-  EXPECT_NE(run.err.find("offloaded step 3/3"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("offloaded (after_backward) step 3/3"),
+            std::string::npos)
+      << run.err;
   std::ifstream in(json);
   const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
   ASSERT_TRUE(doc.is_object());
-  ASSERT_EQ(doc["steps"].size(), 3u);
-  const auto& step = doc["steps"][2];
-  EXPECT_GT(step["seconds"].get<double>(), 0);
-  EXPECT_GT(step["compute_seconds"].get<double>(), 0);
-  EXPECT_TRUE(step["stall"].contains("optimizer"));
-  // The optimizer state (48 MB) does not fit the 24 MiB host: streamed.
-  EXPECT_GT(step["bytes"]["nvme->host"].get<uint64_t>(), 40'000'000u);
-  EXPECT_GT(step["bytes"]["host->nvme"].get<uint64_t>(), 40'000'000u);
-  EXPECT_GT(doc["offload_efficiency"].get<double>(), 0);
+  EXPECT_GT(doc["resident_step_seconds"].get<double>(), 0);
   EXPECT_GT(doc["floor"]["seconds"].get<double>(), 0);
-  for (const char* tier : {"device", "host"}) {
-    EXPECT_LE(doc["memory"][tier]["peak"].get<uint64_t>(),
-              doc["memory"][tier]["budget"].get<uint64_t>())
-        << tier;
+  EXPECT_EQ(doc["floor"]["binding"], "NVMe (reads + writes)");
+  ASSERT_EQ(doc["runs"].size(), 2u);
+  EXPECT_EQ(doc["runs"][0]["mode"], "overlap");
+  EXPECT_EQ(doc["runs"][1]["mode"], "after_backward");
+  for (const nlohmann::json& r : doc["runs"]) {
+    ASSERT_EQ(r["steps"].size(), 3u);
+    const auto& step = r["steps"][2];
+    EXPECT_GT(step["seconds"].get<double>(), 0);
+    EXPECT_GT(step["compute_seconds"].get<double>(), 0);
+    EXPECT_TRUE(step["stall"].contains("optimizer"));
+    // The optimizer state (48 MB) does not fit the 32 MiB host: streamed.
+    EXPECT_GT(step["bytes"]["nvme->host"].get<uint64_t>(), 40'000'000u);
+    EXPECT_GT(step["bytes"]["host->nvme"].get<uint64_t>(), 40'000'000u);
+    EXPECT_GT(r["offload_efficiency"].get<double>(), 0);
+    for (const char* tier : {"device", "host"}) {
+      EXPECT_LE(r["memory"][tier]["peak"].get<uint64_t>(),
+                r["memory"][tier]["budget"].get<uint64_t>())
+          << tier;
+    }
   }
 }
 

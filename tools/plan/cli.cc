@@ -324,20 +324,21 @@ std::string TextTraffic(const Plan& plan) {
 std::string FloorLine(const Floor& f) {
   if (f.optimizer_binds) {
     return fmt::format(
-        "floor: {:.3f} s/step, bound by the CPU optimizer (slowest link: {}, "
-        "{:.3f} s)\n",
-        f.seconds, LinkName(f.transfer_binding), f.transfer_seconds);
+        "floor: {:.3f} s/step, bound by the CPU optimizer (slowest transfer: "
+        "{}, {:.3f} s)\n",
+        f.seconds, TransferBindingName(f), f.transfer_seconds);
   }
   return fmt::format(
       "floor: {:.3f} s/step, bound by {} (CPU optimizer: {:.3f} s)\n",
-      f.seconds, LinkName(f.transfer_binding), f.optimizer_seconds);
+      f.seconds, TransferBindingName(f), f.optimizer_seconds);
 }
 
 std::string TextFloor(const Plan& plan, const PlanOptions& o) {
   const Floor& f = plan.floor;
   std::string out = fmt::format(
-      "\nstep-time floor (every link and the CPU optimizer at full speed, "
-      "overlapped)\n  {:<16}{:>16}{:>18}  {:<9}{:>10}\n",
+      "\nstep-time floor (every resource and the CPU optimizer at full "
+      "speed, overlapped; the NVMe drive's reads and writes take turns)\n  "
+      "{:<16}{:>16}{:>18}  {:<9}{:>10}\n",
       "resource", "per step", "rate", "source", "seconds");
   for (Link link : kLinks) {
     const int i = static_cast<int>(link);
@@ -345,6 +346,8 @@ std::string TextFloor(const Plan& plan, const PlanOptions& o) {
                        LinkName(link), Gb(plan.link_bytes[i]), o.links[i].value,
                        SourceName(o.links[i].source), f.link_seconds[i]);
   }
+  out += fmt::format("  {:<16}{:>16}{:>18}  {:<9}{:>10.3f}\n", "NVMe drive",
+                     "read + write", "takes turns", "", f.nvme_seconds);
   out +=
       fmt::format("  {:<16}{:>9} params{:>9.2f} Gparam/s  {:<9}{:>10.3f}\n",
                   "CPU optimizer", ParamText(plan.model.params), o.adam.value,
@@ -450,10 +453,11 @@ nlohmann::ordered_json JsonTraffic(const Plan& plan, const PlanOptions& o) {
             {"seconds", f.optimizer_seconds}}},
           {"floor",
            {{"seconds", f.seconds},
-            {"binding",
-             f.optimizer_binds ? "optimizer" : LinkKey(f.transfer_binding)},
+            {"nvme_seconds", f.nvme_seconds},
+            {"binding", BindingKey(f)},
             {"transfer_seconds", f.transfer_seconds},
-            {"transfer_binding", LinkKey(f.transfer_binding)}}}};
+            {"transfer_binding",
+             f.nvme_binds ? "nvme" : LinkKey(f.transfer_binding)}}}};
 }
 
 }  // namespace

@@ -369,6 +369,17 @@ std::array<uint64_t, kNumLinks> LinkBytes(
   return out;
 }
 
+// Note [The drive is one resource]
+// PCIe carries host->device and device->host at once (full duplex), but an
+// NVMe drive serves reads and writes from the same controller and flash:
+// under a mix each gets a share of the time, not its solo rate. Measured
+// on the reference machine (docs/PERF.md, strata-sim): alone, reads 2.23
+// and writes 3.13 GB/s; the optimizer's even mix moved 2.2 GB/s in all,
+// about the 2.6 GB/s that taking turns predicts and far from the 5.4 that
+// two independent links would; fio's read and write jobs run together
+// showed the same. So the floor charges the drive read seconds plus write
+// seconds; still a lower bound, as no overlap beyond taking turns is
+// counted against it.
 Floor StepFloor(const Model& model,
                 const std::array<uint64_t, kNumLinks>& link_bytes,
                 const Bandwidths& bandwidths) {
@@ -385,10 +396,33 @@ Floor StepFloor(const Model& model,
       floor.transfer_binding = link;
     }
   }
+  const double read = floor.link_seconds[Index(Link::kNvmeToHost)];
+  const double write = floor.link_seconds[Index(Link::kHostToNvme)];
+  floor.nvme_seconds = read + write;
+  if (read > 0 && write > 0 && floor.nvme_seconds > floor.transfer_seconds) {
+    floor.nvme_binds = true;
+    floor.transfer_seconds = floor.nvme_seconds;
+    floor.transfer_binding =
+        read >= write ? Link::kNvmeToHost : Link::kHostToNvme;
+  }
   floor.optimizer_seconds = model.params / (bandwidths.adam_gparams * 1e9);
   floor.optimizer_binds = floor.optimizer_seconds > floor.transfer_seconds;
   floor.seconds = std::max(floor.transfer_seconds, floor.optimizer_seconds);
   return floor;
+}
+
+std::string TransferBindingName(const Floor& floor) {
+  return floor.nvme_binds ? "NVMe (reads + writes)"
+                          : std::string(LinkName(floor.transfer_binding));
+}
+
+std::string BindingName(const Floor& floor) {
+  return floor.optimizer_binds ? "CPU optimizer" : TransferBindingName(floor);
+}
+
+std::string_view BindingKey(const Floor& floor) {
+  if (floor.optimizer_binds) return "optimizer";
+  return floor.nvme_binds ? "nvme" : LinkKey(floor.transfer_binding);
 }
 
 // The search keeps fits(lo) and !fits(hi), so the answer fits and one more

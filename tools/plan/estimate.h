@@ -155,19 +155,31 @@ struct Bandwidths {
   double adam_gparams = 0;                  // optimizer 1e9 params/s, > 0
 };
 
-// The step-time floor: every link and the CPU optimizer run concurrently and
-// at full speed, so a step takes at least as long as the slowest of them.
+// The step-time floor: every resource and the CPU optimizer run
+// concurrently and at full speed, so a step takes at least as long as the
+// slowest of them. The resources are the links, except that NVMe->host and
+// host->NVMe are one: the drive's reads and writes take turns (Note [The
+// drive is one resource] in estimate.cc).
 struct Floor {
   std::array<double, kNumLinks> link_seconds = {};
+  double nvme_seconds = 0;  // NVMe->host plus host->NVMe seconds
   double optimizer_seconds = 0;
-  Link transfer_binding = Link::kHostToDevice;  // the slowest link
-  double transfer_seconds = 0;                  // its time
-  bool optimizer_binds = false;  // the optimizer is slower than every link
+  // The slowest link; when nvme_binds, the busier of the drive's two.
+  Link transfer_binding = Link::kHostToDevice;
+  bool nvme_binds = false;       // the drive, reads and writes together
+  double transfer_seconds = 0;   // the slowest resource's time
+  bool optimizer_binds = false;  // the optimizer is slower than all of them
   double seconds = 0;            // max(transfer_seconds, optimizer_seconds)
 };
 Floor StepFloor(const Model& model,
                 const std::array<uint64_t, kNumLinks>& link_bytes,
                 const Bandwidths& bandwidths);
+// What binds: "CPU optimizer", "NVMe (reads + writes)" or the link's name;
+// BindingKey: "optimizer", "nvme" or the link's key (JSON).
+std::string BindingName(const Floor& floor);
+std::string_view BindingKey(const Floor& floor);
+// The slowest transfer resource alone (ignoring the optimizer).
+std::string TransferBindingName(const Floor& floor);
 
 // The largest Ψ whose placement fits `budgets`, for model.dtype and
 // model.k (model.params is ignored): Place() fits for the result and not

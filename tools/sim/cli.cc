@@ -54,8 +54,9 @@ Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   CliOptions cli;
   SimOptions& o = cli.sim;
   std::string params = "1G", dtype = "bf16", device_budget = "256M",
-              host_budget = "3G", nvme_budget, mode = "overlap",
-              params_home = "host", state_home = "nvme";
+              host_budget = "3G", nvme_budget, params_home = "host",
+              state_home = "nvme";
+  std::vector<std::string> modes = {"overlap"};
   CLI::App app(
       "strata-sim: a training step of a synthetic model through "
       "the whole engine",
@@ -86,7 +87,10 @@ Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
       ->capture_default_str();
   app.add_option("--tokens", o.tokens, "Tokens per micro-batch")
       ->capture_default_str();
-  app.add_option("--mode", mode, "overlap or after_backward")
+  app.add_option("--mode", modes,
+                 "overlap, after_backward, or both comma-separated (each "
+                 "runs in turn against one resident baseline)")
+      ->delimiter(',')
       ->capture_default_str();
   app.add_option("--micro-batches", o.optimizer.micro_batches,
                  "Gradient accumulation steps")
@@ -121,9 +125,13 @@ Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   Result<DType> d = ParseDType(dtype);
   if (!d.ok()) return Invalid("--dtype: " + d.status().message());
   o.dtype = *d;
-  Result<OptimMode> m = ParseOptimMode(mode);
-  if (!m.ok()) return Invalid("--mode: " + m.status().message());
-  o.optimizer.mode = *m;
+  o.modes.clear();
+  for (const std::string& name : modes) {
+    Result<OptimMode> m = ParseOptimMode(name);
+    if (!m.ok()) return Invalid("--mode: " + m.status().message());
+    o.modes.push_back(*m);
+  }
+  if (o.modes.empty()) return Invalid("--mode: give at least one mode");
   for (auto [flag, text, tier] :
        {std::tuple{"--params-home", params_home, &o.params_home},
         std::tuple{"--state-home", state_home, &o.state_home}}) {
@@ -180,6 +188,42 @@ nlohmann::ordered_json StepJson(const StepFigures& f) {
           {"bytes", bytes}};
 }
 
+nlohmann::ordered_json RunJson(const ModeRun& run) {
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  for (const StepFigures& f : run.steps) steps.push_back(StepJson(f));
+  nlohmann::ordered_json peaks = nlohmann::ordered_json::object();
+  for (int t = 0; t < kNumTiers; ++t) {
+    peaks[std::string(TierName(static_cast<Tier>(t)))] = {
+        {"peak", run.peak[t]}, {"budget", run.budget[t]}};
+  }
+  return {{"mode", OptimModeName(run.mode)},
+          {"steady_step_seconds", SteadySeconds(run.steps)},
+          {"offload_efficiency", run.offload_efficiency},
+          {"memory", peaks},
+          {"steps", steps}};
+}
+
+void PrintRun(const ModeRun& run, const std::vector<StepFigures>& resident) {
+  std::printf("\nmode %s\n", std::string(OptimModeName(run.mode)).c_str());
+  std::printf("%-6s %9s %9s %9s %9s %9s %9s %8s\n", "step", "seconds",
+              "compute", "stall:f", "stall:g", "stall:o", "optim", "hidden");
+  for (size_t i = 0; i < run.steps.size(); ++i) {
+    const StepFigures& f = run.steps[i];
+    std::printf("%-6zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.0f%%\n", i,
+                f.seconds, f.compute_seconds, f.fetch_stall, f.gradient_wait,
+                f.optimizer_wait, f.optimizer_seconds, 100 * f.hidden_fraction);
+  }
+  std::printf("steady step %.2f s; resident %.2f s; offload_efficiency %.3f\n",
+              SteadySeconds(run.steps), SteadySeconds(resident),
+              run.offload_efficiency);
+  for (int t = 0; t < kNumTiers; ++t) {
+    std::printf("peak %-7s %s of %s\n",
+                std::string(TierName(static_cast<Tier>(t))).c_str(),
+                aio::HumanBytes(run.peak[t]).c_str(),
+                aio::HumanBytes(run.budget[t]).c_str());
+  }
+}
+
 }  // namespace
 
 Result<int> Run(CliOptions cli) {
@@ -189,63 +233,50 @@ Result<int> Run(CliOptions cli) {
   const SimOptions& o = cli.sim;
   double host_gb = 0;
   const plan::Floor floor = PlanFloor(cli, &host_gb);
+  const double read_gbps =
+      cli.rates.links[static_cast<int>(plan::Link::kNvmeToHost)].value;
+  const double write_gbps =
+      cli.rates.links[static_cast<int>(plan::Link::kHostToNvme)].value;
+  const double compute = o.tflops > 0
+                             ? 6.0 * o.params * o.tokens *
+                                   o.optimizer.micro_batches / (o.tflops * 1e12)
+                             : 0.0;
   std::fprintf(stderr,
-               "strata-sim: %s params, %d layers, %s; strata-plan floor "
-               "%.2f s/step; compute %.2f s/step\n",
-               aio::HumanBytes(o.params).c_str(), o.layers,
-               std::string(OptimModeName(o.optimizer.mode)).c_str(),
-               floor.seconds,
-               o.tflops > 0 ? 6.0 * o.params * o.tokens *
-                                  o.optimizer.micro_batches / (o.tflops * 1e12)
-                            : 0.0);
+               "strata-sim: %s params, %d layers; strata-plan floor %.2f "
+               "s/step (NVMe read %.2f, write %.2f GB/s); compute %.2f "
+               "s/step (%.2fx the floor)\n",
+               aio::HumanBytes(o.params).c_str(), o.layers, floor.seconds,
+               read_gbps, write_gbps, compute, compute / floor.seconds);
   Result<SimResult> result = Simulate(o, [](const std::string& line) {
     std::fprintf(stderr, "%s\n", line.c_str());
   });
   if (!result.ok()) return result.status();
-  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
-  for (const StepFigures& f : result->steps) steps.push_back(StepJson(f));
-  nlohmann::ordered_json peaks = nlohmann::ordered_json::object();
-  for (int t = 0; t < kNumTiers; ++t) {
-    peaks[std::string(TierName(static_cast<Tier>(t)))] = {
-        {"peak", result->peak[t]}, {"budget", result->budget[t]}};
+  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+  for (const ModeRun& run : result->runs) {
+    runs.push_back(RunJson(run));
+    PrintRun(run, result->resident);
   }
+  std::printf(
+      "\nstrata-plan floor %.2f s/step (bound by %s; NVMe read %.2f, write "
+      "%.2f GB/s; optimizer %.2f s); compute %.2f s/step\n",
+      floor.seconds, plan::BindingName(floor).c_str(), read_gbps, write_gbps,
+      floor.optimizer_seconds, compute);
   const nlohmann::ordered_json doc = {
       {"params", o.params},
       {"layers", o.layers},
-      {"mode", OptimModeName(o.optimizer.mode)},
       {"tflops", o.tflops},
-      {"steps", steps},
-      {"steady_step_seconds", SteadySeconds(result->steps)},
+      {"compute_seconds", compute},
       {"resident_step_seconds", SteadySeconds(result->resident)},
-      {"offload_efficiency", result->offload_efficiency},
-      {"memory", peaks},
       {"floor",
        {{"seconds", floor.seconds},
         {"transfer_seconds", floor.transfer_seconds},
-        {"binding", plan::LinkName(floor.transfer_binding)},
+        {"nvme_seconds", floor.nvme_seconds},
+        {"binding", plan::BindingName(floor)},
+        {"nvme_read_gbps", read_gbps},
+        {"nvme_write_gbps", write_gbps},
         {"optimizer_seconds", floor.optimizer_seconds},
-        {"host_memory_gb", host_gb}}}};
-  std::printf("%-6s %9s %9s %9s %9s %9s %9s %8s\n", "step", "seconds",
-              "compute", "stall:f", "stall:g", "stall:o", "optim", "hidden");
-  for (size_t i = 0; i < result->steps.size(); ++i) {
-    const StepFigures& f = result->steps[i];
-    std::printf("%-6zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.0f%%\n", i,
-                f.seconds, f.compute_seconds, f.fetch_stall, f.gradient_wait,
-                f.optimizer_wait, f.optimizer_seconds, 100 * f.hidden_fraction);
-  }
-  std::printf("steady step %.2f s; resident %.2f s; offload_efficiency %.3f\n",
-              SteadySeconds(result->steps), SteadySeconds(result->resident),
-              result->offload_efficiency);
-  for (int t = 0; t < kNumTiers; ++t) {
-    std::printf("peak %-7s %s of %s\n",
-                std::string(TierName(static_cast<Tier>(t))).c_str(),
-                aio::HumanBytes(result->peak[t]).c_str(),
-                aio::HumanBytes(result->budget[t]).c_str());
-  }
-  std::printf("strata-plan floor %.2f s/step (bound by %s; optimizer %.2f s)\n",
-              floor.seconds,
-              std::string(plan::LinkName(floor.transfer_binding)).c_str(),
-              floor.optimizer_seconds);
+        {"host_memory_gb", host_gb}}},
+      {"runs", runs}};
   if (!cli.json_path.empty()) {
     std::ofstream out(cli.json_path);
     out << doc.dump(2) << "\n";

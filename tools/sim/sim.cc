@@ -150,9 +150,12 @@ Result<StepFigures> OneStep(const SimOptions& o, Run& run) {
   return f;
 }
 
+// Runs o.steps steps of a model built for `o` (its optimizer mode as
+// given); `label` starts each progress line. `peak` and `budget` (may be
+// null) get the engine's per-tier figures at the end.
 Result<std::vector<StepFigures>> Steps(
-    const SimOptions& o, bool resident, SimResult* result,
-    const std::function<void(const std::string&)>& progress) {
+    const SimOptions& o, bool resident, const std::string& label,
+    const std::function<void(const std::string&)>& progress, ModeRun* peaks) {
   Result<Run> run = Build(o, resident);
   if (!run.ok()) return run.status();
   std::vector<StepFigures> steps;
@@ -160,17 +163,17 @@ Result<std::vector<StepFigures>> Steps(
     Result<StepFigures> f = OneStep(o, *run);
     if (!f.ok()) return f.status();
     steps.push_back(*f);
-    progress(fmt::format(
-        "{} step {}/{}: {:.2f} s (compute {:.2f} s, "
-        "optimizer {:.2f} s, {:.0f}% hidden)",
-        resident ? "resident" : "offloaded", s + 1, o.steps, f->seconds,
-        f->compute_seconds, f->optimizer_seconds, 100 * f->hidden_fraction));
+    progress(
+        fmt::format("{} step {}/{}: {:.2f} s (compute {:.2f} s, "
+                    "optimizer {:.2f} s, {:.0f}% hidden)",
+                    label, s + 1, o.steps, f->seconds, f->compute_seconds,
+                    f->optimizer_seconds, 100 * f->hidden_fraction));
   }
-  if (!resident) {
+  if (peaks != nullptr) {
     const EngineStats stats = run->engine->stats();
     for (int t = 0; t < kNumTiers; ++t) {
-      result->peak[t] = stats.tiers[t].peak;
-      result->budget[t] = stats.tiers[t].budget;
+      peaks->peak[t] = stats.tiers[t].peak;
+      peaks->budget[t] = stats.tiers[t].budget;
     }
   }
   return steps;
@@ -192,13 +195,24 @@ Result<SimResult> Simulate(
     const SimOptions& options,
     const std::function<void(const std::string&)>& progress) {
   SimResult result;
-  Result<std::vector<StepFigures>> offloaded =
-      Steps(options, false, &result, progress);
-  if (!offloaded.ok()) return offloaded.status();
-  result.steps = std::move(*offloaded);
+  for (OptimMode mode : options.modes) {
+    SimOptions o = options;
+    o.optimizer.mode = mode;
+    ModeRun run;
+    run.mode = mode;
+    const std::string label =
+        "offloaded (" + std::string(OptimModeName(mode)) + ")";
+    Result<std::vector<StepFigures>> steps =
+        Steps(o, false, label, progress, &run);
+    if (!steps.ok()) return steps.status();
+    run.steps = std::move(*steps);
+    result.runs.push_back(std::move(run));
+  }
   if (options.resident_baseline) {
+    SimOptions o = options;
+    o.optimizer.mode = OptimMode::kOverlap;
     Result<std::vector<StepFigures>> resident =
-        Steps(options, true, &result, progress);
+        Steps(o, true, "resident", progress, nullptr);
     if (!resident.ok()) {
       return Status(resident.status().code(),
                     "the resident baseline: " + resident.status().message() +
@@ -206,8 +220,10 @@ Result<SimResult> Simulate(
                         "--no-baseline to skip it)");
     }
     result.resident = std::move(*resident);
-    result.offload_efficiency =
-        SteadySeconds(result.resident) / SteadySeconds(result.steps);
+    for (ModeRun& run : result.runs) {
+      run.offload_efficiency =
+          SteadySeconds(result.resident) / SteadySeconds(run.steps);
+    }
   }
   return result;
 }

@@ -9,9 +9,12 @@
 // twice that backward, at --tflops, spent in a timed busy loop on the
 // training thread (the host-emulated device's "GPU").
 //
+// Each optimizer mode asked for runs the offloaded model from scratch, in
+// the order given, so the modes compare on the same machine minutes apart.
 // offload_efficiency is the step time of the same model and compute run
-// fully resident (every role in memory, unlimited budgets), measured in the
-// same invocation, divided by the offloaded step time (medians over the
+// fully resident (every role in memory, unlimited budgets, overlap mode:
+// the fastest it trains without offload), measured once in the same
+// invocation, divided by the mode's offloaded step time (medians over the
 // steps after the first two: step 0 records the trace, step 1 is the first
 // to read the state back).
 //
@@ -47,7 +50,8 @@ struct SimOptions {
   int steps = 6;
   double tflops = 0;  // synthetic device speed; 0: no compute
   uint64_t tokens = 2048;
-  OffloadOptimizerOptions optimizer;
+  std::vector<OptimMode> modes = {OptimMode::kOverlap};
+  OffloadOptimizerOptions optimizer;  // its mode is each of `modes` in turn
   bool resident_baseline = true;
 };
 
@@ -62,18 +66,25 @@ struct StepFigures {
   std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes = {};
 };
 
-struct SimResult {
+// One optimizer mode's offloaded run.
+struct ModeRun {
+  OptimMode mode = OptimMode::kOverlap;
   std::vector<StepFigures> steps;
-  std::vector<StepFigures> resident;  // empty without the baseline
   std::array<uint64_t, kNumTiers> peak = {};
   std::array<uint64_t, kNumTiers> budget = {};
   double offload_efficiency = 0;  // 0 without the baseline
 };
 
+struct SimResult {
+  std::vector<ModeRun> runs;          // SimOptions::modes, in order
+  std::vector<StepFigures> resident;  // empty without the baseline
+};
+
 // Median step time over the steps after the first two (all when fewer).
 double SteadySeconds(const std::vector<StepFigures>& steps);
 
-// Runs the offloaded model, then (when asked) the resident baseline.
+// Runs the offloaded model in each mode, then (when asked) the resident
+// baseline.
 // `progress` gets one line per step.
 Result<SimResult> Simulate(
     const SimOptions& options,
