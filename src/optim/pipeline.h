@@ -28,6 +28,22 @@
 // Limits: with clipping on, the optimizer does not hide under backward.
 // It could hide under the next forward instead (group i's step must end
 // before forward fetches group i); not done yet.
+//
+// Note [Threads and cores]
+// Only two kinds of work need a core of their own: the training thread
+// (which drives the GPU, or is the host-emulated device's compute) and the
+// CPU optimizer. So CPU Adam runs in its own TBB arena of `threads` (all
+// cores but one by default), entered by the pipeline's worker thread, and
+// nothing else computes there. Everything else waits on hardware and
+// needs no core: the aio ring threads sleep in io_uring_enter while the
+// drive DMAs (strata-nvme-bench: under 2% of a core at 3 GB/s), CUDA copy
+// engines are DMA engines, and the write-behind and prefetch threads block
+// on those. They are not pinned: on the 2-core reference machine pinning
+// would give each a core it leaves idle, and the scheduler runs a thread
+// that wakes on a completion at once. The exception is the host-emulated
+// device, whose copies are memcpy on its stream threads and
+// take their time from the optimizer's core; strata-sim counts that as
+// offload overhead (docs/PERF.md).
 #ifndef STRATA_SRC_OPTIM_PIPELINE_H_
 #define STRATA_SRC_OPTIM_PIPELINE_H_
 

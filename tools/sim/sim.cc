@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "strata/aio.h"
+#include "tools/sim/busy.h"
 
 namespace strata::sim {
 namespace {
@@ -15,16 +16,6 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// The device's work: a timed busy loop (the host-emulated GPU is busy, not
-// asleep, so it competes for the cores as real work would).
-void Busy(double seconds) {
-  const Clock::time_point end =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(seconds));
-  while (Clock::now() < end) {
-  }
 }
 
 bool KeepsGradients(const OffloadOptimizerOptions& o) {
@@ -36,6 +27,7 @@ struct Run {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<OffloadOptimizer> optimizer;
   std::vector<uint64_t> layer_params;
+  bool on_cuda = false;
 };
 
 Result<Run> Build(const SimOptions& o, bool resident) {
@@ -61,6 +53,7 @@ Result<Run> Build(const SimOptions& o, bool resident) {
   if (!engine.ok()) return engine.status();
   Run run;
   run.engine = std::move(*engine);
+  run.on_cuda = run.engine->info().device == "cuda";
   RoleMask roles = kAllRoles;
   if (!KeepsGradients(o.optimizer)) roles &= ~RoleBit(Role::kGrad);
   for (int l = 0; l < o.layers; ++l) {
@@ -107,7 +100,7 @@ Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
       grads = run.optimizer->AcquireGradients(l);
       if (!grads.ok()) return grads.status();
     }
-    Busy(seconds);
+    if (Status s = Busy(seconds, run.on_cuda); !s.ok()) return s;
     f->compute_seconds += seconds;
     if (!forward) WriteGradients(*grads, o.dtype);
     if (Status s = engine.Release(l); !s.ok()) return s;

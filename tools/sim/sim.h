@@ -6,8 +6,8 @@
 // reverse, computes, writes its gradients into a buffer from the optimizer
 // and hands them off; then FinishStep runs or waits for the optimizer.
 // Compute is synthetic: 2 * params * tokens FLOPs per layer forward and
-// twice that backward, at --tflops, spent in a timed busy loop on the
-// training thread (the host-emulated device's "GPU").
+// twice that backward, at --tflops, spent by Busy() (busy.h): a kernel
+// spinning on a CUDA device, a timed busy loop on the host-emulated one.
 //
 // Each optimizer mode asked for runs the offloaded model from scratch, in
 // the order given, so the modes compare on the same machine minutes apart.
