@@ -1,6 +1,7 @@
 // OffloadOptimizer: the public face of the pipeline (pipeline.h).
 #include "strata/offload_optimizer.h"
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -12,7 +13,7 @@ namespace {
 
 // Note [Optimizer checkpoint state]
 // OffloadOptimizer::Save wraps the caller's user_state in the manifest's:
-// {"strata_optimizer": {"version": 1, "algo": "adamw", "step": N},
+// {"strata_optimizer": {"version": 1, "algo": "AdamW", "step": N},
 //  "user_state": "<the caller's, verbatim>"}. The step count is what makes a
 // resume exact (bias correction); the algorithm says what kState1/kState2
 // hold. Mode, micro-batches, clipping and threads are the running
@@ -34,6 +35,7 @@ Status ParseState(const std::string& text, OptimAlgo algo, int64_t* step,
   if (!o.is_object() || !o.value("version", nlohmann::json()).is_number() ||
       !o.value("algo", nlohmann::json()).is_string() ||
       !o.value("step", nlohmann::json()).is_number_unsigned() ||
+      o["step"].get<uint64_t>() > uint64_t{INT64_MAX} ||
       !j.value("user_state", nlohmann::json()).is_string()) {
     return Status(StatusCode::kDataLoss,
                   std::string("its optimizer state (\"") + kStateKey +

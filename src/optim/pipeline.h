@@ -41,9 +41,9 @@
 // on those. They are not pinned: on the 2-core reference machine pinning
 // would give each a core it leaves idle, and the scheduler runs a thread
 // that wakes on a completion at once. The exception is the host-emulated
-// device, whose copies are memcpy on its stream threads and
-// take their time from the optimizer's core; strata-sim counts that as
-// offload overhead (docs/PERF.md).
+// device, whose copies are memcpy on its stream threads and take their
+// time from the optimizer's core; strata-sim counts that as offload
+// overhead (docs/PERF.md).
 #ifndef STRATA_SRC_OPTIM_PIPELINE_H_
 #define STRATA_SRC_OPTIM_PIPELINE_H_
 

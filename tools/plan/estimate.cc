@@ -375,11 +375,12 @@ std::array<uint64_t, kNumLinks> LinkBytes(
 // under a mix each gets a share of the time, not its solo rate. Measured
 // on the reference machine (docs/PERF.md, strata-sim): alone, reads 2.23
 // and writes 3.13 GB/s; the optimizer's even mix moved 2.2 GB/s in all,
-// about the 2.6 GB/s that taking turns predicts and far from the 5.4 that
-// two independent links would; fio's read and write jobs run together
-// showed the same. So the floor charges the drive read seconds plus write
-// seconds; still a lower bound, as no overlap beyond taking turns is
-// counted against it.
+// below the 2.6 GB/s that taking turns predicts and far from the 5.4 that
+// two independent links would; fio's read and write jobs run together did
+// the work of 12.1 s of turns in 10 s. So the floor charges the drive read
+// seconds plus write seconds. A drive can beat that by what it overlaps
+// (fio: a fifth here), so it is a floor only up to that; the independent-
+// links figure was not a floor of anything this drive could do.
 Floor StepFloor(const Model& model,
                 const std::array<uint64_t, kNumLinks>& link_bytes,
                 const Bandwidths& bandwidths) {

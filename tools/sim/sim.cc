@@ -144,8 +144,8 @@ Result<StepFigures> OneStep(const SimOptions& o, Run& run) {
 }
 
 // Runs o.steps steps of a model built for `o` (its optimizer mode as
-// given); `label` starts each progress line. `peak` and `budget` (may be
-// null) get the engine's per-tier figures at the end.
+// given); `label` starts each progress line. `peaks` (may be null) gets
+// the engine's per-tier peaks and budgets at the end.
 Result<std::vector<StepFigures>> Steps(
     const SimOptions& o, bool resident, const std::string& label,
     const std::function<void(const std::string&)>& progress, ModeRun* peaks) {
