@@ -215,6 +215,25 @@ Status PrepareTemp(const Paths& p) {
   return Status();
 }
 
+// Fetches each of `roles` of group `g` to the host in turn (for writing
+// when `write`), outside the trace, hands its view to `use` and releases
+// it: so a checkpoint holds at most one role of one group at a time.
+template <typename Use>
+Status ForEachRole(Engine& engine, int g, RoleMask roles, bool write, Use use) {
+  for (int r = 0; r < kNumRoles; ++r) {
+    const Role role = static_cast<Role>(r);
+    if ((roles & RoleBit(role)) == 0) continue;
+    Result<GroupView> view =
+        engine.Fetch(g, Tier::kHost, {RoleBit(role), write, false});
+    if (!view.ok()) return view.status();
+    const Status s = use(role, *view);
+    const Status released = engine.Release(g);
+    if (!s.ok()) return s;
+    if (!released.ok()) return released;
+  }
+  return Status();
+}
+
 // Streams group `g`'s roles, one at a time through the host tier, into
 // `path`; sets entry.xxh3.
 Status WriteGroup(Engine& engine, int g, const std::string& path,
@@ -222,24 +241,20 @@ Status WriteGroup(Engine& engine, int g, const std::string& path,
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (!fd.ok()) return Errno("create", path);
   Hasher hasher = NewHasher();
-  for (int r = 0; r < kNumRoles; ++r) {
-    const Role role = static_cast<Role>(r);
-    if ((entry.roles & RoleBit(role)) == 0) continue;
-    Result<GroupView> view =
-        engine.Fetch(g, Tier::kHost, {RoleBit(role), false, false});
-    if (!view.ok()) return view.status();
-    Status s;
-    for (const TensorEntry& t : entry.tensors) {
-      if ((t.roles & RoleBit(role)) == 0 || !s.ok()) continue;
-      const TensorView* data = view->Find(t.name, role);
-      STRATA_CHECK(data != nullptr && data->bytes == RoleBytes(t, role));
-      s = WriteAt(fd.get(), data->data, data->bytes, t.offset[r], path);
-      XXH3_64bits_update(hasher.get(), data->data, data->bytes);
-    }
-    const Status released = engine.Release(g);
-    if (!s.ok()) return s;
-    if (!released.ok()) return released;
-  }
+  Status s = ForEachRole(
+      engine, g, entry.roles, false, [&](Role role, const GroupView& view) {
+        for (const TensorEntry& t : entry.tensors) {
+          if ((t.roles & RoleBit(role)) == 0) continue;
+          const TensorView* data = view.Find(t.name, role);
+          STRATA_CHECK(data != nullptr && data->bytes == RoleBytes(t, role));
+          Status w = WriteAt(fd.get(), data->data, data->bytes,
+                             t.offset[static_cast<int>(role)], path);
+          if (!w.ok()) return w;
+          XXH3_64bits_update(hasher.get(), data->data, data->bytes);
+        }
+        return Status();
+      });
+  if (!s.ok()) return s;
   entry.xxh3 = XXH3_64bits_digest(hasher.get());
   return SyncAndClose(fd, path);
 }
@@ -404,24 +419,18 @@ Status LoadGroup(Engine& engine, int g, const std::string& path,
                  const GroupEntry& entry, uint64_t* bytes) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.ok()) return Errno("open", path);
-  for (int r = 0; r < kNumRoles; ++r) {
-    const Role role = static_cast<Role>(r);
-    if ((entry.roles & RoleBit(role)) == 0) continue;
-    Result<GroupView> view =
-        engine.Fetch(g, Tier::kHost, {RoleBit(role), true, false});
-    if (!view.ok()) return view.status();
-    Status s;
-    for (const TensorView& t : view->tensors) {
-      const TensorEntry* saved = entry.Find(t.name);
-      STRATA_CHECK(saved != nullptr && t.bytes == RoleBytes(*saved, role));
-      if (s.ok()) s = ReadAt(fd.get(), t.data, t.bytes, saved->offset[r], path);
-      *bytes += t.bytes;
-    }
-    const Status released = engine.Release(g);
-    if (!s.ok()) return s;
-    if (!released.ok()) return released;
-  }
-  return Status();
+  return ForEachRole(
+      engine, g, entry.roles, true, [&](Role role, const GroupView& view) {
+        for (const TensorView& t : view.tensors) {
+          const TensorEntry* saved = entry.Find(t.name);
+          STRATA_CHECK(saved != nullptr && t.bytes == RoleBytes(*saved, role));
+          Status r = ReadAt(fd.get(), t.data, t.bytes,
+                            saved->offset[static_cast<int>(role)], path);
+          if (!r.ok()) return r;
+          *bytes += t.bytes;
+        }
+        return Status();
+      });
 }
 
 }  // namespace

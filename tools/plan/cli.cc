@@ -456,8 +456,7 @@ nlohmann::ordered_json JsonTraffic(const Plan& plan, const PlanOptions& o) {
             {"nvme_seconds", f.nvme_seconds},
             {"binding", BindingKey(f)},
             {"transfer_seconds", f.transfer_seconds},
-            {"transfer_binding",
-             f.nvme_binds ? "nvme" : LinkKey(f.transfer_binding)}}}};
+            {"transfer_binding", TransferBindingKey(f)}}}};
 }
 
 }  // namespace

@@ -421,9 +421,12 @@ std::string BindingName(const Floor& floor) {
   return floor.optimizer_binds ? "CPU optimizer" : TransferBindingName(floor);
 }
 
-std::string_view BindingKey(const Floor& floor) {
-  if (floor.optimizer_binds) return "optimizer";
+std::string_view TransferBindingKey(const Floor& floor) {
   return floor.nvme_binds ? "nvme" : LinkKey(floor.transfer_binding);
+}
+
+std::string_view BindingKey(const Floor& floor) {
+  return floor.optimizer_binds ? "optimizer" : TransferBindingKey(floor);
 }
 
 // The search keeps fits(lo) and !fits(hi), so the answer fits and one more

@@ -175,11 +175,12 @@ Floor StepFloor(const Model& model,
                 const std::array<uint64_t, kNumLinks>& link_bytes,
                 const Bandwidths& bandwidths);
 // What binds: "CPU optimizer", "NVMe (reads + writes)" or the link's name;
-// BindingKey: "optimizer", "nvme" or the link's key (JSON).
+// BindingKey: "optimizer", "nvme" or the link's key (JSON). The Transfer
+// forms name the slowest transfer resource alone (ignoring the optimizer).
 std::string BindingName(const Floor& floor);
 std::string_view BindingKey(const Floor& floor);
-// The slowest transfer resource alone (ignoring the optimizer).
 std::string TransferBindingName(const Floor& floor);
+std::string_view TransferBindingKey(const Floor& floor);
 
 // The largest Ψ whose placement fits `budgets`, for model.dtype and
 // model.k (model.params is ignored): Place() fits for the result and not
