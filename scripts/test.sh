@@ -8,6 +8,9 @@ source scripts/setup.sh
 strata_install_deps
 for preset in asan tsan default; do
   echo "== strata: $preset build and tests"
+  start=$SECONDS
   strata_build "$preset"
+  built=$SECONDS
   ctest --preset "$preset" -j"$(nproc)"
+  echo "== strata: $preset built in $((built - start)) s, tested in $((SECONDS - built)) s"
 done
