@@ -228,6 +228,14 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write,
     const auto start = std::chrono::steady_clock::now();
     bool hit = false;
     Status s = Ensure(lk, id, tier, -1, &hit);
+    // A write fetch hands its copy out only once no transfer is still
+    // copying from it; the copy may move meanwhile, so ensure it again.
+    while (s.ok() && write && chunks_[id].copy[Index(tier)].readers > 0) {
+      hit = false;
+      changed_.wait(lk);
+      bool again = false;
+      s = Ensure(lk, id, tier, -1, &again);
+    }
     if (record && !hit) {
       counters_.stall_seconds += std::chrono::duration<double>(
                                      std::chrono::steady_clock::now() - start)

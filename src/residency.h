@@ -13,7 +13,8 @@
 // - Every transfer records the chunk's version when it starts and only
 //   validates its destination if no write fetch intervened.
 // - Pins (Fetch) keep a copy in place; readers (a transfer in flight from
-//   it) do too; busy marks a copy being filled or being written down.
+//   it) do too, and a write fetch waits for them to finish; busy marks a
+//   copy being filled or being written down.
 // - A write fetch's copy changes until its release, so no copy is made from
 //   it meanwhile: demand fetches of the chunk at other tiers wait for the
 //   release, prefetches skip it.

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "strata/engine.h"
@@ -210,6 +212,37 @@ TEST_F(StoreTest, PinnedGroupsAreNeverEvicted) {
     ASSERT_TRUE(engine->Release(g[i]).ok());
   }
   EXPECT_LE(engine->stats().tiers[0].peak, 100 * kKiB);
+}
+
+// A write fetch hands out a copy only once no transfer is still copying
+// from it: writing under a copy in flight is a data race (TSan reports it)
+// and could tear the bytes the transfer moves.
+TEST_F(StoreTest, WriteFetchWaitsForTransfersCopyingFromItsCopy) {
+  auto engine = Open(8192 * kKiB, 16384 * kKiB, 0, Tier::kHost);
+  ASSERT_NE(engine, nullptr);
+  const int g = *engine->RegisterGroup(Layer("big", 1 << 20));  // 6 MiB
+  std::atomic<bool> stop{false};
+  std::thread mover([&] {
+    while (!stop.load()) {
+      ASSERT_TRUE(engine->Prefetch(g, Tier::kDevice).ok());
+      ASSERT_TRUE(engine->Drain().ok());
+      ASSERT_TRUE(engine->Evict(g, Tier::kDevice).ok());
+    }
+  });
+  constexpr int kWrites = 40;
+  for (int i = 0; i < kWrites; ++i) {
+    auto view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    Fill(*view, i);
+    ASSERT_TRUE(engine->Release(g).ok());
+  }
+  stop.store(true);
+  mover.join();
+  auto view = engine->Fetch(g, Tier::kDevice);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Check(*view, kWrites - 1);
+  ASSERT_TRUE(engine->Release(g).ok());
+  EXPECT_GT(engine->stats().bytes[1][0], 0u);
 }
 
 TEST_F(StoreTest, LruBeforeATrace) {
