@@ -31,6 +31,15 @@ def fail(prog, msg):
     sys.exit(1)
 
 
+def parse_size(prog, text):
+    """Elements, with an optional K, M or G suffix (powers of 1024)."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale > 1 else text
+    if not digits.isdigit() or int(digits) == 0:
+        fail(prog, f"size '{text}' is not a positive count like 1048576 or 1M")
+    return int(digits) * scale
+
+
 def machine():
     info = {}
     with open("/proc/cpuinfo") as f:

@@ -60,8 +60,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_adam_common import (MIB, REPO, Peer, compare, fail, machine,  # noqa: E402
-                             peer_env, resolve_ours, row_text, run_ours,
-                             warn_if_busy)
+                             parse_size, peer_env, resolve_ours, row_text,
+                             run_ours, warn_if_busy)
 
 PROG = "cpu_adam_vs_deepspeed"
 DS_VERSION = "0.19.8"
@@ -106,7 +106,8 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count(),
                    help=f"threads for every side (default: all cores, {os.cpu_count()})")
     p.add_argument("--large", action="store_true", help="also 512M params fp32 (8 GiB a side, one side at a time)")
-    p.add_argument("--sizes", help="fp32 sizes, comma-separated (default 1M,16M,64M,256M)")
+    p.add_argument("--sizes", help="fp32 sizes, comma-separated, in elements with an optional "
+                   "K/M/G suffix (powers of 1024; default 1M,16M,64M,256M)")
     p.add_argument("--zero-n", type=int, default=256 << 20, help="ZeRO-step size (default 256M)")
     p.add_argument("--no-zero", action="store_true", help="skip the ZeRO-step rows")
     p.add_argument("--tensor-numel", type=int, default=16 << 20,
@@ -127,7 +128,7 @@ def main():
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
 
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(SIZES)
+    sizes = [parse_size(PROG, s) for s in args.sizes.split(",")] if args.sizes else list(SIZES)
     if args.large and not args.sizes:
         sizes.append(512 << 20)
     # (label, peer spec, bytes/param of the peer, our benchmark, bytes/param of ours)
