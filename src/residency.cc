@@ -219,27 +219,31 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write,
   std::vector<int> pinned;
   for (int id : ids) {
     const Copy& dst = chunks_[id].copy[Index(tier)];
+    const bool prefetched = dst.prefetched;
     if (record) {
       ++counters_.fetches;
-      counters_.hits += dst.valid && !dst.busy;
-      counters_.prefetch_hits += dst.valid && !dst.busy && dst.prefetched;
-      counters_.late_prefetches += dst.busy && dst.prefetched;
+      counters_.late_prefetches += dst.busy && prefetched;
     }
     const auto start = std::chrono::steady_clock::now();
     bool hit = false;
     Status s = Ensure(lk, id, tier, -1, &hit);
     // A write fetch hands its copy out only once no transfer is still
     // copying from it; the copy may move meanwhile, so ensure it again.
-    while (s.ok() && write && chunks_[id].copy[Index(tier)].readers > 0) {
+    // Such a wait is a stall, not a hit.
+    while (s.ok() && write && dst.readers > 0) {
       hit = false;
       changed_.wait(lk);
       bool again = false;
       s = Ensure(lk, id, tier, -1, &again);
     }
-    if (record && !hit) {
-      counters_.stall_seconds += std::chrono::duration<double>(
-                                     std::chrono::steady_clock::now() - start)
-                                     .count();
+    if (record) {
+      counters_.hits += hit;
+      counters_.prefetch_hits += hit && prefetched;
+      if (!hit) {
+        counters_.stall_seconds += std::chrono::duration<double>(
+                                       std::chrono::steady_clock::now() - start)
+                                       .count();
+      }
     }
     if (!s.ok()) {
       for (int p : pinned) {

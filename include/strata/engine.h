@@ -26,6 +26,9 @@
 // - While a group is fetched with `write`, its bytes are in flux: fetches of
 //   it at another tier wait for the Release, and prefetches skip it. (So a
 //   thread must not fetch, at another tier, a group it holds for writing.)
+//   A write fetch itself first waits for any transfer still copying from
+//   the copy it hands out (a prefetch of the group to the device, say),
+//   even when that copy is already resident; the wait counts as a stall.
 //
 // Ownership: the Engine owns every tier. Views point into tier memory and
 // are valid only between Fetch and Release. Release(group) undoes the most
