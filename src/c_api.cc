@@ -206,13 +206,7 @@ strata_status strata_engine_explain(const strata_engine* engine, char* buffer,
     STRATA_C_RETURN_IF_ERROR(
         NonNull({{engine, "engine"}, {required, "required"}}));
     if (capacity > 0) STRATA_C_RETURN_IF_ERROR(NonNull({{buffer, "buffer"}}));
-    const std::string text = engine->engine->Explain();
-    if (capacity > 0) {
-      const size_t n = std::min(capacity - 1, text.size());
-      std::memcpy(buffer, text.data(), n);
-      buffer[n] = '\0';
-    }
-    *required = text.size() + 1;
+    *required = strata::CopyText(engine->engine->Explain(), buffer, capacity);
     return Status::Ok();
   });
 }

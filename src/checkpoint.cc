@@ -370,13 +370,6 @@ Result<Manifest> ReadManifest(const std::string& dir) {
   return ParseManifest(text, path);
 }
 
-Status Damaged(const std::string& what) {
-  return Status(StatusCode::kDataLoss,
-                what +
-                    "; the checkpoint is damaged: restore it from a backup "
-                    "or save a new one");
-}
-
 // Size and XXH3 of one data file against the manifest.
 Status VerifyFile(const std::string& path, const GroupEntry& entry,
                   std::vector<char>& buffer) {

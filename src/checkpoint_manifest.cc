@@ -72,11 +72,8 @@ Json GroupJson(const GroupEntry& g) {
 
 Status Malformed(const std::string& path, const std::string& where,
                  const std::string& what) {
-  return Status(StatusCode::kDataLoss,
-                "manifest '" + path + "' is malformed at " + where + ": " +
-                    what +
-                    "; the checkpoint is damaged: restore it from a backup "
-                    "or save a new one");
+  return Damaged("manifest '" + path + "' is malformed at " + where + ": " +
+                 what);
 }
 
 // Field `key` of `j` as T. `where` is set to the field's path first, so a
@@ -86,19 +83,6 @@ T Get(const Json& j, const std::string& parent, const char* key,
       std::string& where) {
   where = parent.empty() ? key : parent + "." + key;
   return j.at(key).get<T>();
-}
-
-// Element count, or 0 for a negative, empty or overflowing shape (as
-// BuildGroupLayout refuses them).
-uint64_t Elements(const std::vector<int64_t>& shape) {
-  uint64_t n = 1;
-  for (int64_t dim : shape) {
-    if (dim <= 0 || n > (uint64_t{1} << 62) / static_cast<uint64_t>(dim)) {
-      return 0;
-    }
-    n *= static_cast<uint64_t>(dim);
-  }
-  return n;
 }
 
 Result<Role> ParseRole(const std::string& name) {
@@ -115,7 +99,7 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
   TensorEntry t;
   t.name = Get<std::string>(j, at, "name", where);
   t.shape = Get<std::vector<int64_t>>(j, at, "shape", where);
-  t.elements = Elements(t.shape);
+  t.elements = store::ShapeElements(t.shape);
   if (t.elements == 0) return Status(StatusCode::kDataLoss, "empty shape");
   Result<DType> dtype = ParseDType(Get<std::string>(j, at, "dtype", where));
   if (!dtype.ok()) return dtype.status();
@@ -240,6 +224,13 @@ Status MatchGroup(const GroupEntry& g, const store::GroupLayout& layout) {
 
 }  // namespace
 
+Status Damaged(const std::string& what) {
+  return Status(StatusCode::kDataLoss,
+                what +
+                    "; the checkpoint is damaged: restore it from a backup "
+                    "or save a new one");
+}
+
 uint64_t RoleBytes(const TensorEntry& tensor, Role role) {
   return tensor.elements * DTypeSize(RoleDType(role, tensor.dtype));
 }
@@ -306,11 +297,8 @@ Result<Manifest> ParseManifest(const std::string& text,
     const Json j = Json::parse(text);
     return ParseFields(j, path, where);
   } catch (const Json::parse_error& e) {
-    return Status(StatusCode::kDataLoss,
-                  "manifest '" + path + "' is not valid JSON (byte " +
-                      std::to_string(e.byte) +
-                      "); the checkpoint is damaged: restore it from a "
-                      "backup or save a new one");
+    return Damaged("manifest '" + path + "' is not valid JSON (byte " +
+                   std::to_string(e.byte) + ")");
   } catch (const Json::exception& e) {
     return Malformed(path, where, e.what());
   }

@@ -48,6 +48,9 @@ struct Manifest {
   std::vector<GroupEntry> groups;
 };
 
+// kDataLoss: `what` is wrong with a checkpoint, and the way out.
+Status Damaged(const std::string& what);
+
 // Group `id`'s entry: its file name ("group-000003.bin") and every tensor's
 // offset in it, packed as Note [Checkpoint format] says; xxh3 is left 0.
 GroupEntry DescribeGroup(int id, const store::GroupLayout& layout);

@@ -15,9 +15,13 @@ Status Invalid(const GroupSpec& spec, const std::string& what) {
                 "group '" + spec.name + "': " + what);
 }
 
-// Element count of `shape`, or 0 when a dimension is negative or the
-// product overflows 2^62.
-uint64_t Elements(const std::vector<int64_t>& shape) {
+bool ValidTier(Tier tier) {
+  return tier == Tier::kDevice || tier == Tier::kHost || tier == Tier::kNvme;
+}
+
+}  // namespace
+
+uint64_t ShapeElements(const std::vector<int64_t>& shape) {
   uint64_t n = 1;
   for (int64_t dim : shape) {
     if (dim < 0) return 0;
@@ -28,12 +32,6 @@ uint64_t Elements(const std::vector<int64_t>& shape) {
   }
   return n;
 }
-
-bool ValidTier(Tier tier) {
-  return tier == Tier::kDevice || tier == Tier::kHost || tier == Tier::kNvme;
-}
-
-}  // namespace
 
 Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
                                      const Placement& defaults) {
@@ -65,7 +63,7 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
         t.dtype != DType::kFloat16) {
       return Invalid(spec, where + "has an unknown dtype");
     }
-    TensorLayout tl{t.name, t.shape, t.dtype, t.roles, Elements(t.shape),
+    TensorLayout tl{t.name, t.shape, t.dtype, t.roles, ShapeElements(t.shape),
                     0,      {}};
     if (tl.elements == 0) {
       return Invalid(spec,

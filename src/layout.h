@@ -53,6 +53,10 @@ struct GroupLayout {
   std::array<uint64_t, kNumRoles> elements = {};
 };
 
+// Element count of `shape`, or 0 when a dimension is zero or negative or
+// the product overflows 2^62 (BuildGroupLayout refuses such shapes).
+uint64_t ShapeElements(const std::vector<int64_t>& shape);
+
 // Validates `spec` (names, shapes, dtypes, roles, placements) and packs it.
 // Errors name the group and tensor at fault.
 Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,

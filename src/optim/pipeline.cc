@@ -479,9 +479,11 @@ void OffloadOptimizer::Impl::ReadAhead(int group) {
       }
     }
     if (next.empty()) {
-      auto it = group < 0 ? order_.begin()
-                          : std::find(order_.begin(), order_.end(), group);
-      if (group >= 0 && it != order_.end()) ++it;
+      auto it = order_.begin();
+      if (group >= 0) {
+        it = std::find(order_.begin(), order_.end(), group);
+        if (it != order_.end()) ++it;
+      }
       for (; it != order_.end() &&
              static_cast<int>(next.size()) < options_.read_ahead;
            ++it) {
