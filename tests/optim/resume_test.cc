@@ -10,15 +10,14 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "src/checkpoint.h"
 #include "strata/engine.h"
 #include "strata/offload_optimizer.h"
+#include "tests/store/checkpoint_util.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -203,13 +202,6 @@ TEST_F(ResumeTest, SaveInsideAStepIsRefused) {
   EXPECT_FALSE(fs::exists(Checkpoint()));
 }
 
-int crash_after = 0;
-ckpt::SaveStage crash_stage;
-
-void CrashAt(ckpt::SaveStage stage) {
-  if (stage == crash_stage && --crash_after == 0) raise(SIGKILL);
-}
-
 // A child saves at step 3, steps on to 5 and is killed while saving again;
 // the checkpoint left behind resumes to the uninterrupted run's step 6.
 TEST_F(ResumeTest, AKilledSaveLeavesACheckpointThatResumesExactly) {
@@ -224,24 +216,20 @@ TEST_F(ResumeTest, AKilledSaveLeavesACheckpointThatResumesExactly) {
     SCOPED_TRACE("killed at stage " + std::to_string(int(kill.stage)));
     fs::remove_all(Checkpoint());
     fs::remove_all(Checkpoint() + ".old");
-    // No engine (so no thread) lives in this process across the fork.
-    const pid_t child = fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      auto run = Run::Open(Swap("child"), OptimMode::kOverlap);
-      if (run == nullptr) _exit(2);
-      run->Fill(Role::kMaster, 42);
-      run->Steps(0, 3);
-      if (!run->optimizer->Save(Checkpoint()).ok()) _exit(3);
-      run->Steps(3, 5);
-      crash_stage = kill.stage;
-      crash_after = kill.count;
-      ckpt::SetSaveStageHookForTesting(CrashAt);
-      static_cast<void>(run->optimizer->Save(Checkpoint()));
-      _exit(4);  // not reached: the hook kills the save
-    }
     int wstatus = 0;
-    ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+    const pid_t child = ckpt_test::RunInChild(
+        [&] {
+          auto run = Run::Open(Swap("child"), OptimMode::kOverlap);
+          if (run == nullptr) _exit(2);
+          run->Fill(Role::kMaster, 42);
+          run->Steps(0, 3);
+          if (!run->optimizer->Save(Checkpoint()).ok()) _exit(4);
+          run->Steps(3, 5);
+          ckpt_test::KillAtSaveStage(kill.stage, kill.count);
+          static_cast<void>(run->optimizer->Save(Checkpoint()));
+        },
+        &wstatus);
+    ASSERT_GE(child, 0);
     ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
         << "the child exited with " << WEXITSTATUS(wstatus);
     auto run = Run::Open(Swap("parent"), OptimMode::kOverlap);
@@ -252,15 +240,6 @@ TEST_F(ResumeTest, AKilledSaveLeavesACheckpointThatResumesExactly) {
     run->Steps(3, 6);
     EXPECT_TRUE(run->Take() == expected);
   }
-}
-
-void FlipByte(const std::string& path, uint64_t at) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(at);
-  char c = 0;
-  f.get(c);
-  f.seekp(at);
-  f.put(static_cast<char>(c ^ 0x20));
 }
 
 // Each damage is refused naming the file or the reason, and the engine's
@@ -297,9 +276,9 @@ TEST_F(ResumeTest, BadCheckpointsAreRefusedAndChangeNothing) {
         << s.message();
   }
   const std::string file = Checkpoint() + "/group-000002.bin";
-  FlipByte(file, 1000);
+  ckpt_test::FlipByte(file, 1000);
   expect_refused(Checkpoint(), "checksum mismatch in '" + file + "'");
-  FlipByte(file, 1000);
+  ckpt_test::FlipByte(file, 1000);
   fs::resize_file(file, fs::file_size(file) - 1);
   expect_refused(Checkpoint(), "'" + file + "' is truncated");
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "strata/engine.h"
+#include "tests/store/checkpoint_util.h"
 #include "tests/store/store_util.h"
 #include "tests/testutil/testutil.h"
 
@@ -232,15 +233,6 @@ TEST_F(CheckpointTest, SaveReplacesAnExistingCheckpoint) {
   EXPECT_EQ(Differs(*target, 2), "");
 }
 
-// The crash test's child kills itself at the `count`th time the save
-// reaches `stage`.
-ckpt::SaveStage crash_stage;
-int crash_count = 0;
-
-void CrashAt(ckpt::SaveStage stage) {
-  if (stage == crash_stage && --crash_count == 0) raise(SIGKILL);
-}
-
 TEST_F(CheckpointTest, CrashDuringSaveKeepsACheckpoint) {
   struct Case {
     ckpt::SaveStage stage;
@@ -261,21 +253,17 @@ TEST_F(CheckpointTest, CrashDuringSaveKeepsACheckpoint) {
       Write(*source, 1);
       ASSERT_TRUE(source->Save(Ckpt()).ok());
     }
-    // No engine (so no thread) lives in this process across the fork.
-    const pid_t child = fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      crash_stage = c.stage;
-      crash_count = c.count;
-      ckpt::SetSaveStageHookForTesting(CrashAt);
-      auto source = Source();
-      if (source == nullptr) _exit(2);
-      Write(*source, 2);
-      (void)source->Save(Ckpt());
-      _exit(3);  // the hook should have killed us
-    }
     int wstatus = 0;
-    ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+    const pid_t child = ckpt_test::RunInChild(
+        [&] {
+          ckpt_test::KillAtSaveStage(c.stage, c.count);
+          auto source = Source();
+          if (source == nullptr) _exit(2);
+          Write(*source, 2);
+          (void)source->Save(Ckpt());
+        },
+        &wstatus);
+    ASSERT_GE(child, 0);
     ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
         << "child exited with " << wstatus;
     std::vector<std::string> left = c.left;
@@ -313,14 +301,6 @@ void EditManifest(const std::string& dir,
   std::ofstream(path, std::ios::trunc) << manifest.dump(2);
 }
 
-void FlipByte(const std::string& path, uint64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(offset);
-  const char c = static_cast<char>(f.get() ^ 0x20);
-  f.seekp(offset);
-  f.put(c);
-}
-
 TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
   {
     auto source = Source();
@@ -338,7 +318,7 @@ TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
   const uint64_t size = fs::file_size(Ckpt() + "/" + file);
   const std::vector<Case> cases = {
       {"flipped byte",
-       [&](auto& d) { FlipByte(d + "/" + file, size / 2); },
+       [&](auto& d) { ckpt_test::FlipByte(d + "/" + file, size / 2); },
        StatusCode::kDataLoss,
        {"checksum mismatch", file, "backup"}},
       {"truncated",

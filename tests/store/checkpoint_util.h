@@ -1,0 +1,62 @@
+// Helpers shared by the checkpoint tests (tests/store/checkpoint_test.cc,
+// tests/optim/resume_test.cc): a save killed at a stage of Note
+// [Checkpoint crash safety] in a child process, and damage to a file.
+#ifndef STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
+#define STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "src/checkpoint.h"
+
+namespace strata::ckpt_test {
+
+namespace internal {
+inline ckpt::SaveStage kill_stage;
+inline int kill_countdown = 0;
+}  // namespace internal
+
+// Every later Save in this process kills it (SIGKILL) the `count`th time it
+// reaches `stage`. For a forked child only.
+inline void KillAtSaveStage(ckpt::SaveStage stage, int count) {
+  internal::kill_stage = stage;
+  internal::kill_countdown = count;
+  ckpt::SetSaveStageHookForTesting([](ckpt::SaveStage reached) {
+    if (reached == internal::kill_stage && --internal::kill_countdown == 0) {
+      raise(SIGKILL);
+    }
+  });
+}
+
+// Runs `body` in a forked child (which exits with status 3 if `body`
+// returns) and waits for it. Returns the child's pid with its wait status
+// in `*wstatus`, or -1 when fork or waitpid fails. No engine (so no
+// thread) may live in this process across the call.
+inline pid_t RunInChild(const std::function<void()>& body, int* wstatus) {
+  const pid_t child = fork();
+  if (child == 0) {
+    body();
+    _exit(3);
+  }
+  if (child < 0 || waitpid(child, wstatus, 0) != child) return -1;
+  return child;
+}
+
+// Flips one bit of the byte at `offset` of the file at `path`.
+inline void FlipByte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  const char c = static_cast<char>(f.get() ^ 0x20);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(c);
+}
+
+}  // namespace strata::ckpt_test
+
+#endif  // STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
