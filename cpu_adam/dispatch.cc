@@ -5,7 +5,6 @@
 #include <cpuid.h>
 
 #include <cstdlib>
-#include <string>
 
 namespace strata {
 
@@ -69,40 +68,11 @@ bool CpuSupports(CpuIsa isa) {
   return false;
 }
 
-namespace {
-
-Result<CpuIsa> ParseCpuIsa(std::string_view name) {
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (name == CpuIsaName(isa)) return isa;
-  }
-  return Status(StatusCode::kInvalidArgument,
-                "STRATA_CPU_ISA='" + std::string(name) +
-                    "' is not a CPU path; use scalar, avx2 or avx512, or "
-                    "unset it to let CPUID choose");
-}
-
-}  // namespace
-
 Result<const KernelTable*> SelectKernels(CpuIsa want) {
-  const char* env = std::getenv("STRATA_CPU_ISA");
-  if (want == CpuIsa::kAuto && env != nullptr && *env != '\0') {
-    Result<CpuIsa> forced = ParseCpuIsa(env);
-    if (!forced.ok()) return forced.status();
-    want = *forced;
-  }
-  if (want == CpuIsa::kAuto) {
-    want = CpuSupports(CpuIsa::kAvx512) ? CpuIsa::kAvx512
-           : CpuSupports(CpuIsa::kAvx2) ? CpuIsa::kAvx2
-                                        : CpuIsa::kScalar;
-  }
-  if (!CpuSupports(want)) {
-    return Status(StatusCode::kUnavailable,
-                  "the " + std::string(CpuIsaName(want)) +
-                      " CPU path was requested but this CPU lacks it (avx2 "
-                      "needs AVX2+F16C, avx512 also AVX512F); request scalar "
-                      "or unset STRATA_CPU_ISA");
-  }
-  switch (want) {
+  Result<CpuIsa> isa =
+      ChooseIsa(want, std::getenv("STRATA_CPU_ISA"), CpuSupports);
+  if (!isa.ok()) return isa.status();
+  switch (*isa) {
     case CpuIsa::kAvx512:
       return &Avx512Kernels();
     case CpuIsa::kAvx2:

@@ -69,9 +69,26 @@ struct Span {
   const char* name;
   uintptr_t begin;
   uintptr_t end;
+  bool wraps;  // n elements would run past the end of the address space
 };
 
-Status CheckDisjoint(const std::vector<Span>& spans) {
+// n elements of `type` at p.
+Span MakeSpan(const char* name, const void* p, size_t n, FloatType type) {
+  auto begin = reinterpret_cast<uintptr_t>(p);
+  size_t size = FloatTypeSize(type);
+  bool wraps = n > (UINTPTR_MAX - begin) / size;
+  return {name, begin, wraps ? begin : begin + n * size, wraps};
+}
+
+// Every span must fit in the address space, and no two may overlap.
+Status CheckSpans(const std::vector<Span>& spans) {
+  for (const Span& s : spans) {
+    if (s.wraps) {
+      return Invalid(std::string(s.name) +
+                     " would run past the end of the address space: n is "
+                     "not the element count of the buffers");
+    }
+  }
   for (size_t a = 0; a < spans.size(); ++a) {
     for (size_t b = a + 1; b < spans.size(); ++b) {
       if (spans[a].begin < spans[b].end && spans[b].begin < spans[a].end) {
@@ -83,11 +100,6 @@ Status CheckDisjoint(const std::vector<Span>& spans) {
   return Status();
 }
 
-Span MakeSpan(const char* name, const void* p, size_t n, FloatType type) {
-  auto begin = reinterpret_cast<uintptr_t>(p);
-  return {name, begin, begin + n * FloatTypeSize(type)};
-}
-
 bool ValidType(FloatType t) {
   return t == FloatType::kF32 || t == FloatType::kBF16 || t == FloatType::kF16;
 }
@@ -95,10 +107,11 @@ bool ValidType(FloatType t) {
 Status CheckBuffers(OptimAlgo algo, const OptimBuffers& b) {
   const bool two_states = algo == OptimAlgo::kAdam || algo == OptimAlgo::kAdamW;
   std::string name(OptimAlgoName(algo));
-  if (b.params == nullptr || b.grads == nullptr || b.state1 == nullptr) {
+  if (b.n > 0 &&
+      (b.params == nullptr || b.grads == nullptr || b.state1 == nullptr)) {
     return Invalid(name + " step: params, grads and state1 must not be null");
   }
-  if (two_states && b.state2 == nullptr) {
+  if (b.n > 0 && two_states && b.state2 == nullptr) {
     return Invalid(name + " step: state2 (exp_avg_sq) must not be null");
   }
   if (!two_states && b.state2 != nullptr) {
@@ -121,7 +134,7 @@ Status CheckBuffers(OptimAlgo algo, const OptimBuffers& b) {
   if (b.params_out) {
     spans.push_back(MakeSpan("params_out", b.params_out, b.n, b.out_type));
   }
-  return CheckDisjoint(spans);
+  return CheckSpans(spans);
 }
 
 bool FiniteAtLeast(double x, double lo) { return std::isfinite(x) && x >= lo; }
@@ -350,6 +363,9 @@ Result<SumSquaresResult> CpuOptimizer::SumSquares(const void* grads,
   SumSquaresResult result;
   if (n == 0) return result;
   if (grads == nullptr) return Invalid("SumSquares: grads must not be null");
+  if (Status s = CheckSpans({MakeSpan("grads", grads, n, type)}); !s.ok()) {
+    return s;
+  }
   size_t blocks = (n + kNormBlock - 1) / kNormBlock;
   std::vector<double> sums(blocks);
   int parts = n < kMinParallel ? 1 : impl_->Partitions();
@@ -383,8 +399,8 @@ Status CpuOptimizer::Convert(const void* src, FloatType src_type, void* dst,
   if (src == nullptr || dst == nullptr) {
     return Invalid("Convert: src and dst must not be null");
   }
-  if (Status s = CheckDisjoint({MakeSpan("src", src, n, src_type),
-                                MakeSpan("dst", dst, n, dst_type)});
+  if (Status s = CheckSpans({MakeSpan("src", src, n, src_type),
+                             MakeSpan("dst", dst, n, dst_type)});
       !s.ok()) {
     return s;
   }

@@ -16,10 +16,11 @@
 //   whatever the thread count.
 // - The caller owns every buffer and the step counter (OptimHyper::step), so a
 //   resumed run is exact. Hyperparameters may change on every call.
-// - Any length and any alignment are accepted. Null or overlapping buffers,
-//   unsupported type combinations and hyperparameters that are (or whose
-//   fp32 step scalars are) out of range are rejected with kInvalidArgument
-//   before anything is written.
+// - Any length and any alignment are accepted; n = 0 is a no-op whose buffer
+//   pointers may be null. Null or overlapping buffers, an n whose bytes would
+//   run past the end of the address space, unsupported type combinations
+//   and hyperparameters that are (or whose fp32 step scalars are) out of
+//   range are rejected with kInvalidArgument before anything is written.
 // - Non-finite gradients are not an error: the step reports overflow (see
 //   OverflowPolicy for what is written).
 // - Threads: the work is split into one large, page-aligned partition per

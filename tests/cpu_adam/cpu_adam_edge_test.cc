@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <string>
 
+#include "cpu_adam/dispatch.h"
 #include "tests/cpu_adam/cpu_adam_util.h"
 
 namespace strata::test {
@@ -193,16 +196,46 @@ std::vector<float> RoundingProbes(float (*decode)(uint16_t)) {
   return probes;
 }
 
+// Round to nearest even into bf16 from the two bf16 neighbours of x and
+// their exact distances in double, independently of convert.h's integer
+// trick. x must not be NaN.
+uint16_t Bf16Oracle(float x) {
+  uint32_t bits = std::bit_cast<uint32_t>(x);
+  auto lo = static_cast<uint16_t>(bits >> 16);  // the neighbour towards 0
+  if ((bits & 0xFFFFu) == 0) return lo;
+  double below = std::fabs(std::bit_cast<float>(uint32_t{lo} << 16));
+  int biased_exp = std::max((lo >> 7) & 0xFF, 1);
+  double above = below + std::ldexp(1.0, biased_exp - 127 - 7);
+  double to_below = std::fabs(x) - below, to_above = above - std::fabs(x);
+  bool up = to_above < to_below || (to_above == to_below && (lo & 1) != 0);
+  return up ? lo + 1 : lo;  // lo + 1 is the next bf16 away from 0 (or inf)
+}
+
+// The compiler's own fp32 -> _Float16 conversion (libgcc, round to nearest
+// even).
+uint16_t F16Oracle(float x) {
+  return std::bit_cast<uint16_t>(static_cast<_Float16>(x));
+}
+
+bool IsNan16(FloatType type, uint16_t h) {
+  return type == FloatType::kBF16 ? (h & 0x7FFF) > 0x7F80
+                                  : (h & 0x7FFF) > 0x7C00;
+}
+
+// Every path against the reference conversions of convert.h, and those
+// against independent oracles; a NaN must stay a NaN of the same sign.
 TEST_P(IsaTest, ConversionsAreBitExact) {
   STRATA_OPTIMIZER_OR_SKIP(opt, GetParam());
   struct Format {
     FloatType type;
     uint16_t (*encode)(float);
     float (*decode)(uint16_t);
+    uint16_t (*oracle)(float);
   };
-  for (Format f :
-       {Format{FloatType::kBF16, cpu_adam::F32ToBf16, cpu_adam::Bf16ToF32},
-        Format{FloatType::kF16, cpu_adam::F32ToF16, cpu_adam::F16ToF32}}) {
+  for (Format f : {Format{FloatType::kBF16, cpu_adam::F32ToBf16,
+                          cpu_adam::Bf16ToF32, Bf16Oracle},
+                   Format{FloatType::kF16, cpu_adam::F32ToF16,
+                          cpu_adam::F16ToF32, F16Oracle}}) {
     SCOPED_TRACE(FloatTypeName(f.type));
     std::vector<uint16_t> all(65536);
     for (size_t h = 0; h < all.size(); ++h) all[h] = static_cast<uint16_t>(h);
@@ -221,8 +254,17 @@ TEST_P(IsaTest, ConversionsAreBitExact) {
                              f.type, probes.size())
                     .ok());
     for (size_t i = 0; i < probes.size(); ++i) {
+      uint32_t bits = std::bit_cast<uint32_t>(probes[i]);
       ASSERT_EQ(narrow[i], f.encode(probes[i]))
-          << "encoding 0x" << std::hex << std::bit_cast<uint32_t>(probes[i]);
+          << "encoding 0x" << std::hex << bits;
+      if (std::isnan(probes[i])) {
+        ASSERT_TRUE(IsNan16(f.type, narrow[i]) &&
+                    (narrow[i] >> 15) == (bits >> 31))
+            << "NaN 0x" << std::hex << bits << " became 0x" << narrow[i];
+      } else {
+        ASSERT_EQ(narrow[i], f.oracle(probes[i]))
+            << "encoding 0x" << std::hex << bits;
+      }
     }
   }
 }
@@ -270,6 +312,40 @@ TEST(CpuAdamInput, BadBuffersAreRejectedBeforeAnyWrite) {
   EXPECT_EQ(pr.Snapshot(), before);
 }
 
+// An n whose bytes would wrap around the address space cannot be a buffer's
+// length; the overlap check must not be fooled by the wrapped end.
+TEST(CpuAdamInput, AnImpossibleLengthIsRejected) {
+  STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto);
+  Problem pr(1000);
+  auto before = pr.Snapshot();
+  OptimBuffers b = pr.View();
+  b.n = SIZE_MAX / 4 + 2;
+  b.state1 = static_cast<float*>(pr.p.data()) + 1;
+  ExpectInvalid(opt->Step(Options(OverflowPolicy::kSkipStep), b),
+                "run past the end of the address space");
+  EXPECT_EQ(pr.Snapshot(), before);
+  Result<SumSquaresResult> ss =
+      opt->SumSquares(pr.g.data(), FloatType::kBF16, SIZE_MAX / 2 + 1);
+  ASSERT_FALSE(ss.ok());
+  EXPECT_EQ(ss.status().code(), StatusCode::kInvalidArgument);
+  Status cv = opt->Convert(pr.p.data(), FloatType::kF32, pr.out.data(),
+                           FloatType::kBF16, SIZE_MAX / 4 + 2);
+  EXPECT_EQ(cv.code(), StatusCode::kInvalidArgument);
+}
+
+// An empty step reads and writes nothing, so its buffers may be null (as
+// the data pointer of an empty tensor is); its types are still checked.
+TEST(CpuAdamInput, AnEmptyStepAcceptsNullBuffers) {
+  STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto);
+  OptimBuffers empty;
+  Result<StepReport> r = opt->Step(Options(OverflowPolicy::kSkipStep), empty);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->outcome, StepOutcome::kApplied);
+  empty.state_type = FloatType::kF16;
+  ExpectInvalid(opt->Step(Options(OverflowPolicy::kSkipStep), empty),
+                "must be f32 or bf16");
+}
+
 TEST(CpuAdamInput, BadHyperparametersAreRejected) {
   STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto);
   Problem pr(10);
@@ -305,6 +381,23 @@ TEST(CpuAdamInput, BadIsaAndThreadRequestsAreExplained) {
   EXPECT_NE(bad.status().message().find("'sse9'"), std::string::npos);
   EXPECT_NE(bad.status().message().find("scalar, avx2 or avx512"),
             std::string::npos);
+  // A CPU with neither AVX2 nor AVX-512, acted out with a fake CPUID.
+  auto scalar_only = [](CpuIsa isa) {
+    return isa == CpuIsa::kScalar || isa == CpuIsa::kAuto;
+  };
+  EXPECT_EQ(*cpu_adam::ChooseIsa(CpuIsa::kAuto, nullptr, scalar_only),
+            CpuIsa::kScalar);
+  EXPECT_EQ(*cpu_adam::ChooseIsa(CpuIsa::kAuto, "scalar", scalar_only),
+            CpuIsa::kScalar);
+  for (const char* env : {"avx2", "avx512"}) {
+    Result<CpuIsa> lacking =
+        cpu_adam::ChooseIsa(CpuIsa::kAuto, env, scalar_only);
+    ASSERT_FALSE(lacking.ok());
+    EXPECT_EQ(lacking.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(lacking.status().message().find("this CPU lacks it"),
+              std::string::npos);
+  }
+  EXPECT_FALSE(cpu_adam::ChooseIsa(CpuIsa::kAvx512, nullptr, scalar_only).ok());
   for (int threads : {-2, 1 << 20}) {
     auto bad_threads = CpuOptimizer::Create({.threads = threads});
     ASSERT_FALSE(bad_threads.ok());

@@ -6,86 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "tests/cpu_adam/cpu_adam_util.h"
 #include "tests/cpu_adam/reference.h"
 
 namespace strata::test {
 namespace {
-
-struct Combo {
-  OptimAlgo algo;
-  FloatType grad, state;
-  FloatType out;  // kF32 here means "no params_out"
-};
-
-bool HasState2(OptimAlgo a) {
-  return a == OptimAlgo::kAdam || a == OptimAlgo::kAdamW;
-}
-
-std::string ComboName(const Combo& c) {
-  return std::string(OptimAlgoName(c.algo)) +
-         " grad=" + std::string(FloatTypeName(c.grad)) +
-         " state=" + std::string(FloatTypeName(c.state)) + " out=" +
-         (c.out == FloatType::kF32 ? "none"
-                                   : std::string(FloatTypeName(c.out)));
-}
-
-// The buffers of one step, each at its own misalignment.
-struct StepState {
-  StepState(const Combo& c, size_t n, size_t shift)
-      : combo(c),
-        p(FloatType::kF32, n, shift % 16),
-        g(c.grad, n, (shift + 3) % 16),
-        s1(c.state, n, (shift + 5) % 16),
-        s2(c.state, HasState2(c.algo) ? n : 0, (shift + 1) % 16),
-        out(c.out == FloatType::kF32 ? FloatType::kBF16 : c.out, n,
-            (shift + 7) % 16) {}
-
-  OptimBuffers View() {
-    OptimBuffers b;
-    b.params = static_cast<float*>(p.data());
-    b.grads = g.data();
-    b.grad_type = g.type();
-    b.state1 = s1.data();
-    b.state2 = HasState2(combo.algo) ? s2.data() : nullptr;
-    b.state_type = s1.type();
-    b.params_out = combo.out == FloatType::kF32 ? nullptr : out.data();
-    b.out_type = out.type();
-    b.n = p.n();
-    return b;
-  }
-
-  Combo combo;
-  TypedBuffer p, g, s1, s2, out;
-};
-
-void FillInitial(StepState& s, std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> u(-1, 1);
-  for (size_t i = 0; i < s.p.n(); ++i) {
-    s.p.Set(i, i % 97 == 5 ? 1e6 * u(rng) : 2 * u(rng));
-    bool sum_state = s.combo.algo == OptimAlgo::kAdagrad;
-    s.s1.Set(i, sum_state ? std::fabs(u(rng)) : 0.1 * u(rng));
-    if (HasState2(s.combo.algo)) {
-      s.s2.Set(i, i % 10 == 0 ? 0.0 : 0.01 * std::fabs(u(rng)));
-    }
-  }
-}
-
-StepOptions OptionsForStep(OptimAlgo algo, int64_t step, int round) {
-  StepOptions o;
-  o.algo = algo;
-  o.hyper.step = step;
-  o.hyper.lr = 1e-3 * (1 + round);
-  o.hyper.weight_decay = round % 2 == 0 ? 0.01 : 0.0;
-  o.hyper.lr_decay = algo == OptimAlgo::kAdagrad ? 1e-4 : 0.0;
-  o.hyper.eps = algo == OptimAlgo::kAdagrad ? 1e-10 : 1e-8;
-  if (algo == OptimAlgo::kLion) o.hyper.beta2 = 0.99;
-  o.prep.grad_scale = round == 1 ? 1.0f / 1024 : 1.0f;
-  o.prep.clip_coef = round == 2 ? 0.75f : 1.0f;
-  return o;
-}
 
 ::testing::AssertionResult Near(const char* what, size_t i, double got,
                                 double want, double tol) {
@@ -135,6 +65,16 @@ StepOptions OptionsForStep(OptimAlgo algo, int64_t step, int round) {
   return ::testing::AssertionSuccess();
 }
 
+::testing::AssertionResult Applied(CpuOptimizer& opt, const StepOptions& o,
+                                   StepState& s) {
+  Result<StepReport> r = opt.Step(o, s.View());
+  if (!r.ok()) return ::testing::AssertionFailure() << r.status().ToString();
+  if (r->outcome != StepOutcome::kApplied) {
+    return ::testing::AssertionFailure() << "the step was not applied";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Runs steps 1, 2, 3 and 10000 on `opt` and on the scalar path side by side.
 void RunCombo(CpuOptimizer& opt, CpuOptimizer& scalar, const Combo& c, size_t n,
               size_t shift, uint64_t seed) {
@@ -146,13 +86,7 @@ void RunCombo(CpuOptimizer& opt, CpuOptimizer& scalar, const Combo& c, size_t n,
   const int64_t steps[] = {1, 2, 3, 10000};
   for (int round = 0; round < 4; ++round) {
     for (size_t i = 0; i < n; ++i) s.g.Set(i, RandomGrad(rng, c.grad));
-    for (TypedBuffer* b : {&s.p, &s.g, &s.s1, &s.s2}) {
-      TypedBuffer* r = b == &s.p    ? &ref.p
-                       : b == &s.g  ? &ref.g
-                       : b == &s.s1 ? &ref.s1
-                                    : &ref.s2;
-      std::memcpy(r->data(), b->data(), b->bytes());
-    }
+    ref.CopyFrom(s);
     std::vector<double> p0(n), g0(n), s10(n), s20(n);
     for (size_t i = 0; i < n; ++i) {
       p0[i] = s.p.Get(i);
@@ -176,30 +110,9 @@ void RunCombo(CpuOptimizer& opt, CpuOptimizer& scalar, const Combo& c, size_t n,
     }
     ASSERT_EQ(failures, 0);
     // The reference path now takes the same step; every byte must agree.
-    for (auto [x, y] : {std::pair{&s.p, &ref.p},
-                        {&s.s1, &ref.s1},
-                        {&s.s2, &ref.s2},
-                        {&s.out, &ref.out}}) {
-      ASSERT_EQ(x->Bytes(), y->Bytes())
-          << "differs from the scalar path at step " << o.hyper.step;
-    }
+    ASSERT_EQ(s.Snapshot(), ref.Snapshot())
+        << "differs from the scalar path at step " << o.hyper.step;
   }
-}
-
-std::vector<Combo> AllCombos() {
-  std::vector<Combo> combos;
-  for (OptimAlgo a : {OptimAlgo::kAdam, OptimAlgo::kAdamW, OptimAlgo::kAdagrad,
-                      OptimAlgo::kLion}) {
-    for (FloatType g : {FloatType::kF32, FloatType::kBF16, FloatType::kF16}) {
-      for (FloatType s : {FloatType::kF32, FloatType::kBF16}) {
-        for (FloatType out :
-             {FloatType::kF32, FloatType::kBF16, FloatType::kF16}) {
-          combos.push_back({a, g, s, out});
-        }
-      }
-    }
-  }
-  return combos;
 }
 
 class KernelTest : public ::testing::TestWithParam<CpuIsa> {};
@@ -229,6 +142,119 @@ TEST_P(KernelTest, MultiThreadedMatchesReference) {
       *opt, *scalar,
       {OptimAlgo::kAdam, FloatType::kF32, FloatType::kBF16, FloatType::kF16},
       kLargeN + 2, 0, 100);
+}
+
+// One inf or NaN gradient, in turn at every position of a few vectors (so
+// in every lane of every path, in the unaligned head and in the tail), for
+// every combination: kSkipStep writes nothing; kStopAtNonFinite leaves each
+// element either untouched or as a clean step leaves it, never updates the
+// bad one, and stores nothing non-finite.
+TEST_P(KernelTest, NonFiniteGradientInEveryLaneOfEveryCombination) {
+  STRATA_OPTIMIZER_OR_SKIP(opt, GetParam());
+  constexpr size_t n = 53;
+  uint64_t seed = 1;
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(ComboName(c));
+    std::mt19937_64 rng(seed);
+    const size_t shift = seed++ % 16;
+    StepState base(c, n, shift), clean(c, n, shift), s(c, n, shift);
+    FillInitial(base, rng);
+    for (size_t i = 0; i < n; ++i) base.g.Set(i, RandomGrad(rng, c.grad));
+    clean.CopyFrom(base);
+    StepOptions o = OptionsForStep(c.algo, 7, 0);
+    ASSERT_TRUE(Applied(*opt, o, clean));
+    for (size_t at = 0; at < n; ++at) {
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()}) {
+        SCOPED_TRACE("at=" + std::to_string(at) + " " + std::to_string(bad));
+        for (OverflowPolicy policy :
+             {OverflowPolicy::kSkipStep, OverflowPolicy::kStopAtNonFinite}) {
+          s.CopyFrom(base);
+          s.g.Set(at, bad);
+          o.overflow = policy;
+          Result<StepReport> r = opt->Step(o, s.View());
+          ASSERT_TRUE(r.ok()) << r.status().ToString();
+          if (policy == OverflowPolicy::kSkipStep) {
+            ASSERT_EQ(r->outcome, StepOutcome::kSkipped);
+            ASSERT_EQ(s.Snapshot(), base.Snapshot());
+            continue;
+          }
+          ASSERT_EQ(r->outcome, StepOutcome::kPartial);
+          ASSERT_TRUE(s.SameAt(base, at));
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_TRUE(s.SameAt(base, i) || s.SameAt(clean, i)) << i;
+            ASSERT_TRUE(std::isfinite(s.p.Get(i)) &&
+                        std::isfinite(s.s1.Get(i)) &&
+                        (!HasState2(c.algo) || std::isfinite(s.s2.Get(i))))
+                << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Lion's update is sign(beta1 * m + (1 - beta1) * g), and sign(0) is 0 (as
+// torch.sign): a parameter with zero momentum and a zero gradient only
+// decays. A path that took sign(0) as +1 would move it by lr every step.
+TEST_P(KernelTest, LionLeavesZeroMomentumAndZeroGradientAlone) {
+  STRATA_OPTIMIZER_OR_SKIP(opt, GetParam());
+  const Combo c{OptimAlgo::kLion, FloatType::kF32, FloatType::kF32,
+                FloatType::kF32};
+  constexpr size_t n = 37;
+  StepState s(c, n, 1);
+  std::vector<float> p0(n);
+  for (size_t i = 0; i < n; ++i) {
+    p0[i] = 0.25f * static_cast<float>(i) - 4;
+    s.p.Set(i, p0[i]);
+    s.g.Set(i, i % 2 == 0 ? 0.0 : -0.0);
+    s.s1.Set(i, i % 3 == 0 ? 0.0 : -0.0);
+  }
+  StepOptions o = OptionsForStep(c.algo, 1, 0);
+  ASSERT_TRUE(Applied(*opt, o, s));
+  const float decay =
+      static_cast<float>(1.0 - o.hyper.lr * o.hyper.weight_decay);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(s.p.Get(i), p0[i] * decay) << i;
+    EXPECT_EQ(s.s1.Get(i), 0.0) << i;
+  }
+}
+
+// The caller owns the step count and every buffer: ten steps in one go give
+// the same bytes as five steps, a copy of the buffers into new memory at
+// other alignments (as a checkpoint restore does), a new optimizer with
+// another thread count, and steps 6 to 10.
+TEST_P(KernelTest, ResumedRunIsBitIdentical) {
+  for (const Combo& c : {Combo{OptimAlgo::kAdamW, FloatType::kBF16,
+                               FloatType::kF32, FloatType::kBF16},
+                         Combo{OptimAlgo::kAdam, FloatType::kF16,
+                               FloatType::kBF16, FloatType::kF32},
+                         Combo{OptimAlgo::kAdagrad, FloatType::kF32,
+                               FloatType::kF32, FloatType::kF16},
+                         Combo{OptimAlgo::kLion, FloatType::kBF16,
+                               FloatType::kBF16, FloatType::kF32}}) {
+    SCOPED_TRACE(ComboName(c));
+    STRATA_OPTIMIZER_OR_SKIP(first, GetParam(), 2);
+    STRATA_OPTIMIZER_OR_SKIP(resumed, GetParam(), 1);
+    const size_t n = 70001;  // split in two by `first`
+    std::mt19937_64 rng(5);
+    StepState straight(c, n, 0), before(c, n, 0), after(c, n, 9);
+    FillInitial(straight, rng);
+    before.CopyFrom(straight);
+    for (int64_t step = 1; step <= 10; ++step) {
+      for (size_t i = 0; i < n; ++i) {
+        straight.g.Set(i, RandomGrad(rng, c.grad));
+      }
+      StepOptions o = OptionsForStep(c.algo, step, static_cast<int>(step % 4));
+      StepState& s = step <= 5 ? before : after;
+      if (step == 6) after.CopyFrom(before);
+      std::memcpy(s.g.data(), straight.g.data(), straight.g.bytes());
+      ASSERT_TRUE(Applied(*first, o, straight));
+      ASSERT_TRUE(Applied(step <= 5 ? *first : *resumed, o, s));
+    }
+    EXPECT_EQ(after.Snapshot(), straight.Snapshot());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, KernelTest,

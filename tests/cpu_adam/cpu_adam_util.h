@@ -6,10 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_adam/convert.h"
@@ -67,6 +70,12 @@ class TypedBuffer {
     const uint8_t* p = raw_.data() + offset_;
     return {p, p + bytes()};
   }
+  // Whether element i holds the same bytes here and in `other`.
+  bool SameAt(const TypedBuffer& other, size_t i) const {
+    size_t w = FloatTypeSize(type_);
+    return std::memcmp(raw_.data() + offset_ + i * w,
+                       other.raw_.data() + other.offset_ + i * w, w) == 0;
+  }
 
  private:
   FloatType type_;
@@ -89,6 +98,116 @@ inline double RandomGrad(std::mt19937_64& rng, FloatType type) {
   }
   if (k < 12) return (type == FloatType::kF16 ? 6e4 : 1e15) * u(rng);
   return u(rng) * std::pow(10.0, -3 + 4 * std::fabs(u(rng)));
+}
+
+struct Combo {
+  OptimAlgo algo;
+  FloatType grad, state;
+  FloatType out;  // kF32 here means "no params_out"
+};
+
+inline bool HasState2(OptimAlgo a) {
+  return a == OptimAlgo::kAdam || a == OptimAlgo::kAdamW;
+}
+
+inline std::string ComboName(const Combo& c) {
+  return std::string(OptimAlgoName(c.algo)) +
+         " grad=" + std::string(FloatTypeName(c.grad)) +
+         " state=" + std::string(FloatTypeName(c.state)) + " out=" +
+         (c.out == FloatType::kF32 ? "none"
+                                   : std::string(FloatTypeName(c.out)));
+}
+
+// The buffers of one step, each at its own misalignment.
+struct StepState {
+  StepState(const Combo& c, size_t n, size_t shift)
+      : combo(c),
+        p(FloatType::kF32, n, shift % 16),
+        g(c.grad, n, (shift + 3) % 16),
+        s1(c.state, n, (shift + 5) % 16),
+        s2(c.state, HasState2(c.algo) ? n : 0, (shift + 1) % 16),
+        out(c.out == FloatType::kF32 ? FloatType::kBF16 : c.out, n,
+            (shift + 7) % 16) {}
+
+  OptimBuffers View() {
+    OptimBuffers b;
+    b.params = static_cast<float*>(p.data());
+    b.grads = g.data();
+    b.grad_type = g.type();
+    b.state1 = s1.data();
+    b.state2 = HasState2(combo.algo) ? s2.data() : nullptr;
+    b.state_type = s1.type();
+    b.params_out = combo.out == FloatType::kF32 ? nullptr : out.data();
+    b.out_type = out.type();
+    b.n = p.n();
+    return b;
+  }
+
+  // Copies every buffer of `other` (the same combo and n) into this one.
+  void CopyFrom(const StepState& other) {
+    for (auto [to, from] : {std::pair{&p, &other.p},
+                            {&g, &other.g},
+                            {&s1, &other.s1},
+                            {&s2, &other.s2},
+                            {&out, &other.out}}) {
+      std::memcpy(to->data(), from->data(), from->bytes());
+    }
+  }
+  // The bytes a step may write.
+  std::vector<std::vector<uint8_t>> Snapshot() const {
+    return {p.Bytes(), s1.Bytes(), s2.Bytes(), out.Bytes()};
+  }
+  // Whether element i of every buffer a step may write equals `other`'s.
+  bool SameAt(const StepState& other, size_t i) const {
+    return p.SameAt(other.p, i) && s1.SameAt(other.s1, i) &&
+           (!HasState2(combo.algo) || s2.SameAt(other.s2, i)) &&
+           out.SameAt(other.out, i);
+  }
+
+  Combo combo;
+  TypedBuffer p, g, s1, s2, out;
+};
+
+inline void FillInitial(StepState& s, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (size_t i = 0; i < s.p.n(); ++i) {
+    s.p.Set(i, i % 97 == 5 ? 1e6 * u(rng) : 2 * u(rng));
+    bool sum_state = s.combo.algo == OptimAlgo::kAdagrad;
+    s.s1.Set(i, sum_state ? std::fabs(u(rng)) : 0.1 * u(rng));
+    if (HasState2(s.combo.algo)) {
+      s.s2.Set(i, i % 10 == 0 ? 0.0 : 0.01 * std::fabs(u(rng)));
+    }
+  }
+}
+
+inline StepOptions OptionsForStep(OptimAlgo algo, int64_t step, int round) {
+  StepOptions o;
+  o.algo = algo;
+  o.hyper.step = step;
+  o.hyper.lr = 1e-3 * (1 + round);
+  o.hyper.weight_decay = round % 2 == 0 ? 0.01 : 0.0;
+  o.hyper.lr_decay = algo == OptimAlgo::kAdagrad ? 1e-4 : 0.0;
+  o.hyper.eps = algo == OptimAlgo::kAdagrad ? 1e-10 : 1e-8;
+  if (algo == OptimAlgo::kLion) o.hyper.beta2 = 0.99;
+  o.prep.grad_scale = round == 1 ? 1.0f / 1024 : 1.0f;
+  o.prep.clip_coef = round == 2 ? 0.75f : 1.0f;
+  return o;
+}
+
+inline std::vector<Combo> AllCombos() {
+  std::vector<Combo> combos;
+  for (OptimAlgo a : {OptimAlgo::kAdam, OptimAlgo::kAdamW, OptimAlgo::kAdagrad,
+                      OptimAlgo::kLion}) {
+    for (FloatType g : {FloatType::kF32, FloatType::kBF16, FloatType::kF16}) {
+      for (FloatType s : {FloatType::kF32, FloatType::kBF16}) {
+        for (FloatType out :
+             {FloatType::kF32, FloatType::kBF16, FloatType::kF16}) {
+          combos.push_back({a, g, s, out});
+        }
+      }
+    }
+  }
+  return combos;
 }
 
 // The optimizer for one path; null (and the test skipped) when the CPU

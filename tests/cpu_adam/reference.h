@@ -126,7 +126,9 @@ inline RefOut RefStep(OptimAlgo algo, const RefConsts& c, double p, double g,
     double pd = p * c.decay;
     double mix = s1 * c.b1 + c.omb1 * gs;
     double tol_mix = Tol({s1 * c.b1, c.omb1 * gs, mix}) + c.omb1 * tol_g;
-    r.p_sign_ambiguous = std::fabs(mix) <= tol_mix;
+    // Zero momentum and a zero gradient give an exact 0 in fp32 too, whose
+    // sign (0) is not ambiguous.
+    r.p_sign_ambiguous = std::fabs(mix) <= tol_mix && (s1 != 0 || gs != 0);
     double sign = mix > 0 ? 1 : (mix < 0 ? -1 : 0);
     r.p = pd + c.neg_lr * sign;
     r.tol_p = Tol({pd, c.neg_lr, r.p});
