@@ -13,10 +13,23 @@
 //   AdamW/fp32/n              fp32 params, grads, m, v; one pass.
 //   AdamW/bf16grad_bf16out/n  bf16 grads in, fp32 master/m/v, bf16 params
 //                             out, unscale and overflow check fused.
+//     Both run the one-pass kStopAtNonFinite policy: the inf/NaN check is
+//     fused, and an inf/NaN stops the pass with part of the elements updated.
+//   AdamW/<either>_skipstep/n  the same step in the default kSkipStep policy
+//                             (all or nothing): a scan of the gradients for
+//                             inf/NaN first, then the pass. Its roofline
+//                             reads the gradients twice as well.
 //   ZeroStep/bf16grad_bf16out/n  the CPU side of a ZeRO-Offload step:
 //                             SumSquares over the bf16 grads (global norm),
 //                             then the fused step above with the clip
-//                             coefficient.
+//                             coefficient (SumSquares has already shown the
+//                             gradients finite, so one pass is safe).
+//   SumSquares/bf16/n, Convert/bf16_to_f32/n, Convert/f32_to_bf16/n  the
+//                             single-stream passes a pipeline step also
+//                             runs; their rooflines are a plain read and
+//                             plain widening/narrowing copies.
+// The rooflines of a scan or norm pass before the step read the gradient
+// bytes once more with the plainest loop there is (an OR of 64-bit words).
 // The Time column is the step alone (the roofline runs with the timer
 // paused); the figures to read are the counters: params_per_s (median over
 // iterations) and vs_roofline: the median time of a plain streaming kernel that
@@ -48,15 +61,19 @@
 namespace strata::bench {
 namespace {
 
+// What runs over the gradients before the step.
+enum class Prepass {
+  kNone,  // the step alone, in its one-pass kStopAtNonFinite mode
+  kScan,  // the default kSkipStep mode: its all-or-nothing inf/NaN scan
+  kNorm,  // SumSquares (the global norm), then the step with a clip coefficient
+};
+
 struct Variant {
   const char* name;
   FloatType grad_type;
   bool params_out;
-  bool zero_step;  // SumSquares first, then the step with a clip coefficient
+  Prepass prepass;
 };
-
-constexpr Variant kFp32{"fp32", FloatType::kF32, false, false};
-constexpr Variant kBf16{"bf16grad_bf16out", FloatType::kBF16, true, false};
 
 int Threads() {
   const char* env = std::getenv("STRATA_CPU_THREADS");
@@ -147,36 +164,36 @@ void Stream(const Step& s, size_t begin, size_t end) {
   for (; i < end; ++i) element(i);
 }
 
-// 16 independent accumulators, so the compiler vectorizes the loop and the
-// sum is not latency-bound.
+// One plain read of the gradient bytes: the floor of both the inf/NaN scan
+// and the norm pass. An OR over 64-bit words, which the compiler vectorizes;
+// nothing cheaper can read memory.
 template <bool kPrefetch>
-double SumSquaresStream(const uint16_t* g, size_t begin, size_t end) {
-  float acc[16] = {};
-  for (size_t i = begin; i + 16 <= end; i += 16) {
-    if (kPrefetch) __builtin_prefetch(g + i + 1024);
-    for (int l = 0; l < 16; ++l) {
-      float x = std::bit_cast<float>(static_cast<uint32_t>(g[i + l]) << 16);
-      acc[l] += x * x;
-    }
+uint64_t ReadStream(const uint64_t* w, size_t begin, size_t end) {
+  uint64_t acc = 0;
+  size_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    if (kPrefetch) __builtin_prefetch(w + i + 256);
+    for (size_t k = 0; k < 8; ++k) acc |= w[i + k];
   }
-  double sum = 0;
-  for (float a : acc) sum += a;
-  return sum;
+  for (; i < end; ++i) acc |= w[i];
+  return acc;
 }
 
 template <bool kPrefetch>
 double RooflineOnce(tbb::task_arena& arena, const Step& s, const Variant& v) {
   auto t0 = std::chrono::steady_clock::now();
-  if (v.zero_step) {
-    std::vector<double> sums(arena.max_concurrency());
+  const bool f32 = v.grad_type == FloatType::kF32;
+  if (v.prepass != Prepass::kNone) {
+    const size_t bytes = FloatTypeSize(v.grad_type);
+    std::vector<uint64_t> ors(arena.max_concurrency());
     Parallel(arena, s.n, [&](size_t b, size_t e) {
-      sums[b * sums.size() / s.n] =
-          SumSquaresStream<kPrefetch>(static_cast<uint16_t*>(s.g), b, e);
+      ors[b * ors.size() / s.n] = ReadStream<kPrefetch>(
+          static_cast<const uint64_t*>(s.g), b * bytes / 8, e * bytes / 8);
     });
-    benchmark::DoNotOptimize(sums.data());
+    benchmark::DoNotOptimize(ors.data());
   }
   Parallel(arena, s.n, [&](size_t b, size_t e) {
-    if (v.grad_type == FloatType::kF32) {
+    if (f32) {
       Stream<kPrefetch, float>(s, b, e);
     } else {
       Stream<kPrefetch, uint16_t>(s, b, e);
@@ -199,9 +216,10 @@ Result<StepReport> OurStep(CpuOptimizer& opt, const Step& s, const Variant& v,
   o.algo = OptimAlgo::kAdamW;
   o.hyper.step = step;
   o.hyper.weight_decay = 0.01;
-  o.overflow = OverflowPolicy::kStopAtNonFinite;
+  o.overflow = v.prepass == Prepass::kScan ? OverflowPolicy::kSkipStep
+                                           : OverflowPolicy::kStopAtNonFinite;
   if (v.grad_type != FloatType::kF32) o.prep.grad_scale = 1.0f / kLossScale;
-  if (v.zero_step) {
+  if (v.prepass == Prepass::kNorm) {
     Result<SumSquaresResult> ss = opt.SumSquares(s.g, v.grad_type, s.n);
     if (!ss.ok()) return ss.status();
     double norm = std::sqrt(ss->sum) / kLossScale;
@@ -255,13 +273,43 @@ void Fill(tbb::task_arena& arena, const Step& s, FloatType grad_type) {
   });
 }
 
+// The timing loop of every benchmark: each iteration runs the roofline
+// with and without software prefetch (timer paused; the faster counts),
+// then ours(), which returns false when it failed. Reports params_per_s =
+// n / median(ours) and vs_roofline = median(roofline) / median(ours).
+template <class Roof, class Ours>
+void Measure(benchmark::State& state, size_t n, const tbb::task_arena& arena,
+             CpuIsa isa, Roof roof, Ours ours) {
+  std::vector<double> mine, floor;
+  for (auto _ : state) {
+    state.PauseTiming();
+    floor.push_back(std::min(roof(false), roof(true)));
+    state.ResumeTiming();
+    auto t0 = std::chrono::steady_clock::now();
+    bool ok = ours();
+    double t =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    if (!ok) return state.SkipWithError("our kernel failed or overflowed");
+    mine.push_back(t);
+  }
+  state.counters["params_per_s"] = static_cast<double>(n) / Median(mine);
+  state.counters["vs_roofline"] = Median(floor) / Median(mine);
+  state.counters["isa"] = static_cast<double>(isa);
+  state.counters["threads"] = arena.max_concurrency();
+}
+
+tbb::task_arena BenchArena() {
+  return tbb::task_arena(Threads() > 0 ? Threads()
+                                       : tbb::info::default_concurrency());
+}
+
 void BM_Step(benchmark::State& state, Variant v) {
   const size_t n = static_cast<size_t>(state.range(0));
   auto opt =
       CpuOptimizer::Create({.threads = CpuOptimizerOptions::kCallerArena});
   if (!opt.ok()) return state.SkipWithError(opt.status().ToString().c_str());
-  tbb::task_arena arena(Threads() > 0 ? Threads()
-                                      : tbb::info::default_concurrency());
+  tbb::task_arena arena = BenchArena();
   Buffer p(n * 4), m(n * 4), vb(n * 4), g(n * FloatTypeSize(v.grad_type)),
       out(v.params_out ? n * 2 : 0);
   Step s{p.as<float>(),
@@ -274,37 +322,108 @@ void BM_Step(benchmark::State& state, Variant v) {
   if (!arena.execute([&] { return MatchesScalar(**opt, s, v); })) {
     return state.SkipWithError("the dispatched path disagrees with scalar");
   }
-  std::vector<double> ours, roof;
   int64_t step = 1;
-  for (auto _ : state) {
-    state.PauseTiming();
-    double r0 = RooflineOnce<false>(arena, s, v);
-    double r1 = RooflineOnce<true>(arena, s, v);
-    roof.push_back(std::min(r0, r1));
-    state.ResumeTiming();
-    auto t0 = std::chrono::steady_clock::now();
-    Result<StepReport> r =
-        arena.execute([&] { return OurStep(**opt, s, v, step); });
-    ++step;
-    double t =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count();
-    if (!r.ok() || r->overflow()) {
-      return state.SkipWithError("the step failed or overflowed");
-    }
-    ours.push_back(t);
-  }
-  state.counters["params_per_s"] = static_cast<double>(n) / Median(ours);
-  state.counters["vs_roofline"] = Median(roof) / Median(ours);
-  state.counters["isa"] = static_cast<double>((*opt)->isa());
-  state.counters["threads"] = arena.max_concurrency();
+  Measure(
+      state, n, arena, (*opt)->isa(),
+      [&](bool prefetch) {
+        return prefetch ? RooflineOnce<true>(arena, s, v)
+                        : RooflineOnce<false>(arena, s, v);
+      },
+      [&] {
+        Result<StepReport> r =
+            arena.execute([&] { return OurStep(**opt, s, v, step++); });
+        return r.ok() && !r->overflow();
+      });
 }
 
-void Register(const char* prefix, Variant v) {
+// The single-stream passes a pipeline step runs besides the optimizer
+// step: the gradient norm, and the conversions of gradients and parameters.
+enum class Pass { kSumSquaresBf16, kBf16ToF32, kF32ToBf16 };
+
+// Their rooflines: plain widening and narrowing copies over the same bytes
+// (the norm's is ReadStream).
+template <bool kPrefetch, class From, class To, class Fn>
+void MapStream(const From* __restrict src, To* __restrict dst, size_t begin,
+               size_t end, Fn fn) {
+  size_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    if (kPrefetch) __builtin_prefetch(src + i + 2048 / sizeof(From));
+    for (size_t k = 0; k < 16; ++k) dst[i + k] = fn(src[i + k]);
+  }
+  for (; i < end; ++i) dst[i] = fn(src[i]);
+}
+
+template <bool kPrefetch>
+void PassStream(Pass pass, uint16_t* h, uint32_t* f, size_t b, size_t e,
+                uint64_t* sink) {
+  switch (pass) {
+    case Pass::kSumSquaresBf16:
+      *sink = ReadStream<kPrefetch>(reinterpret_cast<const uint64_t*>(h), b / 4,
+                                    e / 4);
+      return;
+    case Pass::kBf16ToF32:
+      return MapStream<kPrefetch>(h, f, b, e,
+                                  [](uint16_t x) { return uint32_t{x} << 16; });
+    case Pass::kF32ToBf16:
+      return MapStream<kPrefetch>(f, h, b, e, [](uint32_t x) {
+        return static_cast<uint16_t>(x >> 16);
+      });
+  }
+}
+
+void BM_Pass(benchmark::State& state, Pass pass) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  auto opt =
+      CpuOptimizer::Create({.threads = CpuOptimizerOptions::kCallerArena});
+  if (!opt.ok()) return state.SkipWithError(opt.status().ToString().c_str());
+  tbb::task_arena arena = BenchArena();
+  Buffer hb(n * 2), fb(n * 4);
+  auto* h = hb.as<uint16_t>();
+  auto* f = fb.as<uint32_t>();
+  // bf16 and fp32 ones: every pass, ours or the roofline's, keeps them.
+  Parallel(arena, n, [&](size_t b, size_t e) {
+    std::fill(h + b, h + e, uint16_t{0x3F80});
+    std::fill(f + b, f + e, 0x3F800000u);
+  });
+  std::vector<uint64_t> sinks(arena.max_concurrency());
+  auto roof = [&](bool prefetch) {
+    auto t0 = std::chrono::steady_clock::now();
+    Parallel(arena, n, [&](size_t b, size_t e) {
+      uint64_t* sink = &sinks[b * sinks.size() / n];
+      prefetch ? PassStream<true>(pass, h, f, b, e, sink)
+               : PassStream<false>(pass, h, f, b, e, sink);
+    });
+    benchmark::DoNotOptimize(sinks.data());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+        .count();
+  };
+  auto ours = [&] {
+    return arena.execute([&] {
+      CpuOptimizer& o = **opt;
+      switch (pass) {
+        case Pass::kSumSquaresBf16: {
+          Result<SumSquaresResult> r = o.SumSquares(h, FloatType::kBF16, n);
+          return r.ok() && r->sum == static_cast<double>(n);
+        }
+        case Pass::kBf16ToF32:
+          return o.Convert(h, FloatType::kBF16, f, FloatType::kF32, n).ok() &&
+                 f[n - 1] == 0x3F800000u;
+        case Pass::kF32ToBf16:
+          return o.Convert(f, FloatType::kF32, h, FloatType::kBF16, n).ok() &&
+                 h[n - 1] == 0x3F80;
+      }
+      return false;
+    });
+  };
+  Measure(state, n, arena, (*opt)->isa(), roof, ours);
+}
+
+template <class Arg>
+void Register(const std::string& name, void (*bm)(benchmark::State&, Arg),
+              Arg arg) {
   for (int64_t n : {int64_t{1} << 20, int64_t{1} << 24, int64_t{1} << 26,
                     int64_t{1} << 28, int64_t{1} << 29}) {
-    std::string name = std::string(prefix) + "/" + v.name;
-    benchmark::RegisterBenchmark(name.c_str(), BM_Step, v)
+    benchmark::RegisterBenchmark(name.c_str(), bm, arg)
         ->Arg(n)
         ->Unit(benchmark::kMillisecond)
         ->Iterations(std::clamp<int64_t>((int64_t{1} << 30) / n, 5, 1000));
@@ -315,11 +434,21 @@ void Register(const char* prefix, Variant v) {
 }  // namespace strata::bench
 
 int main(int argc, char** argv) {
-  using strata::bench::Register;
-  Register("AdamW", strata::bench::kFp32);
-  Register("AdamW", strata::bench::kBf16);
-  Register("ZeroStep",
-           {"bf16grad_bf16out", strata::FloatType::kBF16, true, true});
+  using strata::FloatType;
+  using namespace strata::bench;
+  auto step = [](const char* prefix, Variant v) {
+    Register(std::string(prefix) + "/" + v.name, BM_Step, v);
+  };
+  step("AdamW", {"fp32", FloatType::kF32, false, Prepass::kNone});
+  step("AdamW", {"bf16grad_bf16out", FloatType::kBF16, true, Prepass::kNone});
+  step("AdamW", {"fp32_skipstep", FloatType::kF32, false, Prepass::kScan});
+  step("AdamW",
+       {"bf16grad_bf16out_skipstep", FloatType::kBF16, true, Prepass::kScan});
+  step("ZeroStep",
+       {"bf16grad_bf16out", FloatType::kBF16, true, Prepass::kNorm});
+  Register("SumSquares/bf16", BM_Pass, Pass::kSumSquaresBf16);
+  Register("Convert/bf16_to_f32", BM_Pass, Pass::kBf16ToF32);
+  Register("Convert/f32_to_bf16", BM_Pass, Pass::kF32ToBf16);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

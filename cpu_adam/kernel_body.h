@@ -179,12 +179,15 @@ struct StepKernel {
   }
 };
 
-// Applies fn to W-element vectors of [begin, end) of src; the last, partial
-// one is copied into a zero-padded buffer first.
+// Applies fn to W-element vectors of [begin, end) of src, prefetched ahead;
+// the last, partial one is copied into a zero-padded buffer first.
 template <class V, class G, class Fn>
 inline void ForEachVector(const G* src, size_t begin, size_t end, Fn fn) {
   size_t i = begin;
-  for (; i + V::W <= end; i += V::W) fn(V::Load(src + i), i, V::W);
+  for (; i + V::W <= end; i += V::W) {
+    PrefetchAhead<V>(src + i);
+    fn(V::Load(src + i), i, V::W);
+  }
   if (i < end) {
     G tmp[V::W] = {};
     std::memcpy(tmp, src + i, (end - i) * sizeof(G));
@@ -208,7 +211,10 @@ double SumSquares(const void* grads, size_t begin, size_t end) {
   const G* g = static_cast<const G*>(grads);
   typename V::DAcc acc{};
   size_t i = begin;
-  for (; i + 16 <= end; i += 16) V::AddSquares16(acc, g + i);
+  for (; i + 16 <= end; i += 16) {
+    PrefetchAhead<V>(g + i);
+    V::AddSquares16(acc, g + i);
+  }
   if (i < end) {
     G tmp[16] = {};
     std::memcpy(tmp, g + i, (end - i) * sizeof(G));
