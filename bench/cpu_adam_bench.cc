@@ -182,7 +182,6 @@ uint64_t ReadStream(const uint64_t* w, size_t begin, size_t end) {
 template <bool kPrefetch>
 double RooflineOnce(tbb::task_arena& arena, const Step& s, const Variant& v) {
   auto t0 = std::chrono::steady_clock::now();
-  const bool f32 = v.grad_type == FloatType::kF32;
   if (v.prepass != Prepass::kNone) {
     const size_t bytes = FloatTypeSize(v.grad_type);
     std::vector<uint64_t> ors(arena.max_concurrency());
@@ -193,7 +192,7 @@ double RooflineOnce(tbb::task_arena& arena, const Step& s, const Variant& v) {
     benchmark::DoNotOptimize(ors.data());
   }
   Parallel(arena, s.n, [&](size_t b, size_t e) {
-    if (f32) {
+    if (v.grad_type == FloatType::kF32) {
       Stream<kPrefetch, float>(s, b, e);
     } else {
       Stream<kPrefetch, uint16_t>(s, b, e);
