@@ -233,8 +233,7 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write,
     while (s.ok() && write && dst.readers > 0) {
       hit = false;
       changed_.wait(lk);
-      bool again = false;
-      s = Ensure(lk, id, tier, -1, &again);
+      s = Ensure(lk, id, tier, -1, nullptr);
     }
     if (record) {
       counters_.hits += hit;
@@ -360,12 +359,13 @@ bool Residency::in_step() const {
 
 // Makes chunk `id` valid at `tier`. `entry` is -1 for a demand fetch, the
 // trace position for a planned prefetch, -2 for an explicit prefetch.
-// Returns with the lock held; `hit` says whether it was valid on arrival.
+// Returns with the lock held; `hit`, when not null, says whether it was
+// valid on arrival.
 Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
   Chunk& c = chunks_[id];
   const bool demand = entry == -1;
   Copy& dst = c.copy[Index(tier)];
-  *hit = dst.valid && !dst.busy;
+  if (hit != nullptr) *hit = dst.valid && !dst.busy;
   Status status;
   for (;;) {
     if (dst.valid && !dst.busy) break;
@@ -388,8 +388,7 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
         from = Tier::kHost;
         if (!c.copy[Index(Tier::kHost)].valid ||
             c.copy[Index(Tier::kHost)].busy) {
-          bool unused = false;
-          status = Ensure(lk, id, Tier::kHost, demand ? -3 : entry, &unused);
+          status = Ensure(lk, id, Tier::kHost, demand ? -3 : entry, nullptr);
           if (!status.ok()) break;
           continue;
         }
