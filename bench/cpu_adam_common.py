@@ -145,7 +145,10 @@ def resolve_ours(prog, bench, bases):
 
 
 def run_ours(prog, bench, name, threads):
-    """params/s of one of our benchmarks (median over its iterations)."""
+    """One run of one of our benchmarks: (params/s, roofline params/s), both
+    medians over its iterations. The roofline is a plain stream over the same
+    bytes, timed beside ours (params_per_s / vs_roofline): about as fast as
+    any implementation that reads and writes those bytes can go just then."""
     env = dict(os.environ, STRATA_CPU_THREADS=str(threads))
     cmd = [bench, f"--benchmark_filter=^{name}$", "--benchmark_format=json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -162,40 +165,65 @@ def run_ours(prog, bench, name, threads):
             if "threads" in b and int(b["threads"]) != threads:
                 print(f"{prog}: warning: {name} ran on {int(b['threads'])} threads, "
                       f"not {threads}", file=sys.stderr)
-            return float(b["params_per_s"])
+            pps = float(b["params_per_s"])
+            return pps, pps / float(b["vs_roofline"])
     fail(prog, f"{name} produced no result (benchmarks: "
          f"{[b.get('name') for b in doc.get('benchmarks', [])]})")
 
 
 def interleave(repeat, runners):
     """Runs each callable `repeat` times, order reversed on odd repeats;
-    returns {name: (median, [all])}."""
+    returns {name: [results in run order]}."""
     got = {name: [] for name in runners}
     names = list(runners)
     for rep in range(repeat):
         for name in (names if rep % 2 == 0 else names[::-1]):
             got[name].append(runners[name]())
-    return {name: (statistics.median(v), v) for name, v in got.items()}
+    return got
 
 
 def compare(repeat, peer, ours):
-    """One row: the peer and ours (a callable, or None to skip it)
-    interleaved; returns ((median, runs), (median or None, runs))."""
+    """One row: the peer and ours (a run_ours-like callable, or None to skip
+    it) interleaved. Returns a dict of (median, runs) pairs: "peer", and with
+    ours also "ours" and "roofline"."""
     runners = {"peer": peer.measure}
     if ours is not None:
         runners["ours"] = ours
     got = interleave(repeat, runners)
     peer.close()
-    return got["peer"], got.get("ours", (None, []))
+    series = {"peer": got["peer"]}
+    if ours is not None:
+        series["ours"] = [r[0] for r in got["ours"]]
+        series["roofline"] = [r[1] for r in got["ours"]]
+    return {key: (statistics.median(v), v) for key, v in series.items()}
 
 
-def row_text(label, width, peer, ours):
-    (pm, pv), (om, ov) = peer, ours
+def json_row(row, peer):
+    """compare()'s result as flat JSON fields; `peer` prefixes the peer's."""
+    pm, pv = row["peer"]
+    (om, ov), (rm, rv) = row.get("ours", (None, [])), row.get("roofline", (None, []))
+    return {f"{peer}_params_per_s": pm, "ours_params_per_s": om,
+            "roofline_params_per_s": rm, "ratio": om / pm if om else None,
+            "ceiling": rm / pm if rm else None, f"{peer}_runs": pv, "ours_runs": ov,
+            "roofline_runs": rv}
+
+
+def row_head(label, width, peer):
+    """Header of row_text's columns; `peer` names the peer (e.g. "DS")."""
+    return (f"{label:<{width}} {peer + ' G/s':>9} {'ours G/s':>9} {'ours/' + peer:>9} "
+            f"{'roof/' + peer:>9}")
+
+
+def row_text(label, width, row):
+    """One printed row of compare()'s result. roof/<peer> is the ratio a kernel
+    at the roofline would get: the ceiling of ours/<peer> on this machine."""
+    pm, pv = row["peer"]
     g = lambda v: ["%.3f" % (x / 1e9) for x in v]  # noqa: E731
-    if om is None:
-        return f"{label:<{width}} {pm / 1e9:>9.3f} {'-':>9} {'-':>9}   peer {g(pv)}"
-    return (f"{label:<{width}} {pm / 1e9:>9.3f} {om / 1e9:>9.3f} {om / pm:>9.2f}   "
-            f"peer {g(pv)} ours {g(ov)}")
+    if "ours" not in row:
+        return f"{label:<{width}} {pm / 1e9:>9.3f} {'-':>9} {'-':>9} {'-':>9}   peer {g(pv)}"
+    (om, ov), (rm, rv) = row["ours"], row["roofline"]
+    return (f"{label:<{width}} {pm / 1e9:>9.3f} {om / 1e9:>9.3f} {om / pm:>9.2f} "
+            f"{rm / pm:>9.2f}   peer {g(pv)} ours {g(ov)} roofline {g(rv)}")
 
 
 # ----------------------------------------------------------------- worker side

@@ -5,7 +5,9 @@ Run (any python3: this script needs only the standard library):
     python3 bench/cpu_adam_vs_deepspeed.py [--repeat 3] [--threads N] [--large]
         [--bench build/bin/cpu_adam_bench] [--venv build/ds-venv] [--json FILE]
 
-Rows (params/s, medians of --repeat runs, peer and ours interleaved):
+Rows (params/s, medians of --repeat runs, peer and ours interleaved; column
+roof/DS is the roofline cpu_adam_bench times beside ours, over DeepSpeed: the
+highest ours/DS a kernel moving our bytes could reach on this machine):
   * fp32 AdamW at 1M, 16M, 64M, 256M params (512M with --large):
     DeepSpeedCPUAdam(adamw_mode=True).step() on one fp32 tensor vs our
     AdamW/fp32/<n>. weight_decay 0.01, lr 1e-3, grads set once.
@@ -59,9 +61,9 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_adam_common import (MIB, REPO, Peer, compare, fail, machine,  # noqa: E402
-                             parse_size, peer_env, resolve_ours, row_text,
-                             run_ours, warn_if_busy)
+from cpu_adam_common import (MIB, REPO, Peer, compare, fail, json_row,  # noqa: E402
+                             machine, parse_size, peer_env, resolve_ours,
+                             row_head, row_text, run_ours, warn_if_busy)
 
 PROG = "cpu_adam_vs_deepspeed"
 DS_VERSION = "0.19.8"
@@ -146,7 +148,7 @@ def main():
     py, ds_info = check_deepspeed(args.venv, env)
     warn_if_busy(PROG)
     print(f"{machine()}; {args.threads} threads; {ds_info}; medians of {args.repeat}, params/s")
-    print(f"{'row':<30} {'DS G/s':>9} {'ours G/s':>9} {'ours/DS':>9}")
+    print(row_head("row", 30, "DS"))
     rows = []
     for label, spec, peer_b, ours_name, ours_b in jobs:
         spec = dict(spec, threads=args.threads, lr=1e-3, wd=0.01, warmup=args.warmup,
@@ -155,11 +157,10 @@ def main():
         peer = Peer(PROG, py, spec, env, keep_alive=fits)
         ours = None if args.peers_only else (
             lambda name=names[ours_name]: run_ours(PROG, args.bench, name, args.threads))
-        (dm, dv), (om, ov) = compare(args.repeat, peer, ours)
-        rows.append({"row": label, "n": spec["n"], "threads": args.threads, "ours": ours_name,
-                     "ds_params_per_s": dm, "ours_params_per_s": om,
-                     "ratio": om / dm if om else None, "ds_runs": dv, "ours_runs": ov})
-        print(row_text(label, 30, (dm, dv), (om, ov)), flush=True)
+        got = compare(args.repeat, peer, ours)
+        rows.append(dict(json_row(got, "ds"), row=label, n=spec["n"], threads=args.threads,
+                         ours=ours_name))
+        print(row_text(label, 30, got), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), "deepspeed": ds_info, "rows": rows}, f, indent=1)

@@ -17,7 +17,9 @@ Peers, each in a child process of the Python that has it:
   * the newer torch of the virtualenv --venv (PyPI's CUDA build, used on the
     CPU), if it is there: AdamW(fused=True) and AdamW(foreach=True).
 Ours is AdamW/fp32/<n> of cpu_adam_bench (Google Benchmark; its params_per_s
-is the median over its iterations). Peers are pinned to --threads with
+is the median over its iterations). Column roof/peer is the roofline that
+cpu_adam_bench times beside ours (a plain stream over the same bytes) over
+the peer: the highest ours/peer any fp32 AdamW could reach on this machine. Peers are pinned to --threads with
 torch.set_num_threads and OMP_NUM_THREADS, ours with STRATA_CPU_THREADS.
 Every row runs --repeat times, peers and ours interleaved (order reversed on
 odd repeats); medians are printed with all values. A missing torch 1.13 is
@@ -31,9 +33,9 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_adam_common import (REPO, Peer, compare, fail, machine,  # noqa: E402
-                             peer_env, resolve_ours, row_text, run_ours,
-                             warn_if_busy)
+from cpu_adam_common import (REPO, Peer, compare, fail, json_row,  # noqa: E402
+                             machine, peer_env, resolve_ours, row_head,
+                             row_text, run_ours, warn_if_busy)
 
 PROG = "cpu_adam_vs_torch"
 
@@ -92,16 +94,14 @@ def main():
     warn_if_busy(PROG)
     print(f"{machine()}; {args.threads} threads; n = {args.n} fp32 params; "
           f"medians of {args.repeat}, params/s")
-    print(f"{'peer':<40} {'peer G/s':>9} {'ours G/s':>9} {'ours/peer':>9}")
+    print(row_head("peer", 40, "peer"))
     rows = []
     for label, peer in peers:
         # One peer process at a time: it keeps its tensors between runs, our
         # binary allocates its own (about 2 x 16 B/param in memory at once).
-        (pm, pv), (om, ov) = compare(args.repeat, peer, ours)
-        rows.append({"peer": label, "n": args.n, "threads": args.threads,
-                     "peer_params_per_s": pm, "ours_params_per_s": om,
-                     "ratio": om / pm if om else None, "peer_runs": pv, "ours_runs": ov})
-        print(row_text(label, 40, (pm, pv), (om, ov)), flush=True)
+        got = compare(args.repeat, peer, ours)
+        rows.append(dict(json_row(got, "peer"), peer=label, n=args.n, threads=args.threads))
+        print(row_text(label, 40, got), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), "rows": rows}, f, indent=1)
