@@ -330,12 +330,50 @@ TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
        [&](auto& d) { fs::remove(d + "/" + file); },
        StatusCode::kDataLoss,
        {file, "missing"}},
+      {"flipped byte in the last file",
+       [](auto& d) { ckpt_test::FlipByte(d + "/group-000003.bin", 10); },
+       StatusCode::kDataLoss,
+       {"checksum mismatch", "group-000003.bin"}},
+      {"too long",
+       [&](auto& d) { fs::resize_file(d + "/" + file, size + 1); },
+       StatusCode::kDataLoss,
+       {file, "too long", "manifest says " + std::to_string(size)}},
       {"other version",
        [](auto& d) {
          EditManifest(d, [](auto& m) { m["format_version"] = 99; });
        },
        StatusCode::kFailedPrecondition,
        {"version 99", "reads version 1"}},
+      {"older version",
+       [](auto& d) {
+         EditManifest(d, [](auto& m) { m["format_version"] = 0; });
+       },
+       StatusCode::kFailedPrecondition,
+       {"version 0", "reads version 1"}},
+      {"offset beyond the file",
+       [&](auto& d) {
+         EditManifest(d, [&](auto& m) {
+           m["groups"][1]["tensors"][0]["roles"]["compute"] = size - 2;
+         });
+       },
+       StatusCode::kDataLoss,
+       {"groups[1].tensors[0].roles.compute", "beyond the file"}},
+      {"tensor listed twice",
+       [](auto& d) {
+         EditManifest(d, [](auto& m) {
+           m["groups"][1]["tensors"][1] = m["groups"][1]["tensors"][0];
+         });
+       },
+       StatusCode::kDataLoss,
+       {"groups[1]", "listed twice"}},
+      {"file outside the checkpoint (the original's, intact)",
+       [](auto& d) {
+         EditManifest(d, [](auto& m) {
+           m["groups"][1]["file"] = "../ckpt/group-000001.bin";
+         });
+       },
+       StatusCode::kDataLoss,
+       {"groups[1].file", "not a file name"}},
       {"wrong field type",
        [](auto& d) {
          EditManifest(d, [](auto& m) { m["groups"][2]["bytes"] = "many"; });
@@ -408,6 +446,11 @@ TEST_F(CheckpointTest, MismatchedEngineIsRefusedNamingTheDifference) {
       {"group name",
        [](auto& m) { m[1].name = "layer.9"; },
        {"'layer.0'", "'layer.9'"}},
+      {"extra tensor in the engine",
+       [](auto& m) {
+         m[3].tensors.push_back({"y", {5}, DType::kFloat32, kMaster});
+       },
+       {"group 'head'", "checkpoint has 1 tensors", "engine has 2"}},
       {"group count", [](auto& m) { m.pop_back(); }, {"4 groups", "has 3"}},
   };
   for (const Case& c : cases) {

@@ -214,6 +214,15 @@ TEST_F(NvmeStoreTest, FreedExtentLosesItsChecksum) {
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_NE(st.message().find("holds no valid data"), std::string::npos)
       << st.message();
+
+  // Refused before any I/O: the caller's buffer is left alone.
+  std::memset(w.in.data(), 0x5a, again.bytes);
+  Result<PendingIo> io = w.store->StartRead(again, w.in.data());
+  if (io.ok()) (void)w.store->FinishIo(*io);
+  ASSERT_FALSE(io.ok()) << "StartRead accepted an extent never written";
+  EXPECT_EQ(io.status().code(), StatusCode::kDataLoss);
+  const std::vector<char> untouched(again.bytes, 0x5a);
+  EXPECT_EQ(std::memcmp(w.in.data(), untouched.data(), again.bytes), 0);
 }
 
 TEST_F(NvmeStoreTest, ByteFlippedInTheSwapFileIsDataLossNamingFileAndOffset) {
@@ -274,9 +283,13 @@ TEST_F(NvmeStoreTest, FailedWriteKeepsTheSourceAndInvalidatesTheExtent) {
   EXPECT_EQ(std::memcmp(out.data(), copy.data(), e.bytes), 0);
   EXPECT_EQ(store.stats().write_failures, 1u);
 
-  // The old bytes may be half overwritten: the extent must not read back.
+  // The old bytes may be half overwritten: the extent must not read back,
+  // and is refused as holding no valid data, not by luck of the checksum.
   const Status read = store.Read(e, w.in.data());
   EXPECT_EQ(read.code(), StatusCode::kDataLoss) << read.ToString();
+  EXPECT_NE(read.message().find("holds no valid data"), std::string::npos)
+      << read.message();
+  EXPECT_EQ(store.stats().checksum_failures, 0u);
 
   const Status retried = store.Write(e, out.data());
   ASSERT_TRUE(retried.ok()) << retried.ToString();
@@ -345,6 +358,19 @@ TEST_F(NvmeStoreTest, BitFlippedInFlightIsDataLoss) {
   ASSERT_TRUE(w.store->Read(w.extent, w.in.data()).ok())
       << "the file itself is intact";
   EXPECT_EQ(std::memcmp(w.in.data(), w.out.data(), w.extent.bytes), 0);
+}
+
+// The checksum covers the whole extent, its last page and byte included.
+TEST_F(NvmeStoreTest, BitFlippedInTheLastByteIsDataLoss) {
+  Written w = WriteOne(192 * kKiB, 6);
+  ASSERT_TRUE(w.store);
+  testutil::BitFlipInjector flip(w.extent.offset + w.extent.bytes - 1);
+  faults_.Arm(&flip);
+  const Status st = w.store->Read(w.extent, w.in.data());
+  faults_.Arm(nullptr);
+  ASSERT_TRUE(flip.flipped.load());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_EQ(w.store->stats().checksum_failures, 1u);
 }
 
 TEST_F(NvmeStoreTest, NullOrMisalignedBufferIsInvalidArgument) {

@@ -1,0 +1,182 @@
+// Engine::Save and Engine::Load (src/checkpoint.h) at the edges of the
+// protocol: a data file larger than Load's verify buffer, paths spelled
+// with trailing slashes, temporaries of saves that are still running, and
+// a file system that accepts only part of a write.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/engine.h"
+#include "tests/store/checkpoint_util.h"
+#include "tests/store/store_util.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using store_test::kKiB;
+
+class CheckpointEdgeTest : public ::testing::Test {
+ protected:
+  // A host-only engine with `model` registered.
+  static std::unique_ptr<Engine> Open(const std::vector<GroupSpec>& model) {
+    EngineOptions o;
+    o.device = "host";
+    o.device_budget = 4096 * kKiB;
+    o.host_budget = 8192 * kKiB;
+    o.placement.home.fill(Tier::kHost);
+    auto engine = Engine::Open(o);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    if (!engine.ok()) return nullptr;
+    for (const GroupSpec& spec : model) {
+      auto id = (*engine)->RegisterGroup(spec);
+      EXPECT_TRUE(id.ok()) << id.status().ToString();
+      if (!id.ok()) return nullptr;
+    }
+    return std::move(*engine);
+  }
+  // store_test::Fill(seed + g) into every role of every group g.
+  static void Fill(Engine& engine, uint64_t seed) {
+    for (int g = 0; g < engine.group_count(); ++g) {
+      auto view = engine.Fetch(g, Tier::kHost, {kAllRoles, true});
+      ASSERT_TRUE(view.ok()) << view.status().ToString();
+      store_test::Fill(*view, seed + g);
+      ASSERT_TRUE(engine.Release(g).ok());
+    }
+  }
+  // Expects what Fill(engine, seed) wrote.
+  static void Check(Engine& engine, uint64_t seed) {
+    for (int g = 0; g < engine.group_count(); ++g) {
+      auto view = engine.Fetch(g, Tier::kHost);
+      ASSERT_TRUE(view.ok()) << view.status().ToString();
+      store_test::Check(*view, seed + g);
+      ASSERT_TRUE(engine.Release(g).ok());
+    }
+  }
+  std::vector<std::string> Entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_.path())) {
+      out.push_back(e.path().filename());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::string Ckpt() const { return dir_.File("ckpt"); }
+
+  testutil::ScratchDir dir_;
+};
+
+// Load hashes files in 1 MiB reads: a 1.2 MiB file takes two, and damage
+// in the second is found.
+TEST_F(CheckpointEdgeTest, FileLargerThanTheVerifyBufferLoadsAndIsVerified) {
+  const std::vector<GroupSpec> model = {store_test::Layer("big", 200 * 1024)};
+  {
+    auto source = Open(model);
+    ASSERT_NE(source, nullptr);
+    Fill(*source, 1);
+    ASSERT_TRUE(source->Save(Ckpt()).ok());
+  }
+  const std::string file = Ckpt() + "/group-000000.bin";
+  const uint64_t size = fs::file_size(file);
+  ASSERT_GT(size, uint64_t{1} << 20);
+  auto target = Open(model);
+  ASSERT_NE(target, nullptr);
+  Status s = target->Load(Ckpt());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  Check(*target, 1);
+
+  ckpt_test::FlipByte(file, size - 1);
+  Fill(*target, 5);
+  s = target->Load(Ckpt());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos)
+      << s.message();
+  Check(*target, 5);
+}
+
+TEST_F(CheckpointEdgeTest, TrailingSlashesNameTheSameCheckpoint) {
+  auto engine = Open({store_test::Layer("a", 1000)});
+  ASSERT_NE(engine, nullptr);
+  Fill(*engine, 1);
+  Status s = engine->Save(Ckpt() + "/");
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  Fill(*engine, 2);
+  s = engine->Save(Ckpt() + "//");
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Entries(), std::vector<std::string>{"ckpt"});
+  EXPECT_TRUE(fs::exists(Ckpt() + "/manifest.json"));
+  Fill(*engine, 3);
+  s = engine->Load(Ckpt() + "/");
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  Check(*engine, 2);
+}
+
+// A temporary whose pid is alive belongs to a save still running (another
+// process on the same path is unsupported, but must not lose its files);
+// one whose pid is gone is removed.
+TEST_F(CheckpointEdgeTest, SaveRemovesOnlyTemporariesOfDeadProcesses) {
+  int wstatus = 0;
+  const pid_t dead = ckpt_test::RunInChild([] {}, &wstatus);
+  ASSERT_GT(dead, 0);
+  const std::string live_tmp = Ckpt() + ".tmp-" + std::to_string(getppid());
+  const std::string dead_tmp = Ckpt() + ".tmp-" + std::to_string(dead);
+  for (const std::string& tmp : {live_tmp, dead_tmp}) {
+    fs::create_directory(tmp);
+    std::ofstream(tmp + "/group-000000.bin") << "partial";
+  }
+  auto engine = Open({store_test::Layer("a", 1000)});
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->Save(Ckpt()).ok());
+  EXPECT_TRUE(fs::exists(live_tmp + "/group-000000.bin"));
+  EXPECT_FALSE(fs::exists(dead_tmp));
+}
+
+// A file-size limit makes a write cross it stop short (then fail with
+// EFBIG): Save must finish the write or fail, never publish a file shorter
+// than its manifest over the previous checkpoint.
+TEST_F(CheckpointEdgeTest, ShortWriteFailsTheSaveAndKeepsThePrevious) {
+  GroupSpec one;  // one tensor in one role: a single write of 128 KiB
+  one.name = "one";
+  one.tensors = {{"w", {64 * 1024}, DType::kBFloat16, RoleBit(Role::kCompute)}};
+  const std::vector<GroupSpec> model = {one};
+  {
+    auto engine = Open(model);
+    ASSERT_NE(engine, nullptr);
+    Fill(*engine, 1);
+    ASSERT_TRUE(engine->Save(Ckpt()).ok());
+  }
+  int wstatus = 0;
+  const pid_t child = ckpt_test::RunInChild(
+      [&] {
+        signal(SIGXFSZ, SIG_IGN);
+        const rlimit limit = {100 * kKiB, 100 * kKiB};  // the file is 128 KiB
+        if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(2);
+        auto engine = Open(model);
+        if (engine == nullptr) _exit(2);
+        Fill(*engine, 2);
+        _exit(engine->Save(Ckpt()).ok() ? 1 : 0);
+      },
+      &wstatus);
+  ASSERT_GE(child, 0);
+  ASSERT_TRUE(WIFEXITED(wstatus)) << wstatus;
+  ASSERT_NE(WEXITSTATUS(wstatus), 2) << "the child could not set up";
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "Save succeeded after a short write";
+  auto engine = Open(model);
+  ASSERT_NE(engine, nullptr);
+  const Status s = engine->Load(Ckpt());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  Check(*engine, 1);
+}
+
+}  // namespace
+}  // namespace strata
