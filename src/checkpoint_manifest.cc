@@ -120,6 +120,38 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
   return t;
 }
 
+// Note [Checkpoint format] fixes every offset and the size: role-major, in
+// the order the tensors are listed. The manifest has no checksum of its
+// own, so without this a damaged offset that stays inside the file would
+// load shifted bytes without an error.
+Status CheckPacking(const GroupEntry& g, const std::string& at,
+                    std::string& where) {
+  uint64_t packed = 0;
+  for (int r = 0; r < kNumRoles; ++r) {
+    for (size_t k = 0; k < g.tensors.size(); ++k) {
+      const TensorEntry& t = g.tensors[k];
+      if ((t.roles & RoleBit(Role(r))) == 0) continue;
+      if (t.offset[r] != packed) {
+        where = at + ".tensors[" + std::to_string(k) + "].roles." +
+                std::string(RoleName(Role(r)));
+        return Status(StatusCode::kDataLoss,
+                      "offset " + std::to_string(t.offset[r]) +
+                          ", but the tensors packed in order put it at " +
+                          std::to_string(packed));
+      }
+      packed += RoleBytes(t, Role(r));
+    }
+  }
+  if (packed != g.bytes) {
+    where = at + ".bytes";
+    return Status(StatusCode::kDataLoss,
+                  std::to_string(g.bytes) +
+                      " bytes, but the tensors add up to " +
+                      std::to_string(packed));
+  }
+  return Status();
+}
+
 Result<GroupEntry> ParseGroup(const Json& j, const std::string& at,
                               std::string& where) {
   GroupEntry g;
@@ -150,6 +182,7 @@ Result<GroupEntry> ParseGroup(const Json& j, const std::string& at,
     g.tensors.push_back(std::move(*t));
   }
   if (g.tensors.empty()) return Status(StatusCode::kDataLoss, "no tensors");
+  if (Status s = CheckPacking(g, at, where); !s.ok()) return s;
   return g;
 }
 

@@ -3,8 +3,10 @@
 // checked and matched against the engine by Load. Pure: no file I/O.
 //
 // Failure: ParseManifest returns kDataLoss naming the manifest and the
-// field at fault, and kFailedPrecondition for a file without the strata
-// format marker or of another format_version (naming both versions);
+// field at fault (also an offset or size that differs from the packing of
+// Note [Checkpoint format]: the manifest has no checksum of its own), and
+// kFailedPrecondition for a file without the strata format marker or of
+// another format_version (naming both versions);
 // MatchEngine returns kFailedPrecondition naming the first group or tensor
 // that differs. Nothing throws.
 #ifndef STRATA_SRC_CHECKPOINT_MANIFEST_H_

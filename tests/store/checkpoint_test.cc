@@ -358,6 +358,15 @@ TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
        },
        StatusCode::kDataLoss,
        {"groups[1].tensors[0].roles.compute", "beyond the file"}},
+      {"offset moved within the file",
+       [](auto& d) {
+         EditManifest(d, [](nlohmann::json& m) {
+           nlohmann::json& roles = m["groups"][1]["tensors"][0]["roles"];
+           roles["master"] = roles["master"].get<uint64_t>() - 2;
+         });
+       },
+       StatusCode::kDataLoss,
+       {"groups[1].tensors[0].roles.master", "packed in order"}},
       {"tensor listed twice",
        [](auto& d) {
          EditManifest(d, [](auto& m) {
