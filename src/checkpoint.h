@@ -3,12 +3,17 @@
 //
 // Note [Checkpoint format]
 // A checkpoint is a directory:
-// - manifest.json: {"format": "strata-checkpoint", "format_version": 1,
+// - manifest.json: {"format": "strata-checkpoint", "format_version": 2,
 //   "steps", "user_state", "config" (budgets, default placement, device:
 //   informational, never checked), "groups": [{"name", "file", "bytes",
 //   "xxh3" (16 hex digits), "placement" (informational), "tensors":
 //   [{"name", "shape", "dtype", "roles": {role name: byte offset in the
-//   file}}]}]}. Groups are listed in registration order.
+//   file}}]}], "manifest_xxh3"}. Groups are listed in registration order.
+//   manifest_xxh3 (16 hex digits) is the XXH3-64 of the manifest without
+//   that field, written as JSON indented by 2 spaces with its keys in the
+//   file's order, plus a final newline (as Save writes it). A damaged digit
+//   of an offset or of the step count would otherwise load wrong values
+//   without an error: the data files' hashes cannot see it.
 // - group-NNNNNN.bin, one per group (NNNNNN its id): every role's tensors
 //   back to back, role-major (compute, master, state1, state2, grad) and in
 //   registration order within a role, only the real elements (no chunk or
@@ -50,7 +55,8 @@
 
 namespace strata::ckpt {
 
-inline constexpr int kFormatVersion = 1;
+// 2 added manifest_xxh3.
+inline constexpr int kFormatVersion = 2;
 
 // Engine::Save: `engine` and `residency` are the same engine's; `options`
 // are the options it was opened with (written as its configuration).

@@ -1,9 +1,14 @@
 #include "src/checkpoint_manifest.h"
 
+#include <xxhash.h>
+
 #include <charconv>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
+#include <type_traits>
 #include <utility>
 
 #include "src/checkpoint.h"
@@ -15,6 +20,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr char kFormatName[] = "strata-checkpoint";
+constexpr char kChecksumKey[] = "manifest_xxh3";
 
 std::string Hex(uint64_t value) {
   char text[17];
@@ -76,13 +82,54 @@ Status Malformed(const std::string& path, const std::string& where,
                  what);
 }
 
+// A field that json's own checks let through but the format refuses.
+struct FieldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// `v` as T. Every integer of the format is a count, a size or an offset, so
+// it must be a whole number from 0 to T's maximum: json's get<T>() would
+// truncate 1.7 to 1 and wrap -1 to 2^64 - 1.
+template <typename T>
+T Integer(const Json& v) {
+  if (v.is_number_unsigned() &&
+      v.get<uint64_t>() <=
+          static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+    return static_cast<T>(v.get<uint64_t>());
+  }
+  throw FieldError("must be a whole number from 0 to " +
+                   std::to_string(std::numeric_limits<T>::max()) + ", not " +
+                   v.dump());
+}
+
 // Field `key` of `j` as T. `where` is set to the field's path first, so a
-// json exception (missing field, other type) can name it.
+// json exception (missing field, other type) or a FieldError can name it.
 template <typename T>
 T Get(const Json& j, const std::string& parent, const char* key,
       std::string& where) {
   where = parent.empty() ? key : parent + "." + key;
-  return j.at(key).get<T>();
+  if constexpr (std::is_integral_v<T>) {
+    return Integer<T>(j.at(key));
+  } else {
+    return j.at(key).get<T>();
+  }
+}
+
+// 16 hex digits, as Hex writes them.
+Result<uint64_t> ParseHex(const std::string& hex) {
+  uint64_t value = 0;
+  const auto [end, err] =
+      std::from_chars(hex.data(), hex.data() + hex.size(), value, 16);
+  if (hex.size() != 16 || err != std::errc() || end != hex.data() + 16) {
+    return Status(StatusCode::kDataLoss, "not 16 hex digits");
+  }
+  return value;
+}
+
+// manifest_xxh3 of a manifest without that field (Note [Checkpoint format]).
+uint64_t ManifestHash(const Json& without) {
+  const std::string text = without.dump(2) + "\n";
+  return XXH3_64bits(text.data(), text.size());
 }
 
 Result<Role> ParseRole(const std::string& name) {
@@ -98,7 +145,9 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
                                 uint64_t file_bytes, std::string& where) {
   TensorEntry t;
   t.name = Get<std::string>(j, at, "name", where);
-  t.shape = Get<std::vector<int64_t>>(j, at, "shape", where);
+  const Json shape = Get<Json>(j, at, "shape", where);
+  if (!shape.is_array()) throw FieldError("must be an array");
+  for (const Json& dim : shape) t.shape.push_back(Integer<int64_t>(dim));
   t.elements = store::ShapeElements(t.shape);
   if (t.elements == 0) return Status(StatusCode::kDataLoss, "empty shape");
   Result<DType> dtype = ParseDType(Get<std::string>(j, at, "dtype", where));
@@ -110,9 +159,10 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
     Result<Role> role = ParseRole(name);
     if (!role.ok()) return role.status();
     t.roles |= RoleBit(*role);
-    t.offset[static_cast<int>(*role)] = offset.get<uint64_t>();
+    const uint64_t at_byte = Integer<uint64_t>(offset);
+    t.offset[static_cast<int>(*role)] = at_byte;
     const uint64_t bytes = RoleBytes(t, *role);
-    if (bytes > file_bytes || offset.get<uint64_t>() > file_bytes - bytes) {
+    if (bytes > file_bytes || at_byte > file_bytes - bytes) {
       return Status(StatusCode::kDataLoss, "the tensor lies beyond the file");
     }
   }
@@ -121,9 +171,9 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
 }
 
 // Note [Checkpoint format] fixes every offset and the size: role-major, in
-// the order the tensors are listed. The manifest has no checksum of its
-// own, so without this a damaged offset that stays inside the file would
-// load shifted bytes without an error.
+// the order the tensors are listed. manifest_xxh3 finds damage after Save;
+// this finds a writer that packed otherwise, whose offsets inside the file
+// would load shifted bytes without an error.
 Status CheckPacking(const GroupEntry& g, const std::string& at,
                     std::string& where) {
   uint64_t packed = 0;
@@ -162,12 +212,9 @@ Result<GroupEntry> ParseGroup(const Json& j, const std::string& at,
     return Status(StatusCode::kDataLoss, "not a file name in the checkpoint");
   }
   g.bytes = Get<uint64_t>(j, at, "bytes", where);
-  const std::string hex = Get<std::string>(j, at, "xxh3", where);
-  const auto [end, err] =
-      std::from_chars(hex.data(), hex.data() + hex.size(), g.xxh3, 16);
-  if (hex.size() != 16 || err != std::errc() || end != hex.data() + 16) {
-    return Status(StatusCode::kDataLoss, "not 16 hex digits");
-  }
+  Result<uint64_t> xxh3 = ParseHex(Get<std::string>(j, at, "xxh3", where));
+  if (!xxh3.ok()) return xxh3.status();
+  g.xxh3 = *xxh3;
   const Json tensors = Get<Json>(j, at, "tensors", where);
   std::set<std::string> names;
   for (size_t k = 0; k < tensors.size(); ++k) {
@@ -203,6 +250,17 @@ Result<Manifest> ParseFields(const Json& j, const std::string& path,
                       "; this build reads version " +
                       std::to_string(kFormatVersion) +
                       ": load it with the strata release that wrote it");
+  }
+  Result<uint64_t> recorded =
+      ParseHex(Get<std::string>(j, "", kChecksumKey, where));
+  if (!recorded.ok())
+    return Malformed(path, where, recorded.status().message());
+  Json without = j;
+  without.erase(kChecksumKey);
+  if (const uint64_t actual = ManifestHash(without); actual != *recorded) {
+    return Damaged("manifest '" + path + "' does not match its " +
+                   kChecksumKey + " (" + Hex(actual) + ", recorded " +
+                   Hex(*recorded) + "): it changed after Save wrote it");
   }
   m.steps = Get<uint64_t>(j, "", "steps", where);
   m.user_state = Get<std::string>(j, "", "user_state", where);
@@ -315,6 +373,7 @@ Result<std::string> ManifestText(const Manifest& manifest,
             {"config", std::move(config)},
             {"groups", std::move(groups)}};
   try {
+    m[kChecksumKey] = Hex(ManifestHash(m));
     return m.dump(2) + "\n";
   } catch (const Json::exception& e) {
     return Status(StatusCode::kInvalidArgument,
@@ -333,6 +392,8 @@ Result<Manifest> ParseManifest(const std::string& text,
     return Damaged("manifest '" + path + "' is not valid JSON (byte " +
                    std::to_string(e.byte) + ")");
   } catch (const Json::exception& e) {
+    return Malformed(path, where, e.what());
+  } catch (const FieldError& e) {
     return Malformed(path, where, e.what());
   }
 }

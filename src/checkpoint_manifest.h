@@ -2,11 +2,13 @@
 // a value: described from the engine's layouts and written by Save; parsed,
 // checked and matched against the engine by Load. Pure: no file I/O.
 //
-// Failure: ParseManifest returns kDataLoss naming the manifest and the
-// field at fault (also an offset or size that differs from the packing of
-// Note [Checkpoint format]: the manifest has no checksum of its own), and
-// kFailedPrecondition for a file without the strata format marker or of
-// another format_version (naming both versions);
+// Failure: ParseManifest returns kFailedPrecondition for a file without
+// the strata format marker or of another format_version (naming both
+// versions); then kDataLoss when manifest_xxh3 does not match, and
+// kDataLoss naming the manifest and the field at fault: missing, of another
+// type, a fraction or a negative number where an integer count is due, or
+// an offset or size that differs from the packing of Note [Checkpoint
+// format];
 // MatchEngine returns kFailedPrecondition naming the first group or tensor
 // that differs. Nothing throws.
 #ifndef STRATA_SRC_CHECKPOINT_MANIFEST_H_

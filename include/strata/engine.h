@@ -278,8 +278,9 @@ class STRATA_EXPORT Engine {
   // Load reads a checkpoint into this engine. The engine must have the
   // same groups (same order and names) and tensors (names, shapes, dtypes,
   // roles), else an error naming the first mismatch; budgets, placements
-  // and the order of tensors within a group may differ. The manifest and
-  // every data file (size, XXH3-64) are verified before any data changes:
+  // and the order of tensors within a group may differ. The manifest (its
+  // own XXH3-64) and every data file (size, XXH3-64) are verified before
+  // any data changes:
   // a damaged, truncated or missing file or another format version fails
   // naming the file and leaves the engine untouched. Only an I/O error
   // after that check leaves the data partly loaded (the error says so).

@@ -1,7 +1,8 @@
 // Engine::Save and Engine::Load (src/checkpoint.h) at the edges of the
 // protocol: a data file larger than Load's verify buffer, paths spelled
-// with trailing slashes, temporaries of saves that are still running, and
-// a file system that accepts only part of a write.
+// with trailing slashes, temporaries of saves that are still running, a
+// file system that accepts only part of a write, and a manifest changed
+// after Save (its own checksum) or holding numbers no count can be.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -11,7 +12,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -176,6 +180,107 @@ TEST_F(CheckpointEdgeTest, ShortWriteFailsTheSaveAndKeepsThePrevious) {
   const Status s = engine->Load(Ckpt());
   ASSERT_TRUE(s.ok()) << s.ToString();
   Check(*engine, 1);
+}
+
+// A digit of the step count or of user_state (where the optimizer keeps its
+// own step count) matches every data file's hash: only the manifest's own
+// checksum sees it. Layout is not content: a re-indented manifest loads.
+TEST_F(CheckpointEdgeTest, ManifestChangedAfterSaveIsDataLoss) {
+  const std::vector<GroupSpec> model = {store_test::Layer("a", 1000)};
+  {
+    auto source = Open(model);
+    ASSERT_NE(source, nullptr);
+    Fill(*source, 1);
+    ASSERT_TRUE(source->Save(Ckpt(), {"{\"step\": 41}"}).ok());
+  }
+  const std::string path = Ckpt() + "/manifest.json";
+  std::ifstream in(path);
+  const std::string saved{std::istreambuf_iterator<char>(in),
+                          std::istreambuf_iterator<char>()};
+  const auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string text = saved;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " not in\n" << saved;
+    return at == std::string::npos ? text : text.replace(at, from.size(), to);
+  };
+  struct Case {
+    const char* what;
+    std::string text;
+    std::vector<std::string> said;  // parts of the message
+  };
+  const std::vector<Case> cases = {
+      {"user_state digit",
+       replaced("41}", "42}"),
+       {"manifest_xxh3", "changed after Save", "backup"}},
+      {"steps digit",
+       replaced("\"steps\": 0", "\"steps\": 1"),
+       {"manifest_xxh3", "changed after Save"}},
+      {"no checksum",
+       replaced("\"manifest_xxh3\"", "\"manifest_xxh4\""),
+       {"malformed at manifest_xxh3"}},
+  };
+  auto target = Open(model);
+  ASSERT_NE(target, nullptr);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::ofstream(path, std::ios::trunc) << c.text;
+    Fill(*target, 5);
+    const Status s = target->Load(Ckpt());
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+    for (const std::string& part : c.said) {
+      EXPECT_NE(s.message().find(part), std::string::npos) << s.message();
+    }
+    Check(*target, 5);
+  }
+
+  std::ofstream(path, std::ios::trunc)
+      << nlohmann::ordered_json::parse(saved).dump(4);
+  LoadResult result;
+  const Status s = target->Load(Ckpt(), &result);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(result.user_state, "{\"step\": 41}");
+  Check(*target, 1);
+}
+
+// json's own conversion would read 2.5 as 2 and -1 as 2^64 - 1; every
+// number of the format is a count, a size or an offset.
+TEST_F(CheckpointEdgeTest, NumbersThatAreNoCountAreRefusedNamingTheField) {
+  const std::vector<GroupSpec> model = {store_test::Layer("a", 1000)};
+  {
+    auto source = Open(model);
+    ASSERT_NE(source, nullptr);
+    ASSERT_TRUE(source->Save(Ckpt()).ok());
+  }
+  const std::string copy = dir_.File("copy");
+  struct Case {
+    const char* field;
+    std::function<void(nlohmann::json&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"format_version",
+       [](auto& m) { m["format_version"] = ckpt::kFormatVersion + 0.5; }},
+      {"steps", [](auto& m) { m["steps"] = -1; }},
+      {"groups[0].bytes", [](auto& m) { m["groups"][0]["bytes"] = 1e3; }},
+      {"groups[0].tensors[0].shape",
+       [](auto& m) { m["groups"][0]["tensors"][0]["shape"] = {-1000}; }},
+      {"groups[0].tensors[0].roles.master",
+       [](auto& m) { m["groups"][0]["tensors"][0]["roles"]["master"] = 0.5; }},
+  };
+  auto target = Open(model);
+  ASSERT_NE(target, nullptr);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    fs::remove_all(copy);
+    fs::copy(Ckpt(), copy);
+    ckpt_test::EditManifest(copy, c.edit);
+    const Status s = target->Load(copy);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+    EXPECT_NE(s.message().find(std::string("malformed at ") + c.field),
+              std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("whole number"), std::string::npos)
+        << s.message();
+  }
 }
 
 }  // namespace

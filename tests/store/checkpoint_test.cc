@@ -293,14 +293,6 @@ TEST_F(CheckpointTest, CrashDuringSaveKeepsACheckpoint) {
   }
 }
 
-void EditManifest(const std::string& dir,
-                  const std::function<void(nlohmann::json&)>& edit) {
-  const std::string path = dir + "/manifest.json";
-  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(path));
-  edit(manifest);
-  std::ofstream(path, std::ios::trunc) << manifest.dump(2);
-}
-
 TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
   {
     auto source = Source();
@@ -340,19 +332,19 @@ TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
        {file, "too long", "manifest says " + std::to_string(size)}},
       {"other version",
        [](auto& d) {
-         EditManifest(d, [](auto& m) { m["format_version"] = 99; });
+         ckpt_test::EditManifest(d, [](auto& m) { m["format_version"] = 99; });
        },
        StatusCode::kFailedPrecondition,
-       {"version 99", "reads version 1"}},
+       {"version 99", "reads version " + std::to_string(ckpt::kFormatVersion)}},
       {"older version",
        [](auto& d) {
-         EditManifest(d, [](auto& m) { m["format_version"] = 0; });
+         ckpt_test::EditManifest(d, [](auto& m) { m["format_version"] = 0; });
        },
        StatusCode::kFailedPrecondition,
-       {"version 0", "reads version 1"}},
+       {"version 0", "reads version " + std::to_string(ckpt::kFormatVersion)}},
       {"offset beyond the file",
        [&](auto& d) {
-         EditManifest(d, [&](auto& m) {
+         ckpt_test::EditManifest(d, [&](auto& m) {
            m["groups"][1]["tensors"][0]["roles"]["compute"] = size - 2;
          });
        },
@@ -360,7 +352,7 @@ TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
        {"groups[1].tensors[0].roles.compute", "beyond the file"}},
       {"offset moved within the file",
        [](auto& d) {
-         EditManifest(d, [](nlohmann::json& m) {
+         ckpt_test::EditManifest(d, [](nlohmann::json& m) {
            nlohmann::json& roles = m["groups"][1]["tensors"][0]["roles"];
            roles["master"] = roles["master"].get<uint64_t>() - 2;
          });
@@ -369,7 +361,7 @@ TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
        {"groups[1].tensors[0].roles.master", "packed in order"}},
       {"tensor listed twice",
        [](auto& d) {
-         EditManifest(d, [](auto& m) {
+         ckpt_test::EditManifest(d, [](auto& m) {
            m["groups"][1]["tensors"][1] = m["groups"][1]["tensors"][0];
          });
        },
@@ -377,7 +369,7 @@ TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
        {"groups[1]", "listed twice"}},
       {"file outside the checkpoint (the original's, intact)",
        [](auto& d) {
-         EditManifest(d, [](auto& m) {
+         ckpt_test::EditManifest(d, [](auto& m) {
            m["groups"][1]["file"] = "../ckpt/group-000001.bin";
          });
        },
@@ -385,7 +377,8 @@ TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
        {"groups[1].file", "not a file name"}},
       {"wrong field type",
        [](auto& d) {
-         EditManifest(d, [](auto& m) { m["groups"][2]["bytes"] = "many"; });
+         ckpt_test::EditManifest(
+             d, [](auto& m) { m["groups"][2]["bytes"] = "many"; });
        },
        StatusCode::kDataLoss,
        {"manifest.json", "groups[2]", "bytes"}},

@@ -1,6 +1,7 @@
 // Helpers shared by the checkpoint tests (tests/store/checkpoint_test.cc,
-// tests/optim/resume_test.cc): a save killed at a stage of Note
-// [Checkpoint crash safety] in a child process, and damage to a file.
+// checkpoint_edge_test.cc, tests/optim/resume_test.cc): a save killed at a
+// stage of Note [Checkpoint crash safety] in a child process, damage to a
+// file, and edits of a manifest.
 #ifndef STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
 #define STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
 
@@ -8,9 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "src/checkpoint.h"
@@ -55,6 +61,28 @@ inline void FlipByte(const std::string& path, uint64_t offset) {
   const char c = static_cast<char>(f.get() ^ 0x20);
   f.seekp(static_cast<std::streamoff>(offset));
   f.put(c);
+}
+
+// Rewrites dir's manifest.json through `edit`. With `reseal` it then gets
+// a manifest_xxh3 that matches (computed here as Note [Checkpoint format]
+// says), so that the edit reaches the check it aims at, as if a faulty
+// writer had made it; without, the edit stands for damage after Save.
+inline void EditManifest(const std::string& dir,
+                         const std::function<void(nlohmann::json&)>& edit,
+                         bool reseal = true) {
+  const std::string path = dir + "/manifest.json";
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(path));
+  edit(manifest);
+  if (reseal) {
+    manifest.erase("manifest_xxh3");
+    const std::string text = manifest.dump(2) + "\n";
+    char hex[17];
+    std::snprintf(
+        hex, sizeof(hex), "%016llx",
+        static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+    manifest["manifest_xxh3"] = hex;
+  }
+  std::ofstream(path, std::ios::trunc) << manifest.dump(2);
 }
 
 }  // namespace strata::ckpt_test
