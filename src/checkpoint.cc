@@ -175,8 +175,47 @@ Status CheckIdle(Engine& engine, const store::Residency& residency,
 
 // ---- Save ----------------------------------------------------------------
 
-// Makes way for the temporary directory: refuses a `dir` that is not a
-// checkpoint, removes temporaries of saves that died, creates ours.
+// Whether `entry` is a file that Save writes into a checkpoint.
+bool IsCheckpointFile(const std::filesystem::directory_entry& entry) {
+  const std::string name = entry.path().filename().string();
+  std::error_code ec;
+  return entry.is_regular_file(ec) &&
+         (name == kManifestName || IsGroupFileName(name));
+}
+
+// Save replaces `dir` only when it is missing, empty or holds nothing but
+// a checkpoint's own files: removing it must not take a user's files along.
+Status CheckReplaceable(const Paths& p) {
+  struct stat st;
+  if (::stat(p.dir.c_str(), &st) != 0) return Status();
+  const std::string refused = "; Save does not replace it: ";
+  std::error_code ec;
+  if (!S_ISDIR(st.st_mode) || (!Exists(p.dir + "/" + kManifestName) &&
+                               !std::filesystem::is_empty(p.dir, ec))) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "'" + p.dir + "' exists and is not a strata checkpoint (no " +
+                      kManifestName + ")" + refused +
+                      "choose another path or remove it");
+  }
+  std::filesystem::directory_iterator it(p.dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    if (IsCheckpointFile(*it)) continue;
+    return Status(StatusCode::kFailedPrecondition,
+                  "the checkpoint '" + p.dir + "' also holds '" +
+                      it->path().filename().string() +
+                      "', which Save did not write" + refused +
+                      "move it out or choose another path");
+  }
+  if (ec) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "cannot list '" + p.dir + "' (" + ec.message() + ")" +
+                      refused + "it checks what it holds first");
+  }
+  return Status();
+}
+
+// Makes way for the temporary directory: refuses a `dir` that Save may not
+// replace, removes temporaries of saves that died, creates ours.
 Status PrepareTemp(const Paths& p) {
   struct stat st;
   if (::stat(p.parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -184,16 +223,8 @@ Status PrepareTemp(const Paths& p) {
                   "cannot save to '" + p.dir + "': its parent directory '" +
                       p.parent + "' does not exist; create it first");
   }
+  if (Status s = CheckReplaceable(p); !s.ok()) return s;
   std::error_code ec;
-  if (::stat(p.dir.c_str(), &st) == 0 &&
-      (!S_ISDIR(st.st_mode) || (!Exists(p.dir + "/" + kManifestName) &&
-                                !std::filesystem::is_empty(p.dir, ec)))) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "'" + p.dir + "' exists and is not a strata checkpoint (no " +
-                      kManifestName +
-                      "); Save does not replace it: choose another path or "
-                      "remove it");
-  }
   for (std::filesystem::directory_iterator it(p.parent, ec), end;
        !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();

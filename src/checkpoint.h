@@ -35,8 +35,9 @@
 //   new checkpoint is in place.
 // - <dir> (new) and "<dir>.old": the old one is stale; the next Save
 //   removes it.
-// Save refuses to replace a directory that is neither a checkpoint nor
-// empty, so a wrong path cannot delete a user's files. Two Saves or a Save
+// Save replaces a directory only if it is empty or holds nothing but a
+// checkpoint's own files (manifest.json, group-*.bin), so neither a wrong
+// path nor a file put into a checkpoint gets deleted. Two Saves or a Save
 // and a Load of one <dir> at the same time are not supported.
 //
 // Streaming: Save fetches one role of one group at a time to the host

@@ -354,6 +354,18 @@ GroupEntry DescribeGroup(int id, const store::GroupLayout& layout) {
   return g;
 }
 
+bool IsGroupFileName(std::string_view name) {
+  constexpr std::string_view kPrefix = "group-", kSuffix = ".bin";
+  if (name.size() < kPrefix.size() + 6 + kSuffix.size() ||
+      name.substr(0, kPrefix.size()) != kPrefix ||
+      name.substr(name.size() - kSuffix.size()) != kSuffix) {
+    return false;
+  }
+  const std::string_view digits = name.substr(
+      kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  return digits.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
 Result<std::string> ManifestText(const Manifest& manifest,
                                  const EngineOptions& options,
                                  const EngineInfo& info) {

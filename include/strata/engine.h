@@ -273,7 +273,8 @@ class STRATA_EXPORT Engine {
   // crash at any point leaves the previous checkpoint at `dir` loadable or
   // the new one complete. On failure (kNoSpace for a full disk, ...) the
   // previous checkpoint is kept and the temporary removed. A `dir` that
-  // exists and is neither a checkpoint nor empty is refused, not replaced.
+  // exists, is not empty and holds anything besides a checkpoint's own
+  // files is refused (naming that entry), not replaced.
   Status Save(const std::string& dir, const SaveOptions& options = {});
   // Load reads a checkpoint into this engine. The engine must have the
   // same groups (same order and names) and tensors (names, shapes, dtypes,

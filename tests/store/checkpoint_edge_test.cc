@@ -145,6 +145,36 @@ TEST_F(CheckpointEdgeTest, SaveRemovesOnlyTemporariesOfDeadProcesses) {
   EXPECT_FALSE(fs::exists(dead_tmp));
 }
 
+// Replacing a checkpoint removes the old directory: a file or a nested
+// checkpoint that someone put into it must stop the save, not go with it.
+TEST_F(CheckpointEdgeTest, SaveDoesNotReplaceACheckpointHoldingOtherFiles) {
+  auto engine = Open({store_test::Layer("a", 1000)});
+  ASSERT_NE(engine, nullptr);
+  Fill(*engine, 1);
+  ASSERT_TRUE(engine->Save(Ckpt()).ok());
+  const auto refused_naming = [&](const std::string& entry) {
+    const Status s = engine->Save(Ckpt());
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find("also holds '" + entry + "'"), std::string::npos)
+        << s.message();
+  };
+  Fill(*engine, 2);
+  ASSERT_TRUE(engine->Save(Ckpt() + "/inner").ok());
+  Fill(*engine, 3);
+  refused_naming("inner");
+  fs::rename(Ckpt() + "/inner", dir_.File("inner"));
+  std::ofstream(Ckpt() + "/group-1.bin") << "a user's file";  // not 6 digits
+  refused_naming("group-1.bin");
+  fs::remove(Ckpt() + "/group-1.bin");
+  ASSERT_TRUE(engine->Save(Ckpt()).ok());
+
+  Fill(*engine, 4);
+  ASSERT_TRUE(engine->Load(dir_.File("inner")).ok());
+  Check(*engine, 2);
+  ASSERT_TRUE(engine->Load(Ckpt()).ok());
+  Check(*engine, 3);
+}
+
 // A file-size limit makes a write cross it stop short (then fail with
 // EFBIG): Save must finish the write or fail, never publish a file shorter
 // than its manifest over the previous checkpoint.
