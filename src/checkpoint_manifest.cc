@@ -253,8 +253,9 @@ Result<Manifest> ParseFields(const Json& j, const std::string& path,
   }
   Result<uint64_t> recorded =
       ParseHex(Get<std::string>(j, "", kChecksumKey, where));
-  if (!recorded.ok())
+  if (!recorded.ok()) {
     return Malformed(path, where, recorded.status().message());
+  }
   Json without = j;
   without.erase(kChecksumKey);
   if (const uint64_t actual = ManifestHash(without); actual != *recorded) {

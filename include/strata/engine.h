@@ -281,10 +281,10 @@ class STRATA_EXPORT Engine {
   // roles), else an error naming the first mismatch; budgets, placements
   // and the order of tensors within a group may differ. The manifest (its
   // own XXH3-64) and every data file (size, XXH3-64) are verified before
-  // any data changes:
-  // a damaged, truncated or missing file or another format version fails
-  // naming the file and leaves the engine untouched. Only an I/O error
-  // after that check leaves the data partly loaded (the error says so).
+  // any data changes: a damaged, truncated or missing file or another
+  // format version fails naming the file and leaves the engine untouched.
+  // Only an I/O error after that check leaves the data partly loaded (the
+  // error says so).
   // If `dir` is missing but "<dir>.old" exists (a Save was cut off after
   // moving the old checkpoint aside), Load renames it back to `dir` and
   // loads it. `result` may be null.
