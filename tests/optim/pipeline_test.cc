@@ -353,6 +353,25 @@ TEST_P(OverflowTest, NonFiniteGradientsSkipOrFailNamingTheGroup) {
   }
 }
 
+// The group with the highest id is handed off first in backward and last
+// in the global checks: a NaN there must be caught like anywhere else.
+TEST_P(OverflowTest, NonFiniteGradientsInTheLastGroupAreCaught) {
+  ASSERT_TRUE(Step(0).ok());
+  const Result<OptimStepReport> poisoned = Step(1, /*poison=*/kGroups - 1);
+  if (GetParam().skip_on_overflow) {
+    ASSERT_TRUE(poisoned.ok()) << poisoned.status().message();
+    EXPECT_TRUE(poisoned->skipped);
+    EXPECT_EQ(optimizer_->step(), 1);
+    ExpectEqualToReference();
+  } else {
+    ASSERT_FALSE(poisoned.ok());
+    EXPECT_NE(poisoned.status().message().find("group 'layer.3'"),
+              std::string::npos)
+        << poisoned.status().message();
+    EXPECT_EQ(optimizer_->step(), 1);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Policies, OverflowTest,
     testing::Values(Config{OptimMode::kOverlap, false, 0, 1, true},

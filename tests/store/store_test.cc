@@ -355,6 +355,34 @@ TEST_F(StoreTest, MisuseIsAnError) {
   EXPECT_FALSE(engine->RegisterGroup(GroupSpec{}).ok());
 }
 
+// A write-back to NVMe that fails (EIO) is reported by the call that
+// needed it, and the host copy stays the valid one: a fetch still returns
+// the bytes, and the next eviction writes them down.
+TEST_F(StoreTest, FailedWriteBackKeepsTheHostCopy) {
+  testutil::ErrnoInjector eio(EIO, 0, uint64_t{1} << 40, /*times=*/1,
+                              /*writes_only=*/true);
+  auto engine = Open(256 * kKiB, 512 * kKiB, 1024 * kKiB, Tier::kNvme, &eio);
+  ASSERT_NE(engine, nullptr);
+  const int g = *engine->RegisterGroup(Layer("layer.0", 8000));
+  auto view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Fill(*view, 7);
+  ASSERT_TRUE(engine->Release(g).ok());
+  const Status failed = engine->Evict(g, Tier::kHost);
+  EXPECT_EQ(failed.code(), StatusCode::kIoError) << failed.ToString();
+  ASSERT_EQ(eio.injected.load(), 1u);
+  view = engine->Fetch(g, Tier::kHost);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Check(*view, 7);
+  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());
+  view = engine->Fetch(g, Tier::kDevice);  // NVMe -> host -> device
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Check(*view, 7);
+  ASSERT_TRUE(engine->Release(g).ok());
+  EXPECT_GT(engine->stats().bytes[2][1], 0u);
+}
+
 // Acceptance: one flipped byte in a swap file fails the next read with a
 // checksum error naming the extent, and never hands out the bytes.
 TEST_F(StoreTest, FlippedByteInASwapFileIsDataLoss) {
