@@ -1,0 +1,250 @@
+// The offloaded optimizer over a model that mixes what pipeline_test's
+// uniform bf16 layers do not: fp32 and fp16 compute copies, a frozen group
+// (no master) beside the trained ones, and sparse gradients (only some
+// elements written, the rest left as the zeros AcquireGradients promises).
+// Each trained group is checked against cpu_adam stepping a flat copy of
+// its chunks in memory, bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/cpu_adam.h"
+#include "strata/engine.h"
+#include "strata/offload_optimizer.h"
+
+namespace strata {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr int kFrozen = 0;
+constexpr int kSteps = 4;
+// Group ids 1.. are trained, one per compute dtype.
+const std::vector<DType> kTrained = {DType::kFloat32, DType::kFloat16,
+                                     DType::kBFloat16};
+
+FloatType FloatTypeOf(DType dtype) {
+  return dtype == DType::kFloat32   ? FloatType::kF32
+         : dtype == DType::kFloat16 ? FloatType::kF16
+                                    : FloatType::kBF16;
+}
+
+class MixedModelTest : public testing::Test {
+ protected:
+  struct Group {
+    DType dtype = DType::kFloat32;
+    uint64_t n = 0;  // elements of each role's chunk, padding included
+    std::vector<float> master, m, v, grads;
+    std::vector<char> compute;  // n elements of dtype
+  };
+
+  void SetUp() override {
+    EngineOptions options;
+    options.device = "host";
+    options.device_budget = options.host_budget = 4 * kMiB;
+    auto engine = Engine::Open(options);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    engine_ = std::move(*engine);
+    GroupSpec frozen;
+    frozen.name = "frozen";
+    frozen.tensors.push_back(
+        {"embed", {3000}, DType::kBFloat16, RoleBit(Role::kCompute)});
+    ASSERT_EQ(*engine_->RegisterGroup(frozen), kFrozen);
+    for (DType dtype : kTrained) {
+      GroupSpec spec;
+      spec.name = "layer." + std::string(DTypeName(dtype));
+      // Sizes off the vector width and the tensor alignment: padding sits
+      // between the tensors, and the last element is a real one.
+      spec.tensors.push_back({"w", {37, 29}, dtype, kAllRoles});
+      spec.tensors.push_back({"b", {333}, dtype, kAllRoles});
+      ASSERT_TRUE(engine_->RegisterGroup(spec).ok());
+    }
+    OffloadOptimizerOptions o;
+    o.threads = 2;
+    auto opt = OffloadOptimizer::Create(engine_.get(), o);
+    ASSERT_TRUE(opt.ok()) << opt.status().message();
+    optimizer_ = std::move(*opt);
+    auto cpu = CpuOptimizer::Create({CpuIsa::kAuto, 2});
+    ASSERT_TRUE(cpu.ok());
+    cpu_ = std::move(*cpu);
+    InitWeights();
+  }
+
+  // Random masters in the engine and the reference; the frozen group's
+  // compute copy gets random bits, which no step may change.
+  void InitWeights() {
+    std::mt19937_64 rng(5);
+    std::normal_distribution<float> dist(0.0f, 0.5f);
+    groups_.resize(engine_->group_count());
+    for (int g = 1; g < engine_->group_count(); ++g) {
+      auto view =
+          engine_->Fetch(g, Tier::kHost, {RoleBit(Role::kMaster), true});
+      ASSERT_TRUE(view.ok()) << view.status().message();
+      Group& r = groups_[g];
+      r.dtype = kTrained[g - 1];
+      const auto* base = static_cast<const char*>(view->tensors[0].data);
+      for (const TensorView& t : view->tensors) {
+        const char* at = static_cast<const char*>(t.data);
+        base = std::min(base, at);
+      }
+      for (const TensorView& t : view->tensors) {
+        const uint64_t end =
+            (static_cast<const char*>(t.data) - base + t.bytes) / 4;
+        r.n = std::max(r.n, end);
+      }
+      r.master.assign(r.n, 0.0f);
+      r.m.assign(r.n, 0.0f);
+      r.v.assign(r.n, 0.0f);
+      r.compute.assign(r.n * DTypeSize(r.dtype), 0);
+      for (const TensorView& t : view->tensors) {
+        auto* data = static_cast<float*>(t.data);
+        const uint64_t at = (static_cast<const char*>(t.data) - base) / 4;
+        for (uint64_t i = 0; i < t.bytes / 4; ++i) {
+          data[i] = r.master[at + i] = dist(rng);
+        }
+      }
+      ASSERT_TRUE(engine_->Release(g).ok());
+    }
+    auto view = engine_->Fetch(kFrozen, Tier::kHost, {kAllRoles, true});
+    ASSERT_TRUE(view.ok()) << view.status().message();
+    const TensorView& t = view->tensors[0];
+    frozen_.resize(t.bytes);
+    for (char& c : frozen_) c = static_cast<char>(rng());
+    std::memcpy(t.data, frozen_.data(), t.bytes);
+    ASSERT_TRUE(engine_->Release(kFrozen).ok());
+  }
+
+  // Gradients of step `s` for group `g`: a third of the elements (a
+  // different third each step) get values, the rest stay zero.
+  void Backward(int s, int g) {
+    Group& r = groups_[g];
+    auto buffer = optimizer_->AcquireGradients(g);
+    ASSERT_TRUE(buffer.ok()) << buffer.status().message();
+    ASSERT_EQ(buffer->bytes, r.n * DTypeSize(r.dtype));
+    std::mt19937_64 rng(s * 131 + g);
+    std::normal_distribution<float> dist(0.0f, 0.05f);
+    std::vector<float> wide(r.n, 0.0f);
+    for (uint64_t i = (s + g) % 3; i < r.n; i += 3) wide[i] = dist(rng);
+    // Written through the compute dtype, so the reference sees exactly
+    // the gradients the pipeline gets.
+    std::vector<char> narrow(buffer->bytes);
+    r.grads.resize(r.n);
+    if (r.dtype == DType::kFloat32) {
+      std::memcpy(narrow.data(), wide.data(), narrow.size());
+      r.grads = wide;
+    } else {
+      const FloatType type = FloatTypeOf(r.dtype);
+      ASSERT_TRUE(
+          cpu_->Convert(wide.data(), FloatType::kF32, narrow.data(), type, r.n)
+              .ok());
+      ASSERT_TRUE(cpu_->Convert(narrow.data(), type, r.grads.data(),
+                                FloatType::kF32, r.n)
+                      .ok());
+    }
+    auto* out = static_cast<char*>(buffer->data);
+    for (uint64_t i = (s + g) % 3; i < r.n; i += 3) {
+      const size_t width = DTypeSize(r.dtype);
+      std::memcpy(out + i * width, narrow.data() + i * width, width);
+    }
+    ASSERT_TRUE(optimizer_->HandOff(*buffer).ok());
+  }
+
+  void ReferenceStep(const StepHyper& h, int64_t step) {
+    for (size_t g = 1; g < groups_.size(); ++g) {
+      Group& r = groups_[g];
+      const bool f32 = r.dtype == DType::kFloat32;
+      OptimBuffers b;
+      b.params = r.master.data();
+      b.grads = r.grads.data();
+      b.grad_type = FloatType::kF32;
+      b.state1 = r.m.data();
+      b.state2 = r.v.data();
+      b.params_out = f32 ? nullptr : r.compute.data();
+      b.out_type = f32 ? FloatType::kBF16 : FloatTypeOf(r.dtype);
+      b.n = r.n;
+      StepOptions o;
+      o.algo = OptimAlgo::kAdamW;
+      o.hyper = {h.lr,           h.beta1,    h.beta2, h.eps,
+                 h.weight_decay, h.lr_decay, step};
+      o.prep = {static_cast<float>(1.0 / h.loss_scale), 1.0f};
+      auto report = cpu_->Step(o, b);
+      ASSERT_TRUE(report.ok() && !report->overflow());
+      if (f32) std::memcpy(r.compute.data(), r.master.data(), r.n * 4);
+    }
+  }
+
+  // Every trained chunk, padding included, against the reference; the
+  // frozen group's compute copy as it was written.
+  void ExpectEqualToReference(int steps) {
+    for (size_t g = 1; g < groups_.size(); ++g) {
+      const Group& r = groups_[g];
+      for (Role role :
+           {Role::kCompute, Role::kMaster, Role::kState1, Role::kState2}) {
+        auto view = engine_->Fetch(g, Tier::kHost, {RoleBit(role)});
+        ASSERT_TRUE(view.ok()) << view.status().message();
+        const char* base = static_cast<const char*>(view->tensors[0].data);
+        for (const TensorView& t : view->tensors) {
+          base = std::min(base, static_cast<const char*>(t.data));
+        }
+        const void* expect = role == Role::kCompute  ? r.compute.data()
+                             : role == Role::kMaster ? r.master.data()
+                             : role == Role::kState1
+                                 ? static_cast<const void*>(r.m.data())
+                                 : r.v.data();
+        const uint64_t bytes =
+            r.n * (role == Role::kCompute ? DTypeSize(r.dtype) : 4);
+        EXPECT_EQ(std::memcmp(base, expect, bytes), 0)
+            << "group '" << engine_->group_name(g) << "' role "
+            << RoleName(role) << " differs after " << steps << " steps";
+        ASSERT_TRUE(engine_->Release(g).ok());
+      }
+    }
+    auto view = engine_->Fetch(kFrozen, Tier::kHost);
+    ASSERT_TRUE(view.ok()) << view.status().message();
+    EXPECT_EQ(
+        std::memcmp(view->tensors[0].data, frozen_.data(), frozen_.size()), 0)
+        << "the frozen group changed";
+    ASSERT_TRUE(engine_->Release(kFrozen).ok());
+  }
+
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<OffloadOptimizer> optimizer_;
+  std::unique_ptr<CpuOptimizer> cpu_;
+  std::vector<Group> groups_;
+  std::vector<char> frozen_;
+};
+
+// fp32 and fp16 compute copies are written in their own dtype, a frozen
+// group needs no hand-off and is never touched, and the elements a caller
+// leaves unwritten count as zero gradients in every step, whichever group
+// last used the buffer.
+TEST_F(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
+  EXPECT_EQ(optimizer_->AcquireGradients(kFrozen).status().code(),
+            StatusCode::kFailedPrecondition)
+      << "outside a step";
+  for (int s = 0; s < kSteps; ++s) {
+    StepHyper h;
+    h.lr = 1e-2 * (1 + s);
+    h.weight_decay = 0.01;
+    h.loss_scale = 4.0;
+    ASSERT_TRUE(optimizer_->BeginStep(h).ok());
+    if (s == 0) {
+      EXPECT_EQ(optimizer_->AcquireGradients(kFrozen).status().code(),
+                StatusCode::kInvalidArgument);
+    }
+    for (int g = engine_->group_count() - 1; g >= 1; --g) Backward(s, g);
+    Result<OptimStepReport> report = optimizer_->FinishStep();
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    ASSERT_EQ(report->step, s + 1);
+    ReferenceStep(h, report->step);
+    ExpectEqualToReference(s + 1);
+  }
+}
+
+}  // namespace
+}  // namespace strata
