@@ -112,6 +112,7 @@ class OffloadOptimizer::Impl {
 
   Status InspectGroups();
   Status AllocateSlots();
+  Status MakeRoom(Tier tier, uint64_t bytes);
   bool Deferred() const;
   void WorkerLoop();
   void WriterLoop();

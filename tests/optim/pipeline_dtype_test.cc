@@ -246,5 +246,45 @@ TEST_F(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
   }
 }
 
+// The device budget holds the gradient buffers beside a compute copy, but a
+// warm-up pass left every compute copy cached there: Create makes room by
+// evicting them, as every other allocation of the engine does, instead of
+// failing with "raise the device budget".
+TEST(OffloadOptimizerCreateTest, CachedCopiesMakeRoomForTheBuffers) {
+  EngineOptions options;
+  options.device = "host";
+  options.device_budget = 1 * kMiB;
+  options.host_budget = 16 * kMiB;
+  options.placement.device_roles = RoleBit(Role::kCompute);
+  auto opened = Engine::Open(options);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  std::unique_ptr<Engine> engine = std::move(*opened);
+  for (int g = 0; g < 4; ++g) {  // 200 KB of bf16 compute each
+    GroupSpec spec;
+    spec.name = "layer." + std::to_string(g);
+    spec.tensors.push_back({"w", {100000}, DType::kBFloat16, kAllRoles});
+    ASSERT_TRUE(engine->RegisterGroup(spec).ok());
+  }
+  for (int g = 0; g < 4; ++g) {
+    ASSERT_TRUE(
+        engine->Fetch(g, Tier::kDevice, {RoleBit(Role::kCompute)}).ok());
+    ASSERT_TRUE(engine->Release(g).ok());
+  }
+  ASSERT_LT(engine->stats().tiers[0].budget - engine->stats().tiers[0].used,
+            400000u)
+      << "the warm-up should leave less than the buffers free";
+  auto opt = OffloadOptimizer::Create(engine.get(), {});
+  ASSERT_TRUE(opt.ok()) << opt.status().message();
+  ASSERT_TRUE((*opt)->BeginStep({}).ok());
+  for (int g = 3; g >= 0; --g) {
+    auto buffer = (*opt)->AcquireGradients(g);
+    ASSERT_TRUE(buffer.ok()) << buffer.status().message();
+    ASSERT_TRUE((*opt)->HandOff(*buffer).ok());
+  }
+  auto report = (*opt)->FinishStep();
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->step, 1);
+}
+
 }  // namespace
 }  // namespace strata
