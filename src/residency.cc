@@ -447,6 +447,20 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, int entry) {
 }
 
 // Note [Eviction order]. `entry` >= 0 marks a prefetch (see PickVictim).
+Status Residency::MakeRoom(Tier tier, uint64_t bytes) {
+  STRATA_CHECK(tier != Tier::kNvme);
+  Lock lk(mu_);
+  const auto free = [&] {
+    return tier == Tier::kDevice ? device_->free_bytes() : host_->free_bytes();
+  };
+  while (free() < bytes) {
+    const int victim = PickVictim(tier, -1, -1);
+    if (victim < 0) break;
+    if (Status s = Drop(lk, victim, tier); !s.ok()) return s;
+  }
+  return Status();
+}
+
 Status Residency::Allocate(Lock& lk, int id, Tier tier, int entry) {
   Chunk& c = chunks_[id];
   for (;;) {

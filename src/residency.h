@@ -86,6 +86,12 @@ class Residency {
   // prefetch, which may evict by LRU). Pins nothing.
   Status Prefetch(int group, Tier tier, RoleMask roles, int entry);
   Status Evict(int group, Tier tier);
+  // Evicts unpinned cached copies at `tier` (device or host) in the order
+  // eviction picks them, until `bytes` are free there or none is left,
+  // for memory that a caller takes from the tier's allocator directly (the
+  // optimizer's buffers). Returns a failed write-back; free room that is
+  // still short is for the caller to report.
+  Status MakeRoom(Tier tier, uint64_t bytes);
 
   // The address of `tensor` in `role` at `tier`; valid while pinned there.
   void* Address(int group, Role role, Tier tier, uint64_t offset) const;

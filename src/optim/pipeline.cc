@@ -157,23 +157,6 @@ Status OffloadOptimizer::Impl::InspectGroups() {
   return Status();
 }
 
-// Cached copies (of a warm-up pass, a Load) take room that the checks below
-// count as the optimizer's; unlike the residency manager's allocations, the
-// buffers' do not evict, so drop the unpinned copies at `tier` first when
-// `bytes` are not free there.
-Status OffloadOptimizer::Impl::MakeRoom(Tier tier, uint64_t bytes) {
-  const auto free = [&] {
-    return tier == Tier::kDevice ? parts_.device->free_bytes()
-                                 : parts_.host->free_bytes();
-  };
-  for (int id = 0; id < static_cast<int>(groups_.size()) && free() < bytes;
-       ++id) {
-    const Status s = engine_->Evict(id, tier);
-    if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) return s;
-  }
-  return Status();
-}
-
 Status OffloadOptimizer::Impl::AllocateSlots() {
   uint64_t bytes = 0;
   for (const Group& g : groups_) bytes = std::max(bytes, g.compute_bytes);
@@ -193,8 +176,13 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
   // taken from its budget at registration).
   uint64_t working = 0;
   for (const Group& g : groups_) working = std::max(working, g.host_working);
-  if (Status s = MakeRoom(Tier::kDevice, ring); !s.ok()) return s;
-  if (Status s = MakeRoom(Tier::kHost, ring + working); !s.ok()) return s;
+  // Cached copies (of a warm-up pass, a Load) hold room that the checks
+  // below need, and the buffers come from the allocators, which do not
+  // evict: the residency manager makes the room first.
+  for (const auto& [tier, need] : {std::pair{Tier::kDevice, ring},
+                                   std::pair{Tier::kHost, ring + working}}) {
+    if (Status s = parts_.residency->MakeRoom(tier, need); !s.ok()) return s;
+  }
   const uint64_t host_free = parts_.host->free_bytes();
   if (ring + working > host_free) {
     return Status(

@@ -112,7 +112,6 @@ class OffloadOptimizer::Impl {
 
   Status InspectGroups();
   Status AllocateSlots();
-  Status MakeRoom(Tier tier, uint64_t bytes);
   bool Deferred() const;
   void WorkerLoop();
   void WriterLoop();
