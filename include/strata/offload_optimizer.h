@@ -44,7 +44,10 @@
 // group, role or bytes. Non-finite gradients without skip_on_overflow fail
 // FinishStep() naming the group; groups already updated in that step keep
 // their update (load the last checkpoint). I/O and data-loss errors of the
-// engine come back from the call that met them, or from FinishStep().
+// engine come back from the call that met them and from FinishStep(),
+// which then ends the step even with hand-offs missing; one of a
+// write-behind that ends after FinishStep() returned comes back from the
+// next BeginStep() (which then starts no step) or Save(), once.
 #ifndef STRATA_OFFLOAD_OPTIMIZER_H_
 #define STRATA_OFFLOAD_OPTIMIZER_H_
 

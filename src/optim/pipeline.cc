@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "src/optim/accumulate.h"
 #include "strata/aio.h"
@@ -229,14 +230,23 @@ Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (!error_.ok()) {
+      const Status late = std::exchange(error_, Status());
+      return Status(late.code(),
+                    "a write-behind of the last step failed after FinishStep "
+                    "returned (its update stays in host memory and is "
+                    "written at the next eviction): " +
+                        late.message());
+    }
     for (Group& g : groups_) {
       g.handoffs = 0;
       g.sum_squares = 0;
       g.finite = true;
     }
+    // A step that ended on an error may leave buffers never handed off.
+    for (Slot& slot : slots_) slot.acquired = false;
     hyper_ = hyper;
     clip_coef_ = 1.0f;
-    error_ = Status();
     step_seconds_ = hidden_seconds_ = acquire_wait_ = 0;
     finishing_ = false;
     this_order_.clear();
@@ -259,6 +269,13 @@ Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
   int index = -1;
   {
     std::unique_lock<std::mutex> lk(mu_);
+    if (groups_[group].handoffs >= options_.micro_batches) {
+      return Status(StatusCode::kFailedPrecondition,
+                    fmt::format("AcquireGradients: group {} was handed off "
+                                "{} times this step (micro_batches); call "
+                                "FinishStep",
+                                group, groups_[group].handoffs));
+    }
     const Clock::time_point start = Clock::now();
     for (;;) {
       for (size_t i = 0; i < slots_.size() && index < 0; ++i) {
@@ -276,6 +293,10 @@ Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
   const Group& g = groups_[group];
   if (Status st = parts_.device->Memset(s.device, 0, g.compute_bytes);
       !st.ok()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    s.acquired = false;
+    if (error_.ok()) error_ = st;  // FinishStep ends the step with it
+    changed_.notify_all();
     return st;
   }
   GradientBuffer buffer;
@@ -531,7 +552,7 @@ Status OffloadOptimizer::Impl::Quiesce() {
   }
   std::unique_lock<std::mutex> lk(mu_);
   changed_.wait(lk, [this] { return writes_.empty() && writing_ == 0; });
-  return error_;
+  return std::exchange(error_, Status());
 }
 
 Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
@@ -540,7 +561,10 @@ Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
                   "FinishStep without BeginStep");
   }
   const store::Residency& residency = *parts_.residency;
-  for (size_t id = 0; id < groups_.size(); ++id) {
+  const Clock::time_point start = Clock::now();
+  std::unique_lock<std::mutex> lk(mu_);
+  // After an error the step ends with it, hand-offs missing or not.
+  for (size_t id = 0; id < groups_.size() && error_.ok(); ++id) {
     const Group& g = groups_[id];
     if (g.trainable && g.handoffs != options_.micro_batches) {
       return Status(
@@ -552,13 +576,11 @@ Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
                       options_.micro_batches));
     }
   }
-  const Clock::time_point start = Clock::now();
-  std::unique_lock<std::mutex> lk(mu_);
   finishing_ = true;
   auto idle = [this] { return tasks_.empty() && running_ == 0; };
   changed_.wait(lk, idle);
   in_step_ = false;
-  if (!error_.ok()) return error_;
+  if (!error_.ok()) return std::exchange(error_, Status());
   OptimStepReport report;
   double total = 0;
   int bad = -1;
@@ -589,7 +611,7 @@ Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
     }
     changed_.notify_all();
     changed_.wait(lk, idle);
-    if (!error_.ok()) return error_;
+    if (!error_.ok()) return std::exchange(error_, Status());
   }
   report.clip_coef = clip_coef_;
   if (!report.skipped) ++step_;

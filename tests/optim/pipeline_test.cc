@@ -2,6 +2,8 @@
 // fp32 master weights stepped by cpu_adam directly, bit for bit.
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -9,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/cpu_adam.h"
@@ -399,6 +402,34 @@ std::unique_ptr<Engine> OneGroupEngine(RoleMask roles,
   return std::move(*engine);
 }
 
+// Four groups of 100000 bf16 elements: compute (200 KB) homed on the host
+// and allowed on the device, master, m and v (400 KB each) on NVMe.
+std::unique_ptr<Engine> NvmeStateEngine(const std::string& swap_dir,
+                                        uint64_t device, uint64_t host,
+                                        aio::FaultInjector* faults = nullptr) {
+  EngineOptions options;
+  options.device = "host";
+  options.device_budget = device;
+  options.host_budget = host;
+  options.nvme_budget = 16 * kMiB;
+  options.swap_dir = swap_dir;
+  options.placement.home = {Tier::kHost, Tier::kNvme, Tier::kNvme, Tier::kNvme,
+                            Tier::kNvme};
+  options.placement.device_roles = RoleBit(Role::kCompute);
+  options.fault_injector = faults;
+  auto engine = Engine::Open(options);
+  EXPECT_TRUE(engine.ok()) << engine.status().message();
+  if (!engine.ok()) return nullptr;
+  for (int g = 0; g < 4; ++g) {
+    GroupSpec spec;
+    spec.name = "layer." + std::to_string(g);
+    spec.tensors.push_back({"w", {100000}, DType::kBFloat16, kAllRoles});
+    auto id = (*engine)->RegisterGroup(spec);
+    EXPECT_TRUE(id.ok()) << id.status().message();
+  }
+  return std::move(*engine);
+}
+
 TEST(OffloadOptimizerTest, MissingRolesAndMixedDtypesFailAtCreate) {
   auto engine =
       OneGroupEngine(RoleBit(Role::kCompute) | RoleBit(Role::kMaster));
@@ -433,26 +464,7 @@ TEST(OffloadOptimizerTest, MissingRolesAndMixedDtypesFailAtCreate) {
 TEST(OffloadOptimizerTest, BudgetsTooSmallForTheBuffersFailAtCreate) {
   testutil::ScratchDir scratch;
   auto open = [&](uint64_t device, uint64_t host) {
-    EngineOptions options;
-    options.device = "host";
-    options.device_budget = device;
-    options.host_budget = host;
-    options.nvme_budget = 16 * kMiB;
-    options.swap_dir = scratch.path();
-    options.placement.home = {Tier::kHost, Tier::kNvme, Tier::kNvme,
-                              Tier::kNvme, Tier::kNvme};
-    options.placement.device_roles = RoleBit(Role::kCompute);
-    auto engine = Engine::Open(options);
-    EXPECT_TRUE(engine.ok()) << engine.status().message();
-    // Per group: compute 200 KB (on the host), master, m and v 400 KB each.
-    for (int g = 0; g < 4; ++g) {
-      GroupSpec spec;
-      spec.name = "layer." + std::to_string(g);
-      spec.tensors.push_back({"w", {100000}, DType::kBFloat16, kAllRoles});
-      auto id = (*engine)->RegisterGroup(spec);
-      EXPECT_TRUE(id.ok()) << id.status().message();
-    }
-    return std::move(*engine);
+    return NvmeStateEngine(scratch.path(), device, host);
   };
   // 3 MiB less 900 KiB of compute copies holds 1.2 MB for a step beside 2
   // staging buffers of 200 KB, but not beside 6.
@@ -473,6 +485,69 @@ TEST(OffloadOptimizerTest, BudgetsTooSmallForTheBuffersFailAtCreate) {
       OffloadOptimizer::Create(open(1 * kMiB, 3 * kMiB).get(), {}).ok());
 }
 
+// A write-behind to NVMe that fails is reported once by FinishStep (which
+// ends the step with it), the next BeginStep or Save, depending on when it
+// ends; a call inside the step may meet it first. Either way the next step
+// runs. The failing write is at offset 0 of the swap file: group 0's
+// master, registered first and stepped last, so its write-behind tends to
+// end after FinishStep has returned.
+TEST(OffloadOptimizerTest, WriteBehindErrorIsReportedOnceWheneverItEnds) {
+  for (int buffers : {1, 4}) {
+    SCOPED_TRACE(buffers);
+    testutil::ScratchDir scratch;
+    testutil::ErrnoInjector eio(EIO, 0, 4096, /*times=*/1,
+                                /*writes_only=*/true);
+    auto engine = NvmeStateEngine(scratch.path(), 8 * kMiB, 5 * kMiB, &eio);
+    ASSERT_NE(engine, nullptr);
+    OffloadOptimizerOptions o_options;
+    o_options.grad_buffers = buffers;
+    auto opt = OffloadOptimizer::Create(engine.get(), o_options);
+    ASSERT_TRUE(opt.ok()) << opt.status().message();
+    OffloadOptimizer& o = **opt;
+    int reported = 0;  // by FinishStep, BeginStep and Save
+    const auto count = [&](const Status& s) {
+      if (s.ok()) return;
+      ++reported;
+      EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+    };
+    const auto backward = [&] {  // false when a call met the error
+      for (int g = 3; g >= 0; --g) {
+        auto buffer = o.AcquireGradients(g);
+        if (!buffer.ok()) {
+          EXPECT_EQ(buffer.status().code(), StatusCode::kIoError);
+          return false;
+        }
+        EXPECT_TRUE(o.HandOff(*buffer).ok());
+      }
+      return true;
+    };
+    ASSERT_TRUE(o.BeginStep({}).ok());
+    const bool clean = backward();
+    const Status first = o.FinishStep().status();
+    EXPECT_TRUE(clean || !first.ok()) << "the step did not end on its error";
+    count(first);
+    for (int i = 0; i < 10000 && eio.injected.load() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(eio.injected.load(), 1u) << "no write-behind reached NVMe";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+
+    Status begin = o.BeginStep({});
+    count(begin);
+    if (!begin.ok()) {
+      EXPECT_NE(begin.message().find("after FinishStep returned"),
+                std::string::npos)
+          << begin.message();
+      begin = o.BeginStep({});
+    }
+    ASSERT_TRUE(begin.ok()) << begin.ToString();
+    EXPECT_TRUE(backward());
+    count(o.FinishStep().status());
+    count(o.Save(scratch.File("ckpt")));
+    EXPECT_EQ(reported, 1) << "the failed write-behind was lost or repeated";
+  }
+}
+
 TEST(OffloadOptimizerTest, CallsOutOfOrderAreRefused) {
   auto engine = OneGroupEngine(kAllRoles);
   auto opt = OffloadOptimizer::Create(engine.get(), {});
@@ -490,6 +565,14 @@ TEST(OffloadOptimizerTest, CallsOutOfOrderAreRefused) {
   StepHyper bad;
   bad.loss_scale = 0;
   EXPECT_EQ(o.BeginStep(bad).code(), StatusCode::kInvalidArgument);
+  // A group handed off micro_batches times gets no more buffers: with every
+  // buffer taken, waiting for one would never end.
+  auto buffer = o.AcquireGradients(0);
+  ASSERT_TRUE(buffer.ok()) << buffer.status().message();
+  ASSERT_TRUE(o.HandOff(*buffer).ok());
+  EXPECT_EQ(o.AcquireGradients(0).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(o.FinishStep().ok());
 }
 
 }  // namespace
