@@ -1,0 +1,289 @@
+// strata_aio edge cases: what happens to a request after it fails (its
+// callback, its file, its buffer slot), zero-byte and kernel-reported
+// results, the queue-depth bound, and requests that run past a file's
+// preallocated size or past a registered buffer. Every test runs on both
+// backends, and again under STRATA_AIO_BACKEND=threads via CTest.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "strata/aio.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata::aio {
+
+// Readable test names: ".../IoUring  # GetParam() = io_uring".
+void PrintTo(Backend b, std::ostream* os) { *os << BackendName(b); }
+
+namespace {
+
+using testutil::FillRandom;
+using testutil::ScratchDir;
+
+class AioEdgeTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  // Opens an engine on the test's backend; skips visibly when io_uring is
+  // requested but cannot be set up here.
+  std::unique_ptr<Engine> Open(EngineOptions o = {}) {
+    o.backend = GetParam();
+    auto e = Engine::Open(o);
+    if (!e.ok() && e.status().code() == StatusCode::kUnavailable) {
+      skipped_ = e.status().message();
+      return nullptr;
+    }
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+
+  File* OpenFile(Engine& e, uint64_t size, const std::string& name = "f",
+                 bool read_only = false) {
+    FileOptions fo;
+    fo.size = size;
+    fo.read_only = read_only;
+    auto f = e.OpenFile(dir_.File(name), fo);
+    EXPECT_TRUE(f.ok()) << f.status().ToString();
+    return f.ok() ? *f : nullptr;
+  }
+
+  PinnedBuffer Buffer(size_t bytes) {
+    PinOptions po;
+    po.lock = false;  // the memlock limit is tested on its own
+    auto b = PinnedBuffer::Allocate(bytes, po);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    return std::move(*b);
+  }
+
+  ScratchDir dir_;
+  std::string skipped_;
+};
+
+#define OPEN_OR_SKIP(engine, ...)                    \
+  auto engine = Open(__VA_ARGS__);                   \
+  if (!engine) {                                     \
+    if (!skipped_.empty()) GTEST_SKIP() << skipped_; \
+    return;                                          \
+  }
+
+TEST_P(AioEdgeTest, FailedRequestCallsItsCallbackExactlyOnce) {
+  testutil::ErrnoInjector eio(EIO, 3 << 16, 4096);
+  EngineOptions o;
+  o.block_size = 64 << 10;
+  o.rings = 2;
+  o.fault_injector = &eio;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(1 << 20);
+  std::atomic<int> calls{0};
+  std::atomic<int> failed_calls{0};
+  auto h = e->Read(f, buf.data(), buf.size(), 0, [&](const Status& st) {
+    ++calls;
+    if (!st.ok()) ++failed_calls;
+  });
+  ASSERT_TRUE(h.ok());
+  EXPECT_FALSE(h->Wait().ok());
+  EXPECT_FALSE(e->WaitAll().ok());
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(failed_calls.load(), 1);
+}
+
+TEST_P(AioEdgeTest, FailedRequestReleasesItsFileAndBuffer) {
+  testutil::ErrnoInjector eio(EIO, 0, 1 << 20);
+  EngineOptions o;
+  o.block_size = 64 << 10;
+  o.fault_injector = &eio;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(1 << 20);
+  ASSERT_TRUE(e->RegisterBuffer(buf.data(), buf.size()).ok());
+  EXPECT_EQ(e->Write(f, buf.data(), buf.size(), 0)->Wait().code(),
+            StatusCode::kIoError);
+  // Neither the file nor the buffer stays "in use" after the failure.
+  EXPECT_TRUE(e->UnregisterBuffer(buf.data()).ok());
+  EXPECT_TRUE(e->CloseFile(f).ok());
+}
+
+// Cuts every transfer to 4 KiB and fails the one that starts at `fail_at`.
+class ShortThenFailInjector : public FaultInjector {
+ public:
+  explicit ShortThenFailInjector(uint64_t fail_at) : fail_at_(fail_at) {}
+  uint32_t SubmitLength(bool, uint64_t, uint32_t len) override {
+    return std::min<uint32_t>(len, 4096);
+  }
+  int CompletionResult(bool, uint64_t offset, uint32_t, int result) override {
+    return offset == fail_at_ ? -EIO : result;
+  }
+
+ private:
+  uint64_t fail_at_;
+};
+
+TEST_P(AioEdgeTest, ErrorAfterShortTransfersNamesTheUnfinishedRange) {
+  // The second 64 KiB piece has moved 8 KiB when its third transfer fails:
+  // the error names the 56 KiB from there, not the whole piece.
+  ShortThenFailInjector injector((64 << 10) + 8192);
+  EngineOptions o;
+  o.block_size = 64 << 10;
+  o.fault_injector = &injector;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(128 << 10);
+  const Status st = e->Write(f, buf.data(), buf.size(), 0)->Wait();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("offset 73728"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("57344 bytes"), std::string::npos)
+      << st.message();
+}
+
+TEST_P(AioEdgeTest, ReadOfZeroBytesIsDataLossNotSuccess) {
+  // The file shrinks under the engine (another process truncates it): the
+  // kernel answers the read with 0 bytes, which must fail, not spin or pass.
+  testutil::ErrnoInjector zero(0, 0, 4096, /*times=*/1);  // result 0
+  EngineOptions o;
+  o.fault_injector = &zero;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 64 << 10);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(64 << 10);
+  const Status st = e->Read(f, buf.data(), buf.size(), 0)->Wait();
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_NE(st.message().find("ENODATA"), std::string::npos) << st.message();
+  EXPECT_EQ(zero.injected.load(), 1u);
+}
+
+TEST_P(AioEdgeTest, PassesTheKernelsErrnoThrough) {
+  // No injector: a write at an offset past what off_t can hold is refused
+  // by the kernel itself with EINVAL, and that errno must reach the caller.
+  OPEN_OR_SKIP(e);
+  File* f = OpenFile(*e, 4096);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(4096);
+  auto h = e->Write(f, buf.data(), buf.size(), uint64_t{1} << 63);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  const Status st = h->Wait();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("EINVAL"), std::string::npos) << st.message();
+}
+
+TEST_P(AioEdgeTest, WritesPastThePreallocatedSizeCanBeReadBack) {
+  OPEN_OR_SKIP(e);
+  File* f = OpenFile(*e, 0);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer out = Buffer(64 << 10);
+  PinnedBuffer in = Buffer(64 << 10);
+  FillRandom(out.data(), out.size(), 21);
+  ASSERT_TRUE(e->Write(f, out.data(), out.size(), 0)->Wait().ok());
+  EXPECT_EQ(f->size(), out.size());
+  auto r = e->Read(f, in.data(), in.size(), 0);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->Wait().ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), in.size()), 0);
+}
+
+TEST_P(AioEdgeTest, WriteToAReadOnlyFileIsRefusedUpFront) {
+  OPEN_OR_SKIP(e);
+  File* rw = OpenFile(*e, 64 << 10, "ro");
+  ASSERT_NE(rw, nullptr);
+  ASSERT_TRUE(e->CloseFile(rw).ok());
+  File* f = OpenFile(*e, 0, "ro", /*read_only=*/true);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(4096);
+  auto w = e->Write(f, buf.data(), buf.size(), 0);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(w.status().message().find("read-only"), std::string::npos);
+  EXPECT_TRUE(e->Read(f, buf.data(), buf.size(), 0)->Wait().ok());
+}
+
+TEST_P(AioEdgeTest, RequestRunningPastARegisteredBufferStillWorks) {
+  EngineOptions o;
+  o.block_size = 128 << 10;  // one piece, half inside the registration
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer out = Buffer(128 << 10);
+  PinnedBuffer in = Buffer(128 << 10);
+  FillRandom(out.data(), out.size(), 22);
+  ASSERT_TRUE(e->RegisterBuffer(out.data(), 64 << 10).ok());
+  const Status w = e->Write(f, out.data(), out.size(), 0)->Wait();
+  ASSERT_TRUE(w.ok()) << w.ToString();
+  ASSERT_TRUE(e->Read(f, in.data(), in.size(), 0)->Wait().ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), in.size()), 0);
+  EXPECT_EQ(e->stats().fixed_buffer, 0u);
+  EXPECT_TRUE(e->UnregisterBuffer(out.data()).ok());
+}
+
+// Tracks transfers between submission and completion; remembers the most
+// that were ever outstanding at once.
+class InFlightInjector : public FaultInjector {
+ public:
+  uint32_t SubmitLength(bool, uint64_t, uint32_t len) override {
+    const int now = ++in_flight_;
+    int seen = max.load();
+    while (now > seen && !max.compare_exchange_weak(seen, now)) {
+    }
+    return len;
+  }
+  int CompletionResult(bool, uint64_t, uint32_t, int result) override {
+    --in_flight_;
+    return result;
+  }
+  std::atomic<int> max{0};
+
+ private:
+  std::atomic<int> in_flight_{0};
+};
+
+TEST_P(AioEdgeTest, NeverExceedsTheQueueDepth) {
+  InFlightInjector counter;
+  EngineOptions o;
+  o.rings = 1;
+  o.queue_depth = 4;
+  o.block_size = 4096;
+  o.fault_injector = &counter;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(256 << 10);  // 64 pieces
+  ASSERT_TRUE(e->Write(f, buf.data(), buf.size(), 0)->Wait().ok());
+  EXPECT_GE(counter.max.load(), 1);
+  EXPECT_LE(counter.max.load(), 4);
+}
+
+TEST_P(AioEdgeTest, RingIndexBeyondTheRingCountWraps) {
+  EngineOptions o;
+  o.rings = 2;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer out = Buffer(64 << 10);
+  PinnedBuffer in = Buffer(64 << 10);
+  FillRandom(out.data(), out.size(), 23);
+  auto w = e->Submit({f, out.data(), out.size(), 0, true, 5, {}});
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(w->Wait().ok());
+  auto r = e->Submit({f, in.data(), in.size(), 0, false, 64, {}});
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->Wait().ok());
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), in.size()), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, AioEdgeTest,
+                         ::testing::Values(Backend::kIoUring,
+                                           Backend::kThreads),
+                         [](const auto& info) {
+                           return std::string(info.param == Backend::kIoUring
+                                                  ? "IoUring"
+                                                  : "Threads");
+                         });
+
+}  // namespace
+}  // namespace strata::aio
