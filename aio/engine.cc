@@ -303,6 +303,15 @@ Status Engine::Impl::Validate(const Request& r, FileImpl* f) const {
     return Status(StatusCode::kInvalidArgument,
                   std::string(what) + " of 0 bytes on '" + f->path() + "'");
   }
+  // A length near 2^64 (a negative size) would wrap the piece count to
+  // zero, and the request would never complete: refuse what cannot be
+  // split into at most UINT32_MAX pieces.
+  if ((r.len - 1) / options_.block_size >= UINT32_MAX) {
+    return Status(StatusCode::kInvalidArgument,
+                  std::string(what) + " of " + std::to_string(r.len) +
+                      " bytes on '" + f->path() +
+                      "': the length is too large (a negative size?)");
+  }
   if (r.write && f->read_only()) {
     return Status(StatusCode::kFailedPrecondition,
                   "write to '" + f->path() + "', which was opened read-only");
@@ -339,7 +348,7 @@ Result<Handle> Engine::Impl::Submit(Request r) {
   if (r.write) f->GrowTo(r.offset + r.len);
 
   const size_t bs = options_.block_size;
-  const auto count = static_cast<uint32_t>((r.len + bs - 1) / bs);
+  const auto count = static_cast<uint32_t>((r.len - 1) / bs + 1);
   auto* op = new Op;
   op->engine = this;
   op->file = f;

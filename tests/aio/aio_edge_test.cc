@@ -276,6 +276,27 @@ TEST_P(AioEdgeTest, RingIndexBeyondTheRingCountWraps) {
   EXPECT_EQ(std::memcmp(out.data(), in.data(), in.size()), 0);
 }
 
+TEST_P(AioEdgeTest, LengthThatWrapsAroundIsRejected) {
+  // A length computed as `end - start` with the two swapped is close to
+  // 2^64; it must be refused, not split into zero pieces that never
+  // complete (or into too few that "succeed").
+  EngineOptions o;
+  o.block_size = 1 << 20;
+  OPEN_OR_SKIP(e, o);
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(4096);
+  for (const size_t len : {~size_t{4095}, (size_t{1} << 52)}) {
+    auto w = e->Write(f, buf.data(), len, 4096);
+    if (w.ok()) {
+      (void)e.release();  // its destructor would wait for the request forever
+      FAIL() << "a write of " << len << " bytes was accepted";
+    }
+    EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(e->WaitAll().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, AioEdgeTest,
                          ::testing::Values(Backend::kIoUring,
                                            Backend::kThreads),
