@@ -1,15 +1,19 @@
 // strata_aio edge cases: what happens to a request after it fails (its
 // callback, its file, its buffer slot), zero-byte and kernel-reported
-// results, the queue-depth bound, and requests that run past a file's
+// results, the queue-depth bound, how requests are spread over the rings,
+// lengths that cannot be split, and requests that run past a file's
 // preallocated size or past a registered buffer. Every test runs on both
 // backends, and again under STRATA_AIO_BACKEND=threads via CTest.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "strata/aio.h"
@@ -274,6 +278,57 @@ TEST_P(AioEdgeTest, RingIndexBeyondTheRingCountWraps) {
   ASSERT_TRUE(r.ok());
   ASSERT_TRUE(r->Wait().ok());
   EXPECT_EQ(std::memcmp(out.data(), in.data(), in.size()), 0);
+}
+
+// Records the names of the threads that submit transfers (with io_uring,
+// each ring's own thread: "strata-ringN").
+class SubmitterInjector : public FaultInjector {
+ public:
+  uint32_t SubmitLength(bool, uint64_t, uint32_t len) override {
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    std::lock_guard<std::mutex> lock(mu_);
+    names_.insert(name);
+    return len;
+  }
+  std::set<std::string> names() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return names_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<std::string> names_;
+};
+
+TEST_P(AioEdgeTest, SpreadsLargeAndSmallRequestsOverEveryRing) {
+  SubmitterInjector large;
+  SubmitterInjector small;
+  for (SubmitterInjector* injector : {&large, &small}) {
+    EngineOptions o;
+    o.block_size = 32 << 10;
+    o.rings = 4;
+    o.fault_injector = injector;
+    OPEN_OR_SKIP(e, o);
+    if (e->info().backend != Backend::kIoUring) {
+      GTEST_SKIP() << "rings are an io_uring property (running "
+                   << BackendName(e->info().backend) << ")";
+    }
+    File* f = OpenFile(*e, 1 << 20);
+    ASSERT_NE(f, nullptr);
+    PinnedBuffer buf = Buffer(1 << 20);
+    if (injector == &large) {
+      // One request of 32 pieces.
+      ASSERT_TRUE(e->Write(f, buf.data(), buf.size(), 0)->Wait().ok());
+    } else {
+      // Eight single-piece requests, round robin.
+      for (size_t off = 0; off < (256 << 10); off += 32 << 10) {
+        ASSERT_TRUE(e->Write(f, buf.data(), 32 << 10, off)->Wait().ok());
+      }
+    }
+  }
+  EXPECT_EQ(large.names().size(), 4u);
+  EXPECT_EQ(small.names().size(), 4u);
 }
 
 TEST_P(AioEdgeTest, LengthThatWrapsAroundIsRejected) {
