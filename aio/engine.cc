@@ -3,6 +3,7 @@
 // backends (uring_backend.cc, thread_backend.cc) only move pieces.
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -330,6 +331,14 @@ Status Engine::Impl::Validate(const Request& r, FileImpl* f) const {
         what, f->path().c_str(), r.buf,
         static_cast<unsigned long long>(r.offset), r.len, ma, oa);
     return Status(StatusCode::kInvalidArgument, text);
+  }
+  if (r.len > UINT64_MAX - r.offset) {
+    return Status(StatusCode::kInvalidArgument,
+                  std::string(what) + " of " + std::to_string(r.len) +
+                      " bytes at offset " + std::to_string(r.offset) + " on '" +
+                      f->path() +
+                      "' runs past the largest file offset (a negative "
+                      "offset?)");
   }
   if (!r.write && r.offset + r.len > f->size()) {
     return Status(StatusCode::kInvalidArgument,

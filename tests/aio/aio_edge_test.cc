@@ -1,9 +1,10 @@
 // strata_aio edge cases: what happens to a request after it fails (its
 // callback, its file, its buffer slot), zero-byte and kernel-reported
 // results, the queue-depth bound, how requests are spread over the rings,
-// lengths that cannot be split, and requests that run past a file's
-// preallocated size or past a registered buffer. Every test runs on both
-// backends, and again under STRATA_AIO_BACKEND=threads via CTest.
+// lengths that cannot be split and ranges that wrap around, and requests
+// that run past a file's preallocated size or past a registered buffer. Every
+// test runs on both backends, and again under STRATA_AIO_BACKEND=threads via
+// CTest.
 #include <gtest/gtest.h>
 #include <pthread.h>
 
@@ -348,6 +349,28 @@ TEST_P(AioEdgeTest, LengthThatWrapsAroundIsRejected) {
       FAIL() << "a write of " << len << " bytes was accepted";
     }
     EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(e->WaitAll().ok());
+}
+
+// An offset near 2^64 (a negative offset) wraps offset + len: the request
+// is refused as such, not sent to the kernel (which would fail it with an
+// EINVAL that reads as misalignment).
+TEST_P(AioEdgeTest, RangeThatWrapsAroundIsRejected) {
+  OPEN_OR_SKIP(e, EngineOptions{});
+  File* f = OpenFile(*e, 1 << 20);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(8192);
+  const uint64_t offset = ~uint64_t{4095};
+  for (const bool write : {false, true}) {
+    SCOPED_TRACE(write ? "write" : "read");
+    auto h = write ? e->Write(f, buf.data(), 8192, offset)
+                   : e->Read(f, buf.data(), 8192, offset);
+    ASSERT_FALSE(h.ok());
+    EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(h.status().message().find("past the largest file offset"),
+              std::string::npos)
+        << h.status().message();
   }
   EXPECT_TRUE(e->WaitAll().ok());
 }
