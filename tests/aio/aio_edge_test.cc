@@ -18,61 +18,15 @@
 #include <vector>
 
 #include "strata/aio.h"
+#include "tests/aio/aio_test_util.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::aio {
-
-// Readable test names: ".../IoUring  # GetParam() = io_uring".
-void PrintTo(Backend b, std::ostream* os) { *os << BackendName(b); }
-
 namespace {
 
 using testutil::FillRandom;
-using testutil::ScratchDir;
 
-class AioEdgeTest : public ::testing::TestWithParam<Backend> {
- protected:
-  // Opens an engine on the test's backend; skips visibly when io_uring is
-  // requested but cannot be set up here.
-  std::unique_ptr<Engine> Open(EngineOptions o = {}) {
-    o.backend = GetParam();
-    auto e = Engine::Open(o);
-    if (!e.ok() && e.status().code() == StatusCode::kUnavailable) {
-      skipped_ = e.status().message();
-      return nullptr;
-    }
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
-    return e.ok() ? std::move(*e) : nullptr;
-  }
-
-  File* OpenFile(Engine& e, uint64_t size, const std::string& name = "f",
-                 bool read_only = false) {
-    FileOptions fo;
-    fo.size = size;
-    fo.read_only = read_only;
-    auto f = e.OpenFile(dir_.File(name), fo);
-    EXPECT_TRUE(f.ok()) << f.status().ToString();
-    return f.ok() ? *f : nullptr;
-  }
-
-  PinnedBuffer Buffer(size_t bytes) {
-    PinOptions po;
-    po.lock = false;  // the memlock limit is tested on its own
-    auto b = PinnedBuffer::Allocate(bytes, po);
-    EXPECT_TRUE(b.ok()) << b.status().ToString();
-    return std::move(*b);
-  }
-
-  ScratchDir dir_;
-  std::string skipped_;
-};
-
-#define OPEN_OR_SKIP(engine, ...)                    \
-  auto engine = Open(__VA_ARGS__);                   \
-  if (!engine) {                                     \
-    if (!skipped_.empty()) GTEST_SKIP() << skipped_; \
-    return;                                          \
-  }
+class AioEdgeTest : public aio_test::BackendTest {};
 
 TEST_P(AioEdgeTest, FailedRequestCallsItsCallbackExactlyOnce) {
   testutil::ErrnoInjector eio(EIO, 3 << 16, 4096);
@@ -378,11 +332,7 @@ TEST_P(AioEdgeTest, RangeThatWrapsAroundIsRejected) {
 INSTANTIATE_TEST_SUITE_P(Backends, AioEdgeTest,
                          ::testing::Values(Backend::kIoUring,
                                            Backend::kThreads),
-                         [](const auto& info) {
-                           return std::string(info.param == Backend::kIoUring
-                                                  ? "IoUring"
-                                                  : "Threads");
-                         });
+                         aio_test::BackendSuffix);
 
 }  // namespace
 }  // namespace strata::aio
