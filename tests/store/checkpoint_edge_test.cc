@@ -39,15 +39,7 @@ class CheckpointEdgeTest : public ::testing::Test {
     o.device_budget = 4096 * kKiB;
     o.host_budget = 8192 * kKiB;
     o.placement.home.fill(Tier::kHost);
-    auto engine = Engine::Open(o);
-    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-    if (!engine.ok()) return nullptr;
-    for (const GroupSpec& spec : model) {
-      auto id = (*engine)->RegisterGroup(spec);
-      EXPECT_TRUE(id.ok()) << id.status().ToString();
-      if (!id.ok()) return nullptr;
-    }
-    return std::move(*engine);
+    return ckpt_test::OpenWithModel(o, model);
   }
   // store_test::Fill(seed + g) into every role of every group g.
   static void Fill(Engine& engine, uint64_t seed) {

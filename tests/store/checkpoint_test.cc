@@ -148,15 +148,7 @@ class CheckpointTest : public ::testing::Test {
                              std::to_string(swaps_++));
       fs::create_directory(o.swap_dir);
     }
-    auto engine = Engine::Open(o);
-    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-    if (!engine.ok()) return nullptr;
-    for (const GroupSpec& spec : model) {
-      auto id = (*engine)->RegisterGroup(spec);
-      EXPECT_TRUE(id.ok()) << id.status().ToString();
-      if (!id.ok()) return nullptr;
-    }
-    return std::move(*engine);
+    return ckpt_test::OpenWithModel(o, model);
   }
   // Small budgets, layers on NVMe.
   std::unique_ptr<Engine> Source(int layers = 2) {

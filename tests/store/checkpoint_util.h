@@ -1,10 +1,11 @@
 // Helpers shared by the checkpoint tests (tests/store/checkpoint_test.cc,
 // checkpoint_edge_test.cc, tests/optim/resume_test.cc): a save killed at a
-// stage of Note [Checkpoint crash safety] in a child process, damage to a
-// file, and edits of a manifest.
+// stage of Note [Checkpoint crash safety] in a child process, an engine
+// with a model registered, damage to a file, and edits of a manifest.
 #ifndef STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
 #define STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,10 +17,13 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "src/checkpoint.h"
+#include "strata/engine.h"
 
 namespace strata::ckpt_test {
 
@@ -61,6 +65,21 @@ inline void FlipByte(const std::string& path, uint64_t offset) {
   const char c = static_cast<char>(f.get() ^ 0x20);
   f.seekp(static_cast<std::streamoff>(offset));
   f.put(c);
+}
+
+// An engine opened with `options` and `model` registered in order, or null
+// (with a test failure saying why).
+inline std::unique_ptr<Engine> OpenWithModel(
+    const EngineOptions& options, const std::vector<GroupSpec>& model) {
+  auto engine = Engine::Open(options);
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  if (!engine.ok()) return nullptr;
+  for (const GroupSpec& spec : model) {
+    auto id = (*engine)->RegisterGroup(spec);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    if (!id.ok()) return nullptr;
+  }
+  return std::move(*engine);
 }
 
 // Rewrites dir's manifest.json through `edit`. With `reseal` it then gets
