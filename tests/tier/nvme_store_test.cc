@@ -345,32 +345,25 @@ TEST_F(NvmeStoreTest, ShortTransfersAreCompletedAndVerify) {
   EXPECT_GT(shorts.cuts.load(), 0u);
 }
 
+// The checksum covers the whole extent, its last page and byte included;
+// the file itself stays intact.
 TEST_F(NvmeStoreTest, BitFlippedInFlightIsDataLoss) {
-  Written w = WriteOne(64 * kKiB, 5);
-  ASSERT_TRUE(w.store);
-  testutil::BitFlipInjector flip(w.extent.offset + 4097);
-  faults_.Arm(&flip);
-  const Status st = w.store->Read(w.extent, w.in.data());
-  faults_.Arm(nullptr);
-  ASSERT_TRUE(flip.flipped.load());
-  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
-  EXPECT_EQ(w.store->stats().checksum_failures, 1u);
-  ASSERT_TRUE(w.store->Read(w.extent, w.in.data()).ok())
-      << "the file itself is intact";
-  EXPECT_EQ(std::memcmp(w.in.data(), w.out.data(), w.extent.bytes), 0);
-}
-
-// The checksum covers the whole extent, its last page and byte included.
-TEST_F(NvmeStoreTest, BitFlippedInTheLastByteIsDataLoss) {
-  Written w = WriteOne(192 * kKiB, 6);
-  ASSERT_TRUE(w.store);
-  testutil::BitFlipInjector flip(w.extent.offset + w.extent.bytes - 1);
-  faults_.Arm(&flip);
-  const Status st = w.store->Read(w.extent, w.in.data());
-  faults_.Arm(nullptr);
-  ASSERT_TRUE(flip.flipped.load());
-  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
-  EXPECT_EQ(w.store->stats().checksum_failures, 1u);
+  for (const bool last_byte : {false, true}) {
+    SCOPED_TRACE(last_byte ? "last byte" : "second page");
+    Written w = last_byte ? WriteOne(192 * kKiB, 6) : WriteOne(64 * kKiB, 5);
+    ASSERT_TRUE(w.store);
+    testutil::BitFlipInjector flip(w.extent.offset +
+                                   (last_byte ? w.extent.bytes - 1 : 4097));
+    faults_.Arm(&flip);
+    const Status st = w.store->Read(w.extent, w.in.data());
+    faults_.Arm(nullptr);
+    ASSERT_TRUE(flip.flipped.load());
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+    EXPECT_EQ(w.store->stats().checksum_failures, 1u);
+    ASSERT_TRUE(w.store->Read(w.extent, w.in.data()).ok())
+        << "the file itself is intact";
+    EXPECT_EQ(std::memcmp(w.in.data(), w.out.data(), w.extent.bytes), 0);
+  }
 }
 
 TEST_F(NvmeStoreTest, NullOrMisalignedBufferIsInvalidArgument) {
