@@ -170,34 +170,49 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
   return t;
 }
 
-// Note [Checkpoint format] fixes every offset and the size: role-major, in
-// the order the tensors are listed. manifest_xxh3 finds damage after Save;
-// this finds a writer that packed otherwise, whose offsets inside the file
-// would load shifted bytes without an error.
-Status CheckPacking(const GroupEntry& g, const std::string& at,
-                    std::string& where) {
-  uint64_t packed = 0;
+// Note [Checkpoint format]'s packing: gives every role of every tensor its
+// offset in the file, role-major and in the order listed; returns the
+// file's bytes.
+uint64_t Pack(std::vector<TensorEntry>& tensors) {
+  uint64_t bytes = 0;
   for (int r = 0; r < kNumRoles; ++r) {
-    for (size_t k = 0; k < g.tensors.size(); ++k) {
-      const TensorEntry& t = g.tensors[k];
+    for (TensorEntry& t : tensors) {
       if ((t.roles & RoleBit(Role(r))) == 0) continue;
-      if (t.offset[r] != packed) {
-        where = at + ".tensors[" + std::to_string(k) + "].roles." +
-                std::string(RoleName(Role(r)));
-        return Status(StatusCode::kDataLoss,
-                      "offset " + std::to_string(t.offset[r]) +
-                          ", but the tensors packed in order put it at " +
-                          std::to_string(packed));
-      }
-      packed += RoleBytes(t, Role(r));
+      t.offset[r] = bytes;
+      bytes += RoleBytes(t, Role(r));
     }
   }
-  if (packed != g.bytes) {
+  return bytes;
+}
+
+// The format fixes every offset and the size (Pack). manifest_xxh3 finds
+// damage after Save; this finds a writer that packed otherwise, whose
+// offsets inside the file would load shifted bytes without an error.
+Status CheckPacking(const GroupEntry& g, const std::string& at,
+                    std::string& where) {
+  std::vector<TensorEntry> packed = g.tensors;
+  const uint64_t bytes = Pack(packed);
+  for (int r = 0; r < kNumRoles; ++r) {
+    for (size_t k = 0; k < g.tensors.size(); ++k) {
+      const uint64_t offset = g.tensors[k].offset[r];
+      if ((g.tensors[k].roles & RoleBit(Role(r))) == 0 ||
+          offset == packed[k].offset[r]) {
+        continue;
+      }
+      where = at + ".tensors[" + std::to_string(k) + "].roles." +
+              std::string(RoleName(Role(r)));
+      return Status(StatusCode::kDataLoss,
+                    "offset " + std::to_string(offset) +
+                        ", but the tensors packed in order put it at " +
+                        std::to_string(packed[k].offset[r]));
+    }
+  }
+  if (bytes != g.bytes) {
     where = at + ".bytes";
     return Status(StatusCode::kDataLoss,
                   std::to_string(g.bytes) +
                       " bytes, but the tensors add up to " +
-                      std::to_string(packed));
+                      std::to_string(bytes));
   }
   return Status();
 }
@@ -345,13 +360,7 @@ GroupEntry DescribeGroup(int id, const store::GroupLayout& layout) {
     g.home[static_cast<int>(c.role)] = c.home;
   }
   g.tensors = layout.tensors;
-  for (int r = 0; r < kNumRoles; ++r) {
-    for (TensorEntry& t : g.tensors) {
-      if ((t.roles & RoleBit(Role(r))) == 0) continue;
-      t.offset[r] = g.bytes;
-      g.bytes += RoleBytes(t, Role(r));
-    }
-  }
+  g.bytes = Pack(g.tensors);
   return g;
 }
 
