@@ -446,14 +446,14 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, int entry) {
   return status;
 }
 
-// Note [Eviction order]. `entry` >= 0 marks a prefetch (see PickVictim).
+uint64_t Residency::FreeBytes(Tier tier) const {
+  return tier == Tier::kDevice ? device_->free_bytes() : host_->free_bytes();
+}
+
 Status Residency::MakeRoom(Tier tier, uint64_t bytes) {
   STRATA_CHECK(tier != Tier::kNvme);
   Lock lk(mu_);
-  const auto free = [&] {
-    return tier == Tier::kDevice ? device_->free_bytes() : host_->free_bytes();
-  };
-  while (free() < bytes) {
+  while (FreeBytes(tier) < bytes) {
     const int victim = PickVictim(tier, -1, -1);
     if (victim < 0) break;
     if (Status s = Drop(lk, victim, tier); !s.ok()) return s;
@@ -461,6 +461,7 @@ Status Residency::MakeRoom(Tier tier, uint64_t bytes) {
   return Status();
 }
 
+// Note [Eviction order]. `entry` >= 0 marks a prefetch (see PickVictim).
 Status Residency::Allocate(Lock& lk, int id, Tier tier, int entry) {
   Chunk& c = chunks_[id];
   for (;;) {
@@ -478,8 +479,7 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, int entry) {
       changed_.wait(lk);
       continue;
     }
-    const uint64_t free =
-        tier == Tier::kDevice ? device_->free_bytes() : host_->free_bytes();
+    const uint64_t free = FreeBytes(tier);
     return Status(StatusCode::kResourceExhausted,
                   TierLabel(tier) + " tier: cannot fit " +
                       aio::HumanBytes(c.bytes) + " for " + Describe(c) + ": " +

@@ -145,6 +145,7 @@ class Residency {
   Status Allocate(Lock& lk, int id, Tier tier, int entry);
   Status TryAllocate(Chunk& c, Tier tier);
   int PickVictim(Tier tier, int requester, int entry) const;
+  uint64_t FreeBytes(Tier tier) const;  // device or host
   Status Drop(Lock& lk, int id, Tier tier);
   void FreeCopy(Chunk& c, Tier tier);
   void Invalidate(Chunk& c, Tier keep);
