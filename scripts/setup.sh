@@ -3,12 +3,17 @@
 # missing), then configures and builds a CMake preset. CUDA is used when
 # nvcc is found (STRATA_WITH_CUDA=AUTO); nothing here installs it.
 
+# Everything the build, tests, benchmarks, tools and scripts use. The test
+# install.DependenciesComeFromSetup (tests/install/deps_check.py) fails when
+# they use a file of a package this list does not install: add what it
+# names here and run this script; never install anything by hand.
 STRATA_PACKAGES=(
   build-essential cmake pkg-config
-  liburing-dev libnuma-dev libtbb-dev
+  liburing-dev libnuma-dev libtbb-dev libxxhash-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libdlpack-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  fio
+  fio            # strata-nvme-bench --vs-fio (scripts/main.sh) and its test
+  python3        # the Python tests and bench scripts run /usr/bin/python3
   python3-numpy  # the C ABI's DLPack round trip test (tests/capi)
   python3-torch  # torch parity test and bench/cpu_adam_vs_torch.py (comparison only)
 )
