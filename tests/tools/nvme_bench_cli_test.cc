@@ -91,6 +91,50 @@ TEST(NvmeBenchCliTest, ComparesWithFioInTheSameRun) {
   }
 }
 
+std::string HugePagePool() {
+  std::ifstream in("/proc/sys/vm/nr_hugepages");
+  std::string nr;
+  in >> nr;
+  return nr;
+}
+
+// Note [Fair fio buffers]: by default fio gets huge pages as strata does,
+// and the pool is as it was afterwards; where that cannot be arranged, or
+// with --fio-buffers malloc, the output says the ratio overstates strata.
+TEST(NvmeBenchCliTest, FioGetsHugePagesByDefaultAndSaysWhichBuffers) {
+  if (!HaveFio()) GTEST_SKIP() << "fio is not installed";
+  testutil::ScratchDir dir;
+  const std::string pool = HugePagePool();
+  const std::string json = dir.File("out.json");
+  const std::string args = "--path " + dir.path() +
+                           " --rw read --bs 1M --qd 8 --size 16M --vs-fio "
+                           "--repeat 1 --json " +
+                           json;
+  const Outcome o = Bench(args);
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_EQ(HugePagePool(), pool);
+  const std::string kind = ReadJson(json)[0]["fio_buffers"];
+  if (kind == "huge pages") {
+    EXPECT_TRUE(Contains(o.output, "fio: buffers on 2M huge pages"))
+        << o.output;
+    EXPECT_FALSE(Contains(o.output, "overstates")) << o.output;
+  } else {
+    EXPECT_EQ(kind, "malloc");
+    EXPECT_TRUE(Contains(o.output, "huge pages could not be had")) << o.output;
+    EXPECT_TRUE(Contains(o.output, "the ratio overstates strata")) << o.output;
+  }
+  const Outcome m = Bench(args + " --fio-buffers malloc");
+  ASSERT_EQ(m.status, 0) << m.output;
+  EXPECT_EQ(ReadJson(json)[0]["fio_buffers"], "malloc");
+  EXPECT_TRUE(Contains(m.output, "as asked (--fio-buffers malloc)"))
+      << m.output;
+  EXPECT_TRUE(Contains(m.output, "the ratio overstates strata")) << m.output;
+  const Outcome same = Bench(args + " --no-huge-pages");
+  ASSERT_EQ(same.status, 0) << same.output;
+  EXPECT_EQ(ReadJson(json)[0]["fio_buffers"], "malloc");
+  EXPECT_FALSE(Contains(same.output, "overstates")) << same.output;
+}
+
 TEST(NvmeBenchCliTest, VerifyFindsNoMismatches) {
   testutil::ScratchDir dir;
   const Outcome o =
@@ -165,6 +209,7 @@ TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {
                           "--vs-fio",
                           "--fio",
                           "--fio-opt",
+                          "--fio-buffers",
                           "--repeat",
                           "--json",
                           "--recommend",

@@ -53,6 +53,24 @@ TEST(CommandLineTest, ParsesListsAndDefaults) {
   EXPECT_EQ(o->threads, (std::vector<int>{2}));
   EXPECT_EQ(o->repeat, 3);  // the default with --vs-fio
   EXPECT_EQ(o->size, 1ull << 30);
+  EXPECT_EQ(o->fio_buffers, FioBufferKind::kHugePages);
+}
+
+TEST(CommandLineTest, FioBuffersFollowStrataUnlessGiven) {
+  bool exit_now = false;
+  const char* plain[] = {"b", "--path", "/x", "--no-huge-pages"};
+  EXPECT_EQ(
+      ParseCommandLine(4, const_cast<char**>(plain), &exit_now)->fio_buffers,
+      FioBufferKind::kMalloc);
+  const char* given[] = {"b", "--path", "/x", "--fio-buffers", "malloc"};
+  EXPECT_EQ(
+      ParseCommandLine(5, const_cast<char**>(given), &exit_now)->fio_buffers,
+      FioBufferKind::kMalloc);
+  const char* bad[] = {"b", "--path", "/x", "--fio-buffers", "thp"};
+  auto o = ParseCommandLine(5, const_cast<char**>(bad), &exit_now);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("--fio-buffers: 'thp'"),
+            std::string::npos);
 }
 
 TEST(CommandLineTest, RejectsBadValuesWithTheirName) {

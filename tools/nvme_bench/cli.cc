@@ -136,7 +136,7 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   *exit_now = false;
   BenchOptions o;
   std::string rw = "read,write", bs = "1M", qd = "32", threads = "1";
-  std::string size = "1G", verify_max = "4M";
+  std::string size = "1G", verify_max = "4M", fio_buffers;
   CLI::App app(kDescription, "strata-nvme-bench");
   app.get_formatter()->column_width(34);
   app.add_option("--path", o.path,
@@ -177,6 +177,12 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   app.add_option("--fio", o.fio, "fio executable")->capture_default_str();
   app.add_option("--fio-opt", o.fio_opts,
                  "Extra fio option, repeatable, e.g. --fio-opt=--fixedbufs");
+  app.add_option("--fio-buffers", fio_buffers,
+                 "fio's I/O buffers: huge (huge pages, as strata's; the "
+                 "default) or malloc (fio's own default, 4 KiB pages, which "
+                 "splits large requests: the ratio then overstates strata). "
+                 "With --no-huge-pages the default is malloc; a --mem in "
+                 "--fio-opt replaces this");
   app.add_option("--repeat", o.repeat,
                  "Runs per configuration, alternating with fio; the median "
                  "is reported (default 3 with --vs-fio, else 1)")
@@ -209,6 +215,11 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   }
 
   if (app.count("--repeat") == 0) o.repeat = o.vs_fio ? 3 : 1;
+  if (app.count("--fio-buffers") == 0)
+    fio_buffers = o.huge_pages ? "huge" : "malloc";
+  Result<FioBufferKind> buffers = ParseFioBufferKind(fio_buffers);
+  if (!buffers.ok()) return buffers.status();
+  o.fio_buffers = *buffers;
   o.rw.clear();
   for (const std::string& item : Split(rw)) {
     Result<Rw> r = ParseRw(item);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "strata/status.h"
+#include "tools/nvme_bench/fio_buffers.h"
 #include "tools/nvme_bench/workload.h"
 
 namespace strata::bench {
@@ -26,6 +27,8 @@ struct BenchOptions {
   bool vs_fio = false;
   std::string fio = "fio";
   std::vector<std::string> fio_opts;
+  // Huge pages unless --no-huge-pages (Note [Fair fio buffers]).
+  FioBufferKind fio_buffers = FioBufferKind::kHugePages;
   int repeat = 1;  // 3 with --vs-fio unless given
   std::string json;
   bool recommend = false;

@@ -13,6 +13,7 @@
 #include "strata/aio.h"
 #include "tools/nvme_bench/cli.h"
 #include "tools/nvme_bench/fio.h"
+#include "tools/nvme_bench/fio_buffers.h"
 #include "tools/nvme_bench/report.h"
 #include "tools/nvme_bench/verify.h"
 #include "tools/nvme_bench/workload.h"
@@ -175,8 +176,15 @@ Status CheckWritable(const BenchOptions& o, const Placement& place,
 // Runs one configuration --repeat times, alternating strata and fio.
 Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
                    const Target& target, aio::PinnedBuffer& pool,
-                   const std::string& label, Progress* progress) {
+                   const FioBuffers* fio_buffers, const std::string& label,
+                   Progress* progress) {
   Row row;
+  std::vector<std::string> fio_opts;
+  if (fio_buffers != nullptr) {
+    row.fio_buffers = fio_buffers->kind();
+    fio_opts = fio_buffers->options();
+  }
+  fio_opts.insert(fio_opts.end(), o.fio_opts.begin(), o.fio_opts.end());
   std::vector<JobResult> strata_runs, fio_runs;
   auto strata_run = [&]() -> Status {
     auto r = RunJob(spec, target, pool.data(), pool.size(),
@@ -196,7 +204,7 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   auto fio_run = [&]() -> Status {
     progress->Update(label + ": fio");
     auto r = RunFio(
-        FioCommand(o.fio, target.path, spec, target.direct, o.fio_opts), spec);
+        FioCommand(o.fio, target.path, spec, target.direct, fio_opts), spec);
     if (!r.ok()) return r.status();
     row.fio_gbps.push_back(r->gb_per_s());
     fio_runs.push_back(std::move(*r));
@@ -226,6 +234,11 @@ Status Sweep(const BenchOptions& o, const Target& target,
       }
     }
   }
+  std::unique_ptr<FioBuffers> fio_buffers;
+  if (o.vs_fio) {
+    fio_buffers = FioBuffers::Prepare(o.fio_buffers, specs, o.fio_opts);
+    std::printf("  %s\n", fio_buffers->description().c_str());
+  }
   std::printf("%s\n", TableHeader(o.vs_fio).c_str());
   std::fflush(stdout);
   std::vector<Row> rows;
@@ -235,7 +248,8 @@ Status Sweep(const BenchOptions& o, const Target& target,
     const std::string label =
         fmt::format("[{}/{}] {} bs={} qd={} threads={}", i + 1, specs.size(),
                     RwName(s.rw), SizeText(s.bs), s.qd, s.threads);
-    Result<Row> row = RunRow(o, s, target, pool, label, progress);
+    Result<Row> row =
+        RunRow(o, s, target, pool, fio_buffers.get(), label, progress);
     if (!row.ok()) return row.status();
     std::printf("%s\n", TableRow(*row).c_str());
     std::fflush(stdout);
@@ -249,6 +263,14 @@ Status Sweep(const BenchOptions& o, const Target& target,
       return Status(StatusCode::kIoError,
                     "cannot write --json file '" + o.json + "'");
     }
+  }
+  if (fio_buffers && fio_buffers->unequal(o.huge_pages)) {
+    std::printf(
+        "note: fio's buffers (%s) are not strata's (%s), so the ratio %s "
+        "strata; --fio-buffers %s gives both the same (docs/PERF.md)\n",
+        fio_buffers->kind().c_str(), o.huge_pages ? "huge pages" : "malloc",
+        o.huge_pages ? "overstates" : "understates",
+        o.huge_pages ? "huge" : "malloc");
   }
   if (o.recommend) std::printf("\n%s", Recommend(rows).c_str());
   return Status::Ok();

@@ -76,6 +76,7 @@ nlohmann::json RowJson(const Row& row) {
   if (row.fio) {
     j["fio_gb_per_s"] = row.fio->gb_per_s();
     j["ratio_vs_fio"] = row.ratio_vs_fio();
+    j["fio_buffers"] = row.fio_buffers;
   }
   if (row.strata_gbps.size() > 1) {
     j["runs_gb_per_s"] = row.strata_gbps;

@@ -18,6 +18,7 @@ struct Row {
   std::optional<JobResult> fio;
   std::vector<double> strata_gbps;  // every repeat, in run order
   std::vector<double> fio_gbps;
+  std::string fio_buffers;  // FioBuffers::kind() of the fio runs
 
   double ratio_vs_fio() const {
     return fio && fio->gb_per_s() > 0 ? strata.gb_per_s() / fio->gb_per_s() : 0;
