@@ -10,6 +10,12 @@
 // whose data was resident on arrival), the stall time against the run time,
 // and the bytes moved per tier pair; plus the plan's I/O floor per pass.
 //
+// On a CUDA device a view's data is device memory, which the host cannot
+// touch: each visit then copies the group to a host staging buffer, checks
+// and rewrites it there and copies it back (cudaMemcpy, synchronous, so
+// the bytes are in place before Release), and that copying counts as the
+// visit's compute.
+//
 // Run (the acceptance scenario; 2 GiB, needs ~3 GiB free in the swap dir):
 //   build/bin/store_bench --groups 64 --group-mib 32 --device-budget-mib 256
 //       --host-budget-mib 1024 --passes 20 --compute-ms 40 --swap-dir DIR
@@ -25,6 +31,10 @@
 
 #include "strata/engine.h"
 
+#if STRATA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -37,6 +47,37 @@ double Since(Clock::time_point start) {
 uint64_t Word(int group, int visit, uint64_t i) {
   return (uint64_t(group) << 48) ^ (uint64_t(visit) << 32) ^
          (i * 0x9E3779B97F4A7C15ull);
+}
+
+// Checks that `view` holds visit - 1's words of group g (zeros before the
+// first visit), then writes visit's words; returns the bad words.
+uint64_t CheckAndRewrite(const strata::TensorView& view, int g, int visit,
+                         std::vector<uint64_t>* staging) {
+  uint64_t* words = static_cast<uint64_t*>(view.data);
+  const uint64_t n = view.bytes / 8;
+#if STRATA_HAVE_CUDA
+  if (view.on_cuda) {
+    staging->resize(n);
+    if (cudaMemcpy(staging->data(), view.data, view.bytes,
+                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+      return n;
+    }
+    words = staging->data();
+  }
+#endif
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t expect = visit == 0 ? 0 : Word(g, visit - 1, i);
+    bad += words[i] != expect;
+    words[i] = Word(g, visit, i);
+  }
+#if STRATA_HAVE_CUDA
+  if (view.on_cuda && cudaMemcpy(view.data, words, view.bytes,
+                                 cudaMemcpyHostToDevice) != cudaSuccess) {
+    return n;
+  }
+#endif
+  return bad;
 }
 
 void BusyWait(double ms) {
@@ -106,6 +147,7 @@ int main(int argc, char** argv) {
   for (int g = 0; g < groups; ++g) order.push_back(g);
   for (int g = groups - 1; g >= 0; --g) order.push_back(g);
   std::vector<int> visits(groups, 0);
+  std::vector<uint64_t> staging;
   uint64_t bad_words = 0;
   strata::EngineStats after_first;
   Clock::time_point steady_start;
@@ -124,14 +166,7 @@ int main(int argc, char** argv) {
                      view.status().ToString().c_str());
         return 1;
       }
-      auto* words = static_cast<uint64_t*>(view->tensors[0].data);
-      const uint64_t n = view->tensors[0].bytes / 8;
-      const int visit = visits[g]++;
-      for (uint64_t i = 0; i < n; ++i) {
-        const uint64_t expect = visit == 0 ? 0 : Word(g, visit - 1, i);
-        bad_words += words[i] != expect;
-        words[i] = Word(g, visit, i);
-      }
+      bad_words += CheckAndRewrite(view->tensors[0], g, visits[g]++, &staging);
       BusyWait(compute_ms);
       if (auto s = engine.Release(g); !s.ok()) return 1;
     }

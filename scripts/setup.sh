@@ -16,6 +16,7 @@ STRATA_PACKAGES=(
   python3        # the Python tests and bench scripts run /usr/bin/python3
   python3-numpy  # the C ABI's DLPack round trip test (tests/capi)
   python3-torch  # torch parity test and bench/cpu_adam_vs_torch.py (comparison only)
+  patchelf       # scripts/gpu-bundle.sh: $ORIGIN run paths in the GPU bundle
 )
 
 strata_install_deps() {

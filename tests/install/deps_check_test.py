@@ -67,7 +67,8 @@ class DroppedPackageTest(unittest.TestCase):
             self.assertEqual(named, needed, f"dropping {package}: {report.failures}")
             if package in needed:
                 caught.append(package)
-        for package in ("libxxhash-dev", "liburing-dev", "libtbb-dev", "fio", "python3-torch"):
+        for package in ("libxxhash-dev", "liburing-dev", "libtbb-dev", "fio", "python3-torch",
+                        "patchelf"):
             self.assertIn(package, caught)
 
 

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Prepares the GPU check's bundle (README "The GPU check"): the CUDA build's
+# test programs, store_bench, strata-sim and pcie_bench, with every shared
+# library they load beyond glibc (libstdc++, TBB, liburing, the CUDA
+# runtime, ...), run paths set to $ORIGIN, debug info stripped, plus
+# gpu-check.sh, gpu_check.py and MANIFEST.json. It runs on a machine that
+# has none of our packages and no package registry.
+#
+#   scripts/gpu-bundle.sh [--build DIR] [--out DIR] [--no-build]
+#
+# Defaults: --build build (the default preset, configured and built first
+# unless --no-build), --out gpu-bundle (git-ignored; the device tool carries
+# it with carry: ["gpu-bundle"]).
+#
+# Why a bundle built here rather than our Debian packages' files unpacked
+# for a build there: a GPU machine starts bare on every lease and its time
+# is scarce (30 minutes a session), so a build there would spend minutes of
+# it on every fresh machine, against seconds to start a bundle; nvcc is
+# here, so the CUDA code is compiled and linked once, by the same compiler
+# and flags as CI's. The cost: the GPU machine's glibc must be at least the
+# one the bundle needs (MANIFEST.json's glibc_needed; gpu_check.py checks it
+# first and says what to do).
+#
+# Fails (exit 1) when a library would come from outside the bundle or the
+# bundle passes 64 MiB; exits 77 when the build has no CUDA.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=build out=gpu-bundle do_build=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --no-build) do_build=0; shift ;;
+    *) echo "usage: scripts/gpu-bundle.sh [--build DIR] [--out DIR] [--no-build]" >&2; exit 2 ;;
+  esac
+done
+programs=(device_test pinned_pool_test sim_busy_test store_bench strata-sim pcie_bench)
+limit=$((64 << 20))
+glibc_libs='linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libresolv\.so|libutil\.so'
+
+if [ "$do_build" = 1 ]; then
+  source scripts/setup.sh
+  strata_install_deps
+  [ -f "$build/CMakeCache.txt" ] || cmake --preset default >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target "${programs[@]}" >/dev/null
+fi
+if [ ! -x "$build/bin/pcie_bench" ]; then
+  echo "gpu-bundle: $build has no CUDA (no bin/pcie_bench): nvcc was not found when it" \
+    "was configured; install the CUDA toolkit (/usr/local/cuda) and configure again" >&2
+  exit 77
+fi
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+for p in "${programs[@]}"; do cp "$build/bin/$p" "$out/bin/"; done
+# Every library the programs load, found as they find it now, under its
+# soname; glibc's own stay with the machine.
+for p in "${programs[@]}"; do
+  ldd "$build/bin/$p" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
+done | sort -u | while read -r soname path; do
+  [[ "$soname" =~ ^($glibc_libs) ]] || cp -L "$path" "$out/lib/$soname"
+done
+strip --strip-debug "$out"/bin/* "$out"/lib/*
+for f in "$out"/bin/*; do patchelf --set-rpath '$ORIGIN/../lib' "$f"; done
+for f in "$out"/lib/*; do patchelf --set-rpath '$ORIGIN' "$f"; done
+cp scripts/gpu-check.sh scripts/gpu_check.py "$out/"
+
+# Proof that it stands alone: with no LD_LIBRARY_PATH, every library
+# resolves inside the bundle or is glibc's.
+inside=$(realpath "$out")
+bad=$(for f in "$out"/bin/* "$out"/lib/*; do
+  env -u LD_LIBRARY_PATH ldd "$f" | awk -v f="${f#"$out"/}" '$2 == "=>" {print f": "$1" => "$3}'
+done | grep -v -E "=> $inside/" | grep -v -E ": ($glibc_libs)" || true)
+if [ -n "$bad" ]; then
+  echo "gpu-bundle: libraries from outside the bundle:" >&2
+  echo "$bad" >&2
+  exit 1
+fi
+
+glibc_needed=$(objdump -T "$out"/bin/* "$out"/lib/* | grep -o 'GLIBC_[0-9.]*' |
+  sed 's/GLIBC_//' | sort -V | tail -1)
+nvcc=$(grep -m1 '^STRATA_NVCC:' "$build/CMakeCache.txt" | cut -d= -f2)
+python3 - "$out" "$glibc_needed" "$("$nvcc" --version | tail -1)" <<'EOF'
+import json, os, subprocess, sys, time
+out, glibc_needed, nvcc = sys.argv[1:]
+git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
+files = {os.path.relpath(os.path.join(d, f), out): os.path.getsize(os.path.join(d, f))
+         for d, _, fs in os.walk(out) for f in fs}
+manifest = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")),
+            "made": time.strftime("%Y-%m-%d %H:%M:%S %z"), "nvcc": nvcc,
+            "glibc_built_on": os.confstr("CS_GNU_LIBC_VERSION"), "glibc_needed": glibc_needed,
+            "bytes": sum(files.values()), "files": files}
+with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+    json.dump(manifest, f, indent=2)
+EOF
+bytes=$(du -sb "$out" | cut -f1)
+echo "gpu-bundle: $out: $(ls "$out"/bin | wc -l) programs, $(ls "$out"/lib | wc -l) libraries," \
+  "$((bytes >> 20)) MiB of the 64 MiB a device run carries; needs glibc >= $glibc_needed"
+if [ "$bytes" -gt "$limit" ]; then
+  echo "gpu-bundle: $out is over 64 MiB: the device tool would refuse it" >&2
+  exit 1
+fi

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU check in one command (README "The GPU check"), on a machine with
+# an NVIDIA GPU, over the bundle scripts/gpu-bundle.sh made: no build and no
+# package there, only python3. Runs from the repository (the bundle in
+# ./gpu-bundle, or STRATA_GPU_BUNDLE) or from inside a bundle. Arguments go
+# to gpu_check.py (--report FILE); its docstring lists the parts. Exit
+# status: 0 all passed on a GPU, 77 no GPU (CUDA parts skipped), 1 a part
+# failed, 2 the bundle cannot run here.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+if [ -f "$here/MANIFEST.json" ]; then
+  bundle=$here
+else
+  bundle=${STRATA_GPU_BUNDLE:-$here/../gpu-bundle}
+fi
+if [ ! -f "$bundle/MANIFEST.json" ]; then
+  echo "gpu-check: no bundle at $bundle: run scripts/gpu-bundle.sh first, where the" \
+    "build is, and carry gpu-bundle/ to the GPU machine" >&2
+  exit 2
+fi
+exec python3 "$bundle/gpu_check.py" --bundle "$bundle" "$@"
