@@ -115,7 +115,7 @@ TEST(NvmeBenchCliTest, FioGetsHugePagesByDefaultAndSaysWhichBuffers) {
   EXPECT_EQ(HugePagePool(), pool);
   const std::string kind = ReadJson(json)[0]["fio_buffers"];
   if (kind == "huge pages") {
-    EXPECT_TRUE(Contains(o.output, "fio: buffers on 2M huge pages"))
+    EXPECT_TRUE(Contains(o.output, "fio: buffers on 2.0 MiB huge pages"))
         << o.output;
     EXPECT_FALSE(Contains(o.output, "overstates")) << o.output;
   } else {

@@ -12,7 +12,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "tools/nvme_bench/report.h"
+#include "strata/aio.h"
 
 namespace strata::bench {
 namespace {
@@ -176,7 +176,7 @@ bool FioBuffers::Reserve(uint64_t pages, uint64_t page_bytes,
   const int64_t free_pages = std::max<int64_t>(
       0, MeminfoField(meminfo, "HugePages_Free") -
              std::max<int64_t>(0, MeminfoField(meminfo, "HugePages_Rsvd")));
-  const std::string page = SizeText(page_bytes);
+  const std::string page = aio::HumanBytes(page_bytes);
   if (static_cast<uint64_t>(free_pages) >= pages) {
     description_ = fmt::format(
         "fio: buffers on {} huge pages (--mem=mmaphuge), as strata's; {} of "
