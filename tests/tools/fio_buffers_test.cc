@@ -1,15 +1,14 @@
 // fio's buffers for --vs-fio (Note [Fair fio buffers]): how many huge pages
-// a sweep needs, reserving them and giving them back, and every way of
-// ending on malloc buffers with the reason. The kernel's files are replaced
-// by files of the test's own.
+// a sweep needs, huge pages reserved for fio and given back, every way of
+// ending on malloc buffers with the reason, and the note that says when the
+// ratio flatters one side. The kernel's files are replaced by files of the
+// test's own.
 #include "tools/nvme_bench/fio_buffers.h"
 
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "tests/testutil/testutil.h"
+#include "tests/tools/fake_kernel.h"
 
 namespace strata::bench {
 namespace {
@@ -24,35 +23,9 @@ JobSpec Job(size_t bs, int qd, int threads) {
   return s;
 }
 
-void Write(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
-
-// A /proc/meminfo and vm.nr_hugepages of the test's own.
-struct FakeKernel {
-  testutil::ScratchDir dir;
-  HugePageFiles files{dir.File("meminfo"), dir.File("nr_hugepages")};
-
-  FakeKernel(int free_pages, int reserved, int nr) {
-    Write(files.meminfo,
-          "MemTotal: 1000 kB\nHugePages_Total: " + std::to_string(nr) +
-              "\nHugePages_Free: " + std::to_string(free_pages) +
-              "\nHugePages_Rsvd: " + std::to_string(reserved) +
-              "\nHugepagesize:       2048 kB\n");
-    Write(files.nr_hugepages, std::to_string(nr) + "\n");
-  }
-};
 
 TEST(FioBuffersTest, PagesCoverTheLargestJobWithSlack) {
   // fio 3.33 needed 18 pages for 1M x 32 and 2 for 128K x 4 (measured).
@@ -62,73 +35,71 @@ TEST(FioBuffersTest, PagesCoverTheLargestJobWithSlack) {
                 {Job(128 << 10, 4, 1), Job(1 << 20, 32, 2), Job(4 << 20, 1, 1)},
                 kPage),
             38u);
+  // The slack is bytes, not pages: one 1 GiB page holds a 1M x 32 job.
+  EXPECT_EQ(FioHugePagesNeeded({Job(1 << 20, 32, 1)}, 1u << 30), 1u);
   EXPECT_EQ(FioHugePagesNeeded({}, kPage), 0u);
 }
 
-TEST(FioBuffersTest, ReservesTheShortfallAndGivesItBack) {
-  FakeKernel kernel(/*free_pages=*/5, /*reserved=*/1, /*nr=*/7);
+TEST(FioBuffersTest, HugePagesAreReservedForFioAndGivenBack) {
+  FakeKernel kernel(/*free_pages=*/4, /*reserved=*/0, /*nr=*/7);
   {
     auto b = FioBuffers::Prepare(FioBufferKind::kHugePages,
                                  {Job(1 << 20, 32, 1)}, {}, kernel.files);
     EXPECT_EQ(b->kind(), "huge pages");
     EXPECT_EQ(b->options(), (std::vector<std::string>{
                                 "--mem=mmaphuge", "--hugepage-size=2097152"}));
-    // 19 needed, 5 - 1 usable: 15 more.
-    EXPECT_EQ(Read(kernel.files.nr_hugepages), "22\n");
+    EXPECT_EQ(kernel.nr(), "22\n");
     EXPECT_TRUE(Contains(b->description(), "15 reserved for this run"))
         << b->description();
     EXPECT_TRUE(Contains(b->description(), "7 -> 22"));
-    EXPECT_FALSE(b->unequal(/*strata_huge_pages=*/true));
-    EXPECT_TRUE(b->unequal(/*strata_huge_pages=*/false));
+    EXPECT_TRUE(Contains(b->description(), "after a kill -9: echo"));
+    EXPECT_EQ(b->Mismatch(/*strata_asked=*/true, /*strata_huge=*/true), "");
   }
-  EXPECT_EQ(Read(kernel.files.nr_hugepages), "7\n");
+  EXPECT_EQ(kernel.nr(), "7\n");
 }
 
-TEST(FioBuffersTest, EnoughFreePagesAreUsedWithoutChangingThePool) {
-  FakeKernel kernel(/*free_pages=*/40, /*reserved=*/0, /*nr=*/40);
-  auto b = FioBuffers::Prepare(FioBufferKind::kHugePages, {Job(1 << 20, 32, 1)},
-                               {}, kernel.files);
-  EXPECT_EQ(b->kind(), "huge pages");
-  EXPECT_TRUE(Contains(b->description(), "none reserved")) << b->description();
-  b.reset();
-  EXPECT_EQ(Read(kernel.files.nr_hugepages), "40\n");
-}
-
-TEST(FioBuffersTest, MallocWhenHugePagesCannotBeHadSaysWhy) {
+TEST(FioBuffersTest, MallocWhenHugePagesCannotBeHadSaysWhyAndWhatToDo) {
   FakeKernel kernel(0, 0, 0);
   HugePageFiles unwritable = kernel.files;
-  unwritable.nr_hugepages = kernel.dir.File("no/such/dir/nr_hugepages");
-  HugePageFiles no_pool = kernel.files;
-  no_pool.meminfo = kernel.dir.File("empty");
-  Write(no_pool.meminfo, "MemTotal: 1000 kB\n");
-  const std::vector<JobSpec> job = {Job(1 << 20, 32, 1)};
-  for (const auto& [files, why] :
-       {std::pair{unwritable, std::string("cannot read")},
-        std::pair{no_pool, std::string("no huge page pool")}}) {
-    auto b = FioBuffers::Prepare(FioBufferKind::kHugePages, job, {}, files);
-    EXPECT_EQ(b->kind(), "malloc");
-    EXPECT_TRUE(b->options().empty());
-    EXPECT_TRUE(Contains(b->description(), "huge pages could not be had"))
-        << b->description();
-    EXPECT_TRUE(Contains(b->description(), why)) << b->description();
-    EXPECT_TRUE(b->unequal(/*strata_huge_pages=*/true));
-  }
-  EXPECT_EQ(Read(kernel.files.nr_hugepages), "0\n");
+  unwritable.nr_hugepages = "/dev/full";
+  auto b = FioBuffers::Prepare(FioBufferKind::kHugePages, {Job(1 << 20, 32, 1)},
+                               {}, unwritable);
+  EXPECT_EQ(b->kind(), "malloc");
+  EXPECT_TRUE(b->options().empty());
+  EXPECT_TRUE(Contains(b->description(), "huge pages could not be had"))
+      << b->description();
+  EXPECT_TRUE(Contains(b->description(), "cannot set vm.nr_hugepages"));
+  const std::string note = b->Mismatch(true, true);
+  EXPECT_TRUE(Contains(note, "the ratio overstates strata")) << note;
+  EXPECT_TRUE(Contains(note, "run as root")) << note;
 }
 
-TEST(FioBuffersTest, MallocOnRequestAndFioOptsOwnChoiceTouchNothing) {
-  FakeKernel kernel(0, 0, 3);
+TEST(FioBuffersTest, MismatchNamesWhichSideTheRatioFlattersAndTheFix) {
+  FakeKernel kernel(40, 0, 40);
   auto malloc = FioBuffers::Prepare(FioBufferKind::kMalloc,
                                     {Job(1 << 20, 32, 1)}, {}, kernel.files);
   EXPECT_EQ(malloc->kind(), "malloc");
   EXPECT_TRUE(Contains(malloc->description(), "as asked"));
-  EXPECT_FALSE(malloc->unequal(/*strata_huge_pages=*/false));
+  EXPECT_TRUE(Contains(malloc->Mismatch(true, true),
+                       "overstates strata; --fio-buffers huge"));
+  EXPECT_EQ(malloc->Mismatch(false, false), "");
+  auto huge = FioBuffers::Prepare(FioBufferKind::kHugePages,
+                                  {Job(1 << 20, 32, 1)}, {}, kernel.files);
+  EXPECT_TRUE(Contains(huge->Mismatch(false, false),
+                       "understates strata; --fio-buffers malloc"));
+  EXPECT_TRUE(Contains(huge->Mismatch(true, false),
+                       "transparent huge pages could not be had"));
+}
+
+TEST(FioBuffersTest, FioOptsOwnChoiceTouchesNothing) {
+  FakeKernel kernel(0, 0, 3);
   auto given =
       FioBuffers::Prepare(FioBufferKind::kHugePages, {Job(1 << 20, 32, 1)},
                           {"--fixedbufs", "--mem=shmhuge"}, kernel.files);
   EXPECT_EQ(given->kind(), "--fio-opt");
   EXPECT_TRUE(given->options().empty());
-  EXPECT_EQ(Read(kernel.files.nr_hugepages), "3\n");
+  EXPECT_EQ(given->Mismatch(true, true), "");
+  EXPECT_EQ(kernel.nr(), "3\n");
   EXPECT_TRUE(FioOptsChooseBuffers({"--iomem=malloc"}));
   EXPECT_FALSE(FioOptsChooseBuffers({"--fixedbufs", "--mem_align=4096"}));
 }

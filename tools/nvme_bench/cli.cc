@@ -132,28 +132,34 @@ Result<uint64_t> ParseSize(const std::string& text) {
   return static_cast<uint64_t>(v) * mult;
 }
 
-Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
-  *exit_now = false;
-  BenchOptions o;
+namespace {
+
+// The options given as text, checked after parsing.
+struct Texts {
   std::string rw = "read,write", bs = "1M", qd = "32", threads = "1";
   std::string size = "1G", verify_max = "4M", fio_buffers;
-  CLI::App app(kDescription, "strata-nvme-bench");
-  app.get_formatter()->column_width(34);
+};
+
+// What a job is: the file, the patterns, sizes and depths, the engine.
+void AddJobOptions(CLI::App& app, BenchOptions& o, Texts& text) {
   app.add_option("--path", o.path,
                  "Directory (a strata-nvme-bench.dat file is created in it and "
                  "removed afterwards) or file to test")
       ->required();
-  app.add_option("--rw", rw, "Access patterns: read,write,randread,randwrite")
+  app.add_option("--rw", text.rw,
+                 "Access patterns: read,write,randread,randwrite")
       ->capture_default_str();
-  app.add_option("--bs", bs, "Request sizes, multiples of 4K, e.g. 128K,1M,8M")
+  app.add_option("--bs", text.bs,
+                 "Request sizes, multiples of 4K, e.g. 128K,1M,8M")
       ->capture_default_str();
-  app.add_option("--qd", qd, "Queue depths (requests in flight per thread)")
+  app.add_option("--qd", text.qd,
+                 "Queue depths (requests in flight per thread)")
       ->capture_default_str();
-  app.add_option("--threads", threads,
+  app.add_option("--threads", text.threads,
                  "Thread counts; each thread is one ring with its own slice "
                  "of the file")
       ->capture_default_str();
-  app.add_option("--size", size,
+  app.add_option("--size", text.size,
                  "File size; each job moves this many bytes once unless "
                  "--time is given")
       ->capture_default_str();
@@ -171,13 +177,17 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   app.add_flag("!--no-huge-pages", o.huge_pages,
                "Back the I/O buffers with 4 KiB pages instead of transparent "
                "huge pages (as fio's default buffers are)");
+}
+
+// How the sweep runs and reports, fio beside it, --verify.
+void AddRunOptions(CLI::App& app, BenchOptions& o, Texts& text) {
   app.add_flag("--vs-fio", o.vs_fio,
                "Run fio's io_uring engine on the same file and job, "
                "interleaved with each strata run, and report the ratio");
   app.add_option("--fio", o.fio, "fio executable")->capture_default_str();
   app.add_option("--fio-opt", o.fio_opts,
                  "Extra fio option, repeatable, e.g. --fio-opt=--fixedbufs");
-  app.add_option("--fio-buffers", fio_buffers,
+  app.add_option("--fio-buffers", text.fio_buffers,
                  "fio's I/O buffers: huge (huge pages, as strata's; the "
                  "default) or malloc (fio's own default, 4 KiB pages, which "
                  "splits large requests: the ratio then overstates strata). "
@@ -195,7 +205,7 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
                "and check it, with random sizes at random aligned offsets");
   app.add_option("--verify-ops", o.verify_ops, "Random operations for --verify")
       ->capture_default_str();
-  app.add_option("--verify-max", verify_max,
+  app.add_option("--verify-max", text.verify_max,
                  "Largest random request for --verify")
       ->capture_default_str();
   app.add_flag("--keep", o.keep, "Keep the file the benchmark created");
@@ -204,31 +214,27 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   app.add_option("--seed", o.seed, "Seed for random offsets and data")
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "No progress on stderr");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    *exit_now = true;
-    app.exit(e);
-    return o;
-  } catch (const CLI::ParseError& e) {
-    return Invalid(e.what() + std::string("; run with --help for usage"));
-  }
+}
 
+// The options parsed from text, their defaults that depend on others, and
+// the checks across them.
+Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
   if (app.count("--repeat") == 0) o.repeat = o.vs_fio ? 3 : 1;
-  if (app.count("--fio-buffers") == 0)
-    fio_buffers = o.huge_pages ? "huge" : "malloc";
-  Result<FioBufferKind> buffers = ParseFioBufferKind(fio_buffers);
+  if (app.count("--fio-buffers") == 0) {
+    text.fio_buffers = o.huge_pages ? "huge" : "malloc";
+  }
+  Result<FioBufferKind> buffers = ParseFioBufferKind(text.fio_buffers);
   if (!buffers.ok()) return buffers.status();
   o.fio_buffers = *buffers;
   o.rw.clear();
-  for (const std::string& item : Split(rw)) {
+  for (const std::string& item : Split(text.rw)) {
     Result<Rw> r = ParseRw(item);
     if (!r.ok()) return r.status();
     o.rw.push_back(*r);
   }
   if (o.rw.empty()) return Invalid("--rw: empty list");
   o.bs.clear();
-  for (const std::string& item : Split(bs)) {
+  for (const std::string& item : Split(text.bs)) {
     Result<uint64_t> b = ParseSize(item);
     if (!b.ok()) return Invalid("--bs: " + b.status().message());
     if (*b < 4096 || *b % 4096 != 0 || *b > (1ull << 30)) {
@@ -238,20 +244,42 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
     o.bs.push_back(*b);
   }
   if (o.bs.empty()) return Invalid("--bs: empty list");
-  auto q = ParseInts("--qd", qd, 1, 4096);
+  auto q = ParseInts("--qd", text.qd, 1, 4096);
   if (!q.ok()) return q.status();
   o.qd = *q;
-  auto t = ParseInts("--threads", threads, 1, 64);
+  auto t = ParseInts("--threads", text.threads, 1, 64);
   if (!t.ok()) return t.status();
   o.threads = *t;
-  Result<uint64_t> sz = ParseSize(size);
+  Result<uint64_t> sz = ParseSize(text.size);
   if (!sz.ok()) return Invalid("--size: " + sz.status().message());
   o.size = *sz;
-  Result<uint64_t> vm = ParseSize(verify_max);
+  Result<uint64_t> vm = ParseSize(text.verify_max);
   if (!vm.ok()) return Invalid("--verify-max: " + vm.status().message());
   o.verify_max = *vm;
   if (o.seconds < 0) return Invalid("--time must be >= 0");
   return CheckSize(o);
+}
+
+}  // namespace
+
+Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
+  *exit_now = false;
+  BenchOptions o;
+  Texts text;
+  CLI::App app(kDescription, "strata-nvme-bench");
+  app.get_formatter()->column_width(34);
+  AddJobOptions(app, o, text);
+  AddRunOptions(app, o, text);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    *exit_now = true;
+    app.exit(e);
+    return o;
+  } catch (const CLI::ParseError& e) {
+    return Invalid(e.what() + std::string("; run with --help for usage"));
+  }
+  return Finish(std::move(o), std::move(text), app);
 }
 
 }  // namespace strata::bench

@@ -121,8 +121,16 @@ Status Prefill(aio::Engine* engine, aio::File* file, char* pool, uint64_t size,
   return file->Sync();
 }
 
+// Whether strata's buffers really are huge pages (transparent huge pages
+// are best effort): at least 90% of their bytes.
+bool StrataHugePages(const BenchOptions& o, const aio::PinnedBuffer& pool) {
+  return o.huge_pages &&
+         TransparentHugeBytes(pool.data(), pool.size()) * 10 >= pool.size() * 9;
+}
+
 std::string Describe(const aio::EngineInfo& info, const aio::File& file,
-                     const std::string& path, bool pinned, bool huge_pages) {
+                     const std::string& path, bool pinned, bool asked_huge,
+                     bool huge) {
   std::string io = file.direct()
                        ? fmt::format("O_DIRECT (align mem {} / offset {})",
                                      file.mem_align(), file.offset_align())
@@ -142,7 +150,10 @@ std::string Describe(const aio::EngineInfo& info, const aio::File& file,
       "  GB/s = 1e9 B/s, GiB/s = 2^30 B/s; latency = submit to completion; "
       "CPU % of one core, whole process\n",
       path, SizeText(file.size()), io, backend, pinned ? "pinned" : "unpinned",
-      huge_pages ? " on huge pages" : "");
+      huge         ? " on huge pages"
+      : asked_huge ? " on 4 KiB pages (transparent huge pages were asked for "
+                     "and not had)"
+                   : " on 4 KiB pages");
 }
 
 size_t PoolBytes(const BenchOptions& o) {
@@ -264,14 +275,11 @@ Status Sweep(const BenchOptions& o, const Target& target,
                     "cannot write --json file '" + o.json + "'");
     }
   }
-  if (fio_buffers && fio_buffers->unequal(o.huge_pages)) {
-    std::printf(
-        "note: fio's buffers (%s) are not strata's (%s), so the ratio %s "
-        "strata; --fio-buffers %s gives both the same (docs/PERF.md)\n",
-        fio_buffers->kind().c_str(), o.huge_pages ? "huge pages" : "malloc",
-        o.huge_pages ? "overstates" : "understates",
-        o.huge_pages ? "huge" : "malloc");
-  }
+  const std::string mismatch =
+      fio_buffers
+          ? fio_buffers->Mismatch(o.huge_pages, StrataHugePages(o, pool))
+          : "";
+  if (!mismatch.empty()) std::printf("%s\n", mismatch.c_str());
   if (o.recommend) std::printf("\n%s", Recommend(rows).c_str());
   return Status::Ok();
 }
@@ -335,9 +343,10 @@ Status RunOnFile(const BenchOptions& o, const Placement& place,
   aio::File* file = session->file;
   Status st = CheckWritable(o, place, *file);
   if (!st.ok()) return st;
-  std::printf("%s", Describe(session->engine->info(), *file, place.file,
-                             pool.locked(), o.huge_pages)
-                        .c_str());
+  std::printf(
+      "%s", Describe(session->engine->info(), *file, place.file, pool.locked(),
+                     o.huge_pages, StrataHugePages(o, pool))
+                .c_str());
   std::fflush(stdout);
   const Target target{place.file, file->direct(), backend};
   Progress progress(!o.quiet);
