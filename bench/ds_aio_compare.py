@@ -71,9 +71,8 @@ def ensure_venv(venv):
     need = [p for p in ("libaio-dev", "python3-venv", "python3-dev", "g++")
             if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0]
     if need:
-        run(["apt-get", "update", "-qq"], "apt-get update")
-        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need],
-            "installing " + " ".join(need))
+        fail(f"missing Debian packages {' '.join(need)}: run scripts/setup.sh, which "
+             f"installs them (STRATA_PACKAGES)")
     if not os.path.exists(py):
         run(["/usr/bin/python3", "-m", "venv", venv], f"creating {venv}")
     pip = [py, "-m", "pip", "install", "-q"]

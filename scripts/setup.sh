@@ -17,6 +17,7 @@ STRATA_PACKAGES=(
   python3-numpy  # the C ABI's DLPack round trip test (tests/capi)
   python3-torch  # torch parity test and bench/cpu_adam_vs_torch.py (comparison only)
   patchelf       # scripts/gpu-bundle.sh: $ORIGIN run paths in the GPU bundle
+  libaio-dev python3-venv python3-dev  # bench/ds_aio_compare.py: DeepSpeed's venv and aio op
 )
 
 strata_install_deps() {

@@ -2,12 +2,14 @@
 """Tests of tests/install/deps_check.py, the check that every dependency comes
 from the README commands: that it fails, naming the package and the fix,
 when a package is dropped from a copy of STRATA_PACKAGES; and that each of
-its readers (dependency files, CMake's cache, shell, Python and C command
-scanners, the dpkg status closure) finds what it must and nothing else.
+its readers (dependency files, CMake's cache, the shell, Python and C
+command scanners, dpkg's owners, the dpkg status closure) finds what it
+must and nothing else.
 
 Run: /usr/bin/python3 tests/install/deps_check_test.py SOURCE_DIR BUILD_DIR
 """
 
+import ast
 import os
 import re
 import subprocess
@@ -18,6 +20,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import deps_check as dc  # noqa: E402
+import deps_scan as ds  # noqa: E402
 
 SOURCE = BUILD = ""
 
@@ -47,7 +50,7 @@ class DroppedPackageTest(unittest.TestCase):
         self.assertIn("add `libxxhash-dev` to STRATA_PACKAGES in scripts/setup.sh", proc.stdout)
         self.assertIn("/usr/include/xxhash.h", proc.stdout)
 
-    def test_every_listed_package_is_needed_or_pulled_in_by_the_others(self):
+    def test_dropping_a_package_names_every_used_one_it_alone_brought(self):
         uses, failures = dc.collect(SOURCE, BUILD)
         self.assertEqual(failures, [])
         owners = dc.dpkg_owners(sorted({u.path for u in uses}))
@@ -60,9 +63,8 @@ class DroppedPackageTest(unittest.TestCase):
         for package in listed:
             rest = [p for p in listed if p != package]
             report = dc.evaluate(uses, owners, rest, db)
-            lost = dc.closure(listed, db) - dc.closure(rest, db)
-            needed = sorted(lost & used - {p for p, prio in db.priority.items()
-                                           if prio in ("required", "important")})
+            lost = dc.closure(listed, db) - dc.closure(rest, db) - dc.base_packages(db)
+            needed = sorted(lost & used)
             named = sorted(p for p in needed if any(f"`{p}`" in f for f in report.failures))
             self.assertEqual(named, needed, f"dropping {package}: {report.failures}")
             if package in needed:
@@ -72,10 +74,10 @@ class DroppedPackageTest(unittest.TestCase):
             self.assertIn(package, caught)
 
 
-class ReaderTest(unittest.TestCase):
+class BuildReaderTest(unittest.TestCase):
     def test_depfile(self):
         text = "a.o: /src/a.cc /usr/include/x.h \\\n /usr/include/with\\ space.h\n"
-        self.assertEqual(dc.depfile_paths(text),
+        self.assertEqual(ds.depfile_paths(text),
                          ["/src/a.cc", "/usr/include/x.h", "/usr/include/with space.h"])
 
     def test_cmake_cache_takes_file_paths_and_package_configs(self):
@@ -85,11 +87,22 @@ class ReaderTest(unittest.TestCase):
             text = (f"CMAKE_CXX_COMPILER:FILEPATH=/usr/bin/c++\nFoo_DIR:PATH={tmp}\n"
                     "CMAKE_COMMAND:INTERNAL=/usr/bin/cmake\nNUMA_INCLUDE_DIR:PATH=/usr/include\n"
                     "CMAKE_BUILD_TYPE:STRING=Release\n")
-            self.assertEqual(dc.cmake_cache_paths(text),
+            self.assertEqual(ds.cmake_cache_paths(text),
                              ["/usr/bin/c++", config, "/usr/bin/cmake"])
 
-    def test_shell_words(self):
-        script = """#!/bin/bash
+    def test_a_build_without_dependency_files_fails(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            open(os.path.join(tmp, "CMakeCache.txt"), "w").close()
+            nested = os.path.join(tmp, "install-test", "CMakeFiles")
+            os.makedirs(nested)
+            open(os.path.join(nested, "x.o.d"), "w").close()  # not this build's
+            uses, failures = ds.build_uses(tmp)
+        self.assertEqual(uses, [])
+        self.assertEqual(len(failures), 1)
+        self.assertIn("no compiler dependency files", failures[0])
+
+
+SCRIPT = """#!/bin/bash
 PKGS=(
   libfoo-dev  # comment
   bar
@@ -100,41 +113,67 @@ missing+=("$pkg")
 $sudo apt-get install -y "${PKGS[@]}"   # installs
 X=1 exec build/bin/tool --flag "quoted words" | grep -q 'a b'
 echo "$((1 + 2)) (not a command)" >&2; helper 2>&1 | sort
+"$bin" --help
+case "$1" in
+  cuda) start=1 ;;
+  *) nohup sleep 1 ;;
+esac
+sudo -E -u nobody true; env -u LD_LIBRARY_PATH ldd /bin/sh; timeout -s KILL 5 fio
+v=$(ls | wc -l)
 python3 - "$x" <<'EOF'
 import os
 print(os.getcwd())
 EOF
 """
-        words = dc.shell_command_words(script, dc.shell_functions(script))
-        self.assertEqual(sorted(words),
-                         ["apt-get", "build/bin/tool", "cmake", "grep", "id", "nproc",
-                          "python3", "sort"])
 
-    def test_python_words(self):
+
+class CommandReaderTest(unittest.TestCase):
+    def test_shell_commands(self):
+        commands = ds.shell_commands(SCRIPT, ds.shell_functions(SCRIPT))
+        self.assertEqual(sorted(c[0] for c in commands),
+                         ["apt-get", "build/bin/tool", "cmake", "fio", "grep", "id", "ldd",
+                          "ls", "nproc", "python3", "sleep", "sort", "wc"])
+        self.assertIn(["apt-get", "install", "-y", "\0"], commands)
+
+    def test_python_commands(self):
         code = """
 import os, subprocess
 subprocess.run(["fio", "--version"])
 subprocess.check_output("ldd /bin/sh", shell=True)
 os.execv(py, [py, "x"])
-run(["apt-get", "update"], "apt-get update")
+run(["apt-get", "install", name], "installing")
 self.call("strata_view_get_tensor", view)
 job.run("write", cfg)
 """
-        self.assertEqual(dc.python_command_words(dc.ast.parse(code)), ["fio", "ldd", "apt-get"])
+        self.assertEqual(ds.python_commands(ast.parse(code)),
+                         [["fio", "--version"], ["ldd", "/bin/sh"],
+                          ["apt-get", "install", "\0"]])
 
     def test_c_words(self):
         code = 'std::system("fio --version"); popen("ls", "r"); system(cmd.c_str());'
-        self.assertEqual(dc.c_command_words(code), ["fio", "ls"])
+        self.assertEqual(ds.c_command_words(code), ["fio", "ls"])
 
     def test_imports(self):
-        tree = dc.ast.parse("import a.b, c\nfrom d.e import f\nfrom . import g\n")
-        self.assertEqual(dc.imported_modules(tree), {"a", "c", "d"})
+        tree = ast.parse("import a.b, c\nfrom d.e import f\nfrom . import g\n")
+        self.assertEqual(ds.imported_modules(tree), {"a", "c", "d"})
+
+    def test_hand_installs_outside_setup_fail(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            os.makedirs(os.path.join(tmp, "scripts"))
+            os.makedirs(os.path.join(tmp, "bench"))
+            with open(os.path.join(tmp, "scripts", "setup.sh"), "w") as f:
+                f.write("apt-get install -y fio\n")
+            with open(os.path.join(tmp, "bench", "peer.py"), "w") as f:
+                f.write('import subprocess\nsubprocess.run(["apt-get", "install", "-y", "x"])\n')
+            failures = ds.hand_installs(tmp)
+        self.assertEqual(len(failures), 1)
+        self.assertIn("bench/peer.py installs Debian packages itself", failures[0])
 
 
 STATUS = """Package: top
 Status: install ok installed
 Priority: optional
-Depends: lib1 (>= 1), missing-a | lib2:any, virt
+Depends: lib1 (>= 1), lib2:any | missing-a, virt, missing-b | lib3
 
 Package: lib1
 Status: install ok installed
@@ -142,6 +181,10 @@ Priority: optional
 Pre-Depends: base
 
 Package: lib2
+Status: install ok installed
+Priority: optional
+
+Package: lib3
 Status: install ok installed
 Priority: optional
 
@@ -154,12 +197,12 @@ Package: base
 Status: install ok installed
 Priority: required
 
+Package: nice
+Status: install ok installed
+Priority: important
+
 Package: gone
 Status: deinstall ok config-files
-Priority: optional
-
-Package: other
-Status: install ok installed
 Priority: optional
 """
 
@@ -168,21 +211,35 @@ class PackageTest(unittest.TestCase):
     def setUp(self):
         self.db = dc.parse_status(STATUS)
 
-    def test_closure_follows_depends_alternatives_and_provides(self):
+    def test_closure_takes_first_alternatives_and_providers(self):
+        # lib3 is installed, but apt would install missing-b, the first.
         self.assertEqual(dc.closure(["top"], self.db), {"top", "lib1", "lib2", "provider", "base"})
         self.assertNotIn("gone", self.db.priority)
+        self.assertEqual(dc.base_packages(self.db), {"base"})
 
-    def test_evaluate_names_the_owner_and_the_fix(self):
+    def test_evaluate_names_the_owner_the_unowned_and_the_fix(self):
         uses = [dc.Use("/usr/include/o.h", "header", "x.o.d"),
                 dc.Use("/usr/include/b.h", "header", "x.o.d"),
-                dc.Use("/usr/local/cuda/include/c.h", "header", "y.o.d")]
-        owners = {"/usr/include/o.h": ["other"], "/usr/include/b.h": ["base"]}
+                dc.Use("/usr/include/n.h", "header", "x.o.d"),
+                dc.Use("/usr/local/cuda/include/c.h", "header", "y.o.d"),
+                dc.Use("/usr/local/lib/libhand.so", "library", "link.txt")]
+        owners = {"/usr/include/o.h": ["lib3"], "/usr/include/b.h": ["base"],
+                  "/usr/include/n.h": ["nice"]}
         report = dc.evaluate(uses, owners, ["top"], self.db)
-        self.assertEqual(len(report.failures), 1)
-        self.assertIn("add `other` to STRATA_PACKAGES in scripts/setup.sh: it owns "
-                      "/usr/include/o.h (header, used by x.o.d", report.failures[0])
+        self.assertEqual(len(report.failures), 3, report.failures)
+        self.assertIn("/usr/local/lib/libhand.so (library), which comes from no Debian package",
+                      report.failures[0])
+        self.assertIn("add `lib3` to STRATA_PACKAGES in scripts/setup.sh: it owns "
+                      "/usr/include/o.h (header, used by x.o.d", report.failures[1])
+        self.assertIn("add `nice`", report.failures[2])
         self.assertEqual([u.path for u in report.unowned], ["/usr/local/cuda/include/c.h"])
-        self.assertEqual(dc.evaluate(uses, owners, ["top", "other"], self.db).failures, [])
+        self.assertEqual(len(dc.evaluate(uses, owners, ["top", "lib3", "nice"],
+                                         self.db).failures), 1)
+
+    def test_owners_of_paths_that_share_a_real_path(self):
+        owners = dc.dpkg_owners(["/usr/bin/awk", "/usr/bin/nawk", "/bin/sh"])
+        self.assertEqual(owners["/usr/bin/awk"], owners["/usr/bin/nawk"])
+        self.assertIn("dash", owners["/bin/sh"])
 
 
 if __name__ == "__main__":
