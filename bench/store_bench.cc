@@ -12,9 +12,8 @@
 //
 // On a CUDA device a view's data is device memory, which the host cannot
 // touch: each visit then copies the group to a host staging buffer, checks
-// and rewrites it there and copies it back (cudaMemcpy, synchronous, so
-// the bytes are in place before Release), and that copying counts as the
-// visit's compute.
+// and rewrites it there and copies it back, waiting until the bytes have
+// landed before Release; that copying counts as the visit's compute.
 //
 // Run (the acceptance scenario; 2 GiB, needs ~3 GiB free in the swap dir):
 //   build/bin/store_bench --groups 64 --group-mib 32 --device-budget-mib 256
@@ -49,8 +48,19 @@ uint64_t Word(int group, int visit, uint64_t i) {
          (i * 0x9E3779B97F4A7C15ull);
 }
 
+#if STRATA_HAVE_CUDA
+bool CudaOk(cudaError_t err) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "store_bench: CUDA: %s (%s)\n", cudaGetErrorName(err),
+                 cudaGetErrorString(err));
+  }
+  return err == cudaSuccess;
+}
+#endif
+
 // Checks that `view` holds visit - 1's words of group g (zeros before the
-// first visit), then writes visit's words; returns the bad words.
+// first visit), then writes visit's words; returns the bad words (all of
+// them when a copy through the staging buffer fails).
 uint64_t CheckAndRewrite(const strata::TensorView& view, int g, int visit,
                          std::vector<uint64_t>* staging) {
   uint64_t* words = static_cast<uint64_t*>(view.data);
@@ -58,8 +68,8 @@ uint64_t CheckAndRewrite(const strata::TensorView& view, int g, int visit,
 #if STRATA_HAVE_CUDA
   if (view.on_cuda) {
     staging->resize(n);
-    if (cudaMemcpy(staging->data(), view.data, view.bytes,
-                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+    if (!CudaOk(cudaMemcpy(staging->data(), view.data, view.bytes,
+                           cudaMemcpyDeviceToHost))) {
       return n;
     }
     words = staging->data();
@@ -72,8 +82,11 @@ uint64_t CheckAndRewrite(const strata::TensorView& view, int g, int visit,
     words[i] = Word(g, visit, i);
   }
 #if STRATA_HAVE_CUDA
-  if (view.on_cuda && cudaMemcpy(view.data, words, view.bytes,
-                                 cudaMemcpyHostToDevice) != cudaSuccess) {
+  // From pageable memory cudaMemcpy may return before the copy has landed;
+  // the engine's streams do not wait for the legacy stream it ran on.
+  if (view.on_cuda && (!CudaOk(cudaMemcpy(view.data, words, view.bytes,
+                                          cudaMemcpyHostToDevice)) ||
+                       !CudaOk(cudaStreamSynchronize(cudaStreamLegacy)))) {
     return n;
   }
 #endif

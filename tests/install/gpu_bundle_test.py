@@ -2,11 +2,14 @@
 """The GPU check's bundle, proven where there may be no GPU: made from this
 build by scripts/gpu-bundle.sh --no-build, it fits in the 64 MiB a device
 run carries; every program's and library's run path is relative to itself
-and, with no LD_LIBRARY_PATH, every library resolves inside the bundle or
-is glibc's; copied to a fresh directory (the one made is removed first),
-its gpu-check.sh runs with an empty environment. Without a GPU the CUDA
-parts are reported skipped, with the reason, and the others pass (exit
-77); with one, every part passes (exit 0).
+(DT_RPATH, ahead of any LD_LIBRARY_PATH) and, with no LD_LIBRARY_PATH,
+every library resolves inside the bundle or is glibc's; copied to a fresh
+directory (the one made is removed first), its gpu-check.sh runs with an
+empty environment, and the dynamic loader's trace shows each program
+loading nothing from outside the bundle but glibc (and the NVIDIA
+driver). Without a GPU the CUDA parts are reported skipped, with the
+reason, and the others pass (exit 77); with one, every part passes (exit
+0).
 
 Run: /usr/bin/python3 tests/install/gpu_bundle_test.py SOURCE_DIR BUILD_DIR
 Exit status 77 (skipped) when the build has no CUDA.
@@ -23,8 +26,9 @@ import unittest
 
 SOURCE = BUILD = ""
 LIMIT = 64 << 20
-GLIBC = re.compile(r"^(linux-vdso|ld-linux-x86-64|libc|libm|libpthread|libdl|librt|libresolv"
-                   r"|libutil)\.so")
+GLIBC = re.compile(r"^(linux-vdso|ld-linux-x86-64|libc|libm|libmvec|libpthread|libdl|librt"
+                   r"|libresolv|libutil|libanl|libnss_\w+|libthread_db)\.so")
+DRIVER = re.compile(r"^(libcuda|libnvidia-[\w-]+)\.so")
 
 
 def elf_files(root: str) -> list[str]:
@@ -51,6 +55,24 @@ class GpuBundleTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
+    def loaded_only_from_the_bundle(self, trace: str) -> int:
+        """Checks the dynamic loader's trace of every bundle program: each
+        object it loaded lies in the bundle, or is glibc's or the NVIDIA
+        driver's. Returns how many programs' traces it read."""
+        programs = 0
+        for name in os.listdir(trace):
+            with open(os.path.join(trace, name), errors="replace") as f:
+                text = f.read()
+            if f"from file {self.bundle}/bin/" not in text:
+                continue  # python3, bash: not ours
+            programs += 1
+            for path in re.findall(r"calling init: (\S+)", text):
+                inside = os.path.realpath(path).startswith(self.bundle + os.sep)
+                ok = inside or GLIBC.match(os.path.basename(path)) or DRIVER.match(
+                    os.path.basename(path))
+                self.assertTrue(ok, f"{name}: loaded {path}")
+        return programs
+
     def test_fits_what_a_device_run_carries(self):
         size = sum(os.path.getsize(os.path.join(d, f))
                    for d, _, fs in os.walk(self.bundle) for f in fs)
@@ -66,7 +88,7 @@ class GpuBundleTest(unittest.TestCase):
         for path in elf_files(self.bundle):
             dynamic = subprocess.run(["readelf", "-d", path], capture_output=True,
                                      text=True, check=True).stdout
-            runpath = re.search(r"\((?:RUNPATH|RPATH)\).*\[(.*)\]", dynamic)
+            runpath = re.search(r"\(RPATH\).*\[(.*)\]", dynamic)
             self.assertIsNotNone(runpath, path)
             self.assertTrue(runpath[1].startswith("$ORIGIN"), f"{path}: {runpath[1]}")
             ldd = subprocess.run(["ldd", path], capture_output=True, text=True, env=env,
@@ -76,11 +98,15 @@ class GpuBundleTest(unittest.TestCase):
                 inside = os.path.realpath(target).startswith(self.bundle + os.sep)
                 self.assertTrue(inside or GLIBC.match(soname), f"{path}: {soname} => {target}")
 
-    def test_the_check_runs_from_the_fresh_copy(self):
+    def test_the_check_runs_from_the_fresh_copy_loading_only_its_own_libraries(self):
         report = os.path.join(self.tmp, "report.json")
+        trace = os.path.join(self.tmp, "ld-trace")
+        os.makedirs(trace)
         proc = subprocess.run([os.path.join(self.bundle, "gpu-check.sh"), "--report", report],
-                              env={"PATH": "/usr/bin:/bin", "HOME": self.tmp},
+                              env={"PATH": "/usr/bin:/bin", "HOME": self.tmp, "LD_DEBUG": "libs",
+                                   "LD_DEBUG_OUTPUT": os.path.join(trace, "pid")},
                               cwd=self.tmp, capture_output=True, text=True)
+        self.assertGreaterEqual(self.loaded_only_from_the_bundle(trace), 5)
         with open(report) as f:
             doc = json.load(f)
         out = proc.stdout + proc.stderr
