@@ -21,8 +21,16 @@ constexpr uint64_t kKiB = 1024;
 constexpr int kThreads = 2;
 constexpr int kGroupsPerThread = 12;
 // ThreadSanitizer makes each operation 5 to 15 times slower; it needs
-// interleavings more than volume, so it runs 40,000 operations.
+// interleavings more than volume, so it runs 40,000 operations. GCC says
+// so with __SANITIZE_THREAD__, Clang with __has_feature.
 #if defined(__SANITIZE_THREAD__)
+#define STRATA_STRESS_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define STRATA_STRESS_UNDER_TSAN 1
+#endif
+#endif
+#ifdef STRATA_STRESS_UNDER_TSAN
 constexpr int kOpsPerThread = 20000;
 #else
 constexpr int kOpsPerThread = 50000;
