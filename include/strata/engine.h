@@ -261,7 +261,7 @@ class STRATA_EXPORT Engine {
 
   EngineStats stats() const;
 
-  // Checkpoints (format and crash protocol: src/checkpoint.h). Both need
+  // Checkpoints (format and crash protocol: src/ckpt/checkpoint.h). Both need
   // every group released and no step open (else kFailedPrecondition
   // naming the group), call Drain() first and return its error; other
   // threads must not use the engine meanwhile.

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "src/checkpoint.h"
+#include "src/ckpt/checkpoint.h"
 #include "src/optim/pipeline.h"
 
 namespace strata {

@@ -56,7 +56,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/engine_internal.h"
+#include "src/store/engine_internal.h"
 #include "strata/offload_optimizer.h"
 
 namespace strata {

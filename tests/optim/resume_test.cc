@@ -17,7 +17,7 @@
 
 #include "strata/engine.h"
 #include "strata/offload_optimizer.h"
-#include "tests/store/checkpoint_util.h"
+#include "tests/ckpt/checkpoint_util.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {

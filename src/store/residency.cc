@@ -1,4 +1,4 @@
-#include "src/residency.h"
+#include "src/store/residency.h"
 
 #include <chrono>
 #include <limits>

@@ -10,8 +10,8 @@
 // can update a whole group in one pass over flat arrays. Gaps (alignment,
 // and tensors that lack a role) are never handed out and stay zero.
 // Pure: validation and arithmetic, no memory.
-#ifndef STRATA_SRC_LAYOUT_H_
-#define STRATA_SRC_LAYOUT_H_
+#ifndef STRATA_SRC_STORE_LAYOUT_H_
+#define STRATA_SRC_STORE_LAYOUT_H_
 
 #include <array>
 #include <cstdint>
@@ -64,4 +64,4 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
 
 }  // namespace strata::store
 
-#endif  // STRATA_SRC_LAYOUT_H_
+#endif  // STRATA_SRC_STORE_LAYOUT_H_

@@ -1,4 +1,4 @@
-// Engine::Save and Engine::Load (src/checkpoint.h) at the edges of the
+// Engine::Save and Engine::Load (src/ckpt/checkpoint.h) at the edges of the
 // protocol: a data file larger than Load's verify buffer, paths spelled
 // with trailing slashes, temporaries of saves that are still running, a
 // file system that accepts only part of a write, and a manifest changed
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "strata/engine.h"
-#include "tests/store/checkpoint_util.h"
+#include "tests/ckpt/checkpoint_util.h"
 #include "tests/store/store_util.h"
 #include "tests/testutil/testutil.h"
 

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <utility>
 
-#include "src/c_api_convert.h"
+#include "src/capi/convert.h"
 #include "strata/dlpack.h"
 #include "strata/engine.h"
 #include "strata/strata.h"

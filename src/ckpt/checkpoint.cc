@@ -1,6 +1,6 @@
 // Engine::Save and Engine::Load: the protocol of Note [Checkpoint crash
 // safety] around the streaming of Note [Checkpoint format].
-#include "src/checkpoint.h"
+#include "src/ckpt/checkpoint.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "src/checkpoint_manifest.h"
+#include "src/ckpt/manifest.h"
 #include "strata/aio.h"
 
 namespace strata::ckpt {

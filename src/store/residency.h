@@ -30,8 +30,8 @@
 // the tier are in flight, and fails only when everything there is pinned.
 //
 // Thread safety: one mutex guards all state; transfers run without it.
-#ifndef STRATA_SRC_RESIDENCY_H_
-#define STRATA_SRC_RESIDENCY_H_
+#ifndef STRATA_SRC_STORE_RESIDENCY_H_
+#define STRATA_SRC_STORE_RESIDENCY_H_
 
 #include <array>
 #include <condition_variable>
@@ -41,7 +41,7 @@
 #include <string>
 #include <vector>
 
-#include "src/layout.h"
+#include "src/store/layout.h"
 #include "src/sched/trace.h"
 #include "src/tier/device.h"
 #include "src/tier/nvme_store.h"
@@ -172,4 +172,4 @@ class Residency {
 
 }  // namespace strata::store
 
-#endif  // STRATA_SRC_RESIDENCY_H_
+#endif  // STRATA_SRC_STORE_RESIDENCY_H_

@@ -1,4 +1,4 @@
-#include "src/checkpoint_manifest.h"
+#include "src/ckpt/manifest.h"
 
 #include <xxhash.h>
 
@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "src/checkpoint.h"
+#include "src/ckpt/checkpoint.h"
 
 namespace strata::ckpt {
 namespace {

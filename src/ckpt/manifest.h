@@ -1,4 +1,4 @@
-// The checkpoint manifest (Note [Checkpoint format] in src/checkpoint.h) as
+// The checkpoint manifest (Note [Checkpoint format] in src/ckpt/checkpoint.h) as
 // a value: described from the engine's layouts and written by Save; parsed,
 // checked and matched against the engine by Load. Pure: no file I/O.
 //
@@ -11,8 +11,8 @@
 // format];
 // MatchEngine returns kFailedPrecondition naming the first group or tensor
 // that differs. Nothing throws.
-#ifndef STRATA_SRC_CHECKPOINT_MANIFEST_H_
-#define STRATA_SRC_CHECKPOINT_MANIFEST_H_
+#ifndef STRATA_SRC_CKPT_MANIFEST_H_
+#define STRATA_SRC_CKPT_MANIFEST_H_
 
 #include <array>
 #include <cstdint>
@@ -20,8 +20,8 @@
 #include <string_view>
 #include <vector>
 
-#include "src/layout.h"
-#include "src/residency.h"
+#include "src/store/layout.h"
+#include "src/store/residency.h"
 #include "strata/engine.h"
 
 namespace strata::ckpt {
@@ -77,4 +77,4 @@ Status MatchEngine(const Manifest& manifest, const store::Residency& residency);
 
 }  // namespace strata::ckpt
 
-#endif  // STRATA_SRC_CHECKPOINT_MANIFEST_H_
+#endif  // STRATA_SRC_CKPT_MANIFEST_H_

@@ -2,8 +2,8 @@
 // the C++ API (strata/engine.h), for c_api.cc. Every function checks what a
 // C caller can get wrong and returns kInvalidArgument naming it; none
 // throws except std::bad_alloc, which c_api.cc's Guard turns into a status.
-#ifndef STRATA_SRC_C_API_CONVERT_H_
-#define STRATA_SRC_C_API_CONVERT_H_
+#ifndef STRATA_SRC_CAPI_CONVERT_H_
+#define STRATA_SRC_CAPI_CONVERT_H_
 
 #include <cstdint>
 #include <initializer_list>
@@ -51,4 +51,4 @@ Status WriteTensorInfo(const TensorView& view, strata_tensor_info* out);
 
 }  // namespace strata::capi
 
-#endif  // STRATA_SRC_C_API_CONVERT_H_
+#endif  // STRATA_SRC_CAPI_CONVERT_H_

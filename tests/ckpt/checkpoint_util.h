@@ -1,9 +1,9 @@
-// Helpers shared by the checkpoint tests (tests/store/checkpoint_test.cc,
+// Helpers shared by the checkpoint tests (tests/ckpt/checkpoint_test.cc,
 // checkpoint_edge_test.cc, tests/optim/resume_test.cc): a save killed at a
 // stage of Note [Checkpoint crash safety] in a child process, an engine
 // with a model registered, damage to a file, and edits of a manifest.
-#ifndef STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
-#define STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
+#ifndef STRATA_TESTS_CKPT_CHECKPOINT_UTIL_H_
+#define STRATA_TESTS_CKPT_CHECKPOINT_UTIL_H_
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "src/checkpoint.h"
+#include "src/ckpt/checkpoint.h"
 #include "strata/engine.h"
 
 namespace strata::ckpt_test {
@@ -106,4 +106,4 @@ inline void EditManifest(const std::string& dir,
 
 }  // namespace strata::ckpt_test
 
-#endif  // STRATA_TESTS_STORE_CHECKPOINT_UTIL_H_
+#endif  // STRATA_TESTS_CKPT_CHECKPOINT_UTIL_H_

@@ -1,6 +1,6 @@
 // Conversions between the C ABI's structs and the C++ API. See
-// c_api_convert.h.
-#include "src/c_api_convert.h"
+// convert.h.
+#include "src/capi/convert.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "src/layout.h"
+#include "src/store/layout.h"
 
 #include <algorithm>
 #include <set>

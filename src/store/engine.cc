@@ -8,10 +8,10 @@
 #include <mutex>
 #include <utility>
 
-#include "src/checkpoint.h"
-#include "src/engine_internal.h"
-#include "src/layout.h"
-#include "src/residency.h"
+#include "src/ckpt/checkpoint.h"
+#include "src/store/engine_internal.h"
+#include "src/store/layout.h"
+#include "src/store/residency.h"
 #include "src/sched/executor.h"
 #include "src/sched/planner.h"
 #include "src/tier/device.h"

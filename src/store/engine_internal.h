@@ -4,10 +4,10 @@
 //
 // Ownership: everything belongs to the Engine; pointers stay valid for its
 // lifetime. Thread safety: as documented by each module.
-#ifndef STRATA_SRC_ENGINE_INTERNAL_H_
-#define STRATA_SRC_ENGINE_INTERNAL_H_
+#ifndef STRATA_SRC_STORE_ENGINE_INTERNAL_H_
+#define STRATA_SRC_STORE_ENGINE_INTERNAL_H_
 
-#include "src/residency.h"
+#include "src/store/residency.h"
 #include "src/tier/device.h"
 #include "src/tier/pinned_pool.h"
 #include "strata/engine.h"
@@ -24,4 +24,4 @@ EngineParts PartsOf(Engine& engine);
 
 }  // namespace strata::internal
 
-#endif  // STRATA_SRC_ENGINE_INTERNAL_H_
+#endif  // STRATA_SRC_STORE_ENGINE_INTERNAL_H_

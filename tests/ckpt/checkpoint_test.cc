@@ -1,9 +1,9 @@
-// Engine::Save and Engine::Load (src/checkpoint.h) through the public C++
+// Engine::Save and Engine::Load (src/ckpt/checkpoint.h) through the public C++
 // API, on the host-emulated device: round trips into another placement,
 // replacement, a crash at every stage of the save protocol, damaged
 // checkpoints, mismatched engines, preconditions, the host budget and a
 // full disk.
-#include "src/checkpoint.h"
+#include "src/ckpt/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "strata/engine.h"
-#include "tests/store/checkpoint_util.h"
+#include "tests/ckpt/checkpoint_util.h"
 #include "tests/store/store_util.h"
 #include "tests/testutil/testutil.h"
 

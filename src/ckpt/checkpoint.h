@@ -45,13 +45,13 @@
 // pwrites its tensors straight from the tier and releases it, so it holds
 // no buffer of its own. Load verifies every file through one 1 MiB buffer,
 // then fetches the same way with write = true and preads into the tier.
-#ifndef STRATA_SRC_CHECKPOINT_H_
-#define STRATA_SRC_CHECKPOINT_H_
+#ifndef STRATA_SRC_CKPT_CHECKPOINT_H_
+#define STRATA_SRC_CKPT_CHECKPOINT_H_
 
 #include <functional>
 #include <string>
 
-#include "src/residency.h"
+#include "src/store/residency.h"
 #include "strata/engine.h"
 
 namespace strata::ckpt {
@@ -88,4 +88,4 @@ void SetSaveStageHookForTesting(SaveStageHook hook);
 
 }  // namespace strata::ckpt
 
-#endif  // STRATA_SRC_CHECKPOINT_H_
+#endif  // STRATA_SRC_CKPT_CHECKPOINT_H_
