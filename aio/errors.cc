@@ -6,6 +6,7 @@
 #include <string>
 
 #include "aio/internal.h"
+#include "common/text.h"
 
 namespace strata::aio::internal {
 namespace {
@@ -75,33 +76,6 @@ std::string AdviceFor(int err) {
 }  // namespace strata::aio::internal
 
 namespace strata::aio {
-
-std::string ErrnoText(int err) {
-  const char* name = strerrorname_np(err);
-  std::string out = name ? name : "errno " + std::to_string(err);
-  out += " (";
-  out += std::strerror(err);
-  out += ")";
-  return out;
-}
-
-std::string HumanBytes(uint64_t bytes) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  double value = static_cast<double>(bytes);
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  if (unit == 0) {
-    std::snprintf(text, sizeof(text), "%llu B",
-                  static_cast<unsigned long long>(bytes));
-  } else {
-    std::snprintf(text, sizeof(text), "%.1f %s", value, kUnits[unit]);
-  }
-  return text;
-}
 
 Status ErrnoStatus(int err, const std::string& what) {
   std::string msg = what + ": " + ErrnoText(err);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/text.h"
 #include "strata/aio.h"
 
 namespace strata::aio::internal {
@@ -100,10 +101,9 @@ bool Settle(Piece* piece, uint32_t submitted, int result);
 // errno -> Status, for every I/O failure. The one place this happens.
 Status IoStatus(int err, bool write, const std::string& path, uint64_t offset,
                 uint64_t len);
-// ErrnoStatus, ErrnoText and HumanBytes are public (strata/aio.h).
+// ErrnoStatus is public (strata/aio.h); ErrnoText and HumanBytes are
+// strata's (common/text.h).
 using aio::ErrnoStatus;
-using aio::ErrnoText;
-using aio::HumanBytes;
 
 class Backend {
  public:

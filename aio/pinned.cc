@@ -19,22 +19,21 @@ constexpr size_t kPage = 4096;
 constexpr size_t kHugePage = size_t{2} << 20;
 
 std::string LimitText(rlim_t limit) {
-  return limit == RLIM_INFINITY ? "unlimited"
-                                : internal::HumanBytes(uint64_t{limit});
+  return limit == RLIM_INFINITY ? "unlimited" : HumanBytes(uint64_t{limit});
 }
 
 Status LockError(int err, size_t bytes) {
   struct rlimit lim = {};
   getrlimit(RLIMIT_MEMLOCK, &lim);
-  std::string msg =
-      "cannot lock " + internal::HumanBytes(bytes) +
-      " of pinned memory: mlock failed with " + internal::ErrnoText(err) +
-      "; the locked-memory limit (RLIMIT_MEMLOCK) is " +
-      LimitText(lim.rlim_cur) + " (hard " + LimitText(lim.rlim_max) +
-      "). Fix: raise it (`ulimit -l unlimited`, memlock in "
-      "/etc/security/limits.conf, or LimitMEMLOCK=infinity for "
-      "a systemd unit), run with CAP_IPC_LOCK, or do not pin "
-      "(PinOptions::lock = false, strata-nvme-bench --no-pin)";
+  std::string msg = "cannot lock " + HumanBytes(bytes) +
+                    " of pinned memory: mlock failed with " + ErrnoText(err) +
+                    "; the locked-memory limit (RLIMIT_MEMLOCK) is " +
+                    LimitText(lim.rlim_cur) + " (hard " +
+                    LimitText(lim.rlim_max) +
+                    "). Fix: raise it (`ulimit -l unlimited`, memlock in "
+                    "/etc/security/limits.conf, or LimitMEMLOCK=infinity for "
+                    "a systemd unit), run with CAP_IPC_LOCK, or do not pin "
+                    "(PinOptions::lock = false, strata-nvme-bench --no-pin)";
   return Status(StatusCode::kResourceExhausted, std::move(msg));
 }
 
@@ -75,7 +74,7 @@ Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
     return internal::ErrnoStatus(
-        errno, "cannot map " + internal::HumanBytes(size) + " for a buffer");
+        errno, "cannot map " + HumanBytes(size) + " for a buffer");
   }
   const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t start = (base + align - 1) / align * align;

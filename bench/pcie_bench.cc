@@ -29,10 +29,9 @@
 #include <random>
 #include <vector>
 
+#include "common/text.h"
 #include "src/tier/device.h"
 #include "src/tier/pinned_pool.h"
-#include "tools/nvme_bench/cli.h"
-#include "tools/nvme_bench/report.h"
 
 namespace strata {
 namespace {
@@ -192,8 +191,7 @@ Result<nlohmann::json> Run(const std::vector<uint64_t>& sizes, int repeat,
       Result<nlohmann::json> row = Measure(*b, up, n, repeat);
       if (!row.ok()) return row.status();
       std::printf("%-5s %8s  %12.2f %14.2f %7.3f\n", up ? "h2d" : "d2h",
-                  bench::SizeText(n).c_str(),
-                  (*row)["strata_gb_per_s"].get<double>(),
+                  SizeText(n).c_str(), (*row)["strata_gb_per_s"].get<double>(),
                   (*row)["cuda_memcpy_gb_per_s"].get<double>(),
                   (*row)["ratio"].get<double>());
       report["rows"].push_back(*row);
@@ -220,7 +218,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   std::vector<uint64_t> sizes;
   for (const std::string& text : size_texts) {
-    strata::Result<uint64_t> n = strata::bench::ParseSize(text);
+    strata::Result<uint64_t> n = strata::ParseSize(text);
     if (!n.ok() || *n == 0) {
       std::fprintf(stderr, "pcie_bench: --sizes: '%s' is not a size (1M)\n",
                    text.c_str());

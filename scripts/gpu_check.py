@@ -53,7 +53,7 @@ SKIP = 77
 NO_GPU = "no GPU (see the probe)"
 BUDGET_S = 450  # the whole check stays under 8 minutes
 DEADLINE = [float("inf")]
-SOURCE_DIRS = ["aio", "bench", "cmake", "cpu_adam", "include", "scripts", "src", "tests",
+SOURCE_DIRS = ["aio", "bench", "cmake", "common", "cpu_adam", "include", "scripts", "src", "tests",
                "tools"]
 
 

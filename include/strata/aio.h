@@ -65,10 +65,6 @@ namespace strata::aio {
 // message is "<what>: ENOSPC (No space left on device)" plus advice where
 // there is a known fix.
 STRATA_EXPORT Status ErrnoStatus(int err, const std::string& what);
-// "ENOSPC (No space left on device)".
-STRATA_EXPORT std::string ErrnoText(int err);
-// "1.5 GiB", "512 KiB", "4096 B".
-STRATA_EXPORT std::string HumanBytes(uint64_t bytes);
 
 enum class Backend { kAuto, kIoUring, kThreads };
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "common/text.h"
 #include "src/optim/accumulate.h"
-#include "strata/aio.h"
 
 namespace strata {
 namespace {
@@ -169,8 +169,8 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
         fmt::format("the device budget ({}) cannot hold {} gradient buffers "
                     "of {} and a group's compute copy beside them; raise the "
                     "device budget to at least {} or lower grad_buffers",
-                    aio::HumanBytes(budget), options_.grad_buffers,
-                    aio::HumanBytes(bytes), aio::HumanBytes(ring + bytes)));
+                    HumanBytes(budget), options_.grad_buffers,
+                    HumanBytes(bytes), HumanBytes(ring + bytes)));
   }
   // The host holds the staging ring, and for the step one group's roles
   // that live elsewhere, beside what the host tier is home to (already
@@ -193,10 +193,10 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
                     "buffers of {} and {} for one group's step (its roles "
                     "homed off the host); raise the host budget by {}, "
                     "lower grad_buffers, or home fewer roles on the host",
-                    aio::HumanBytes(host_free), aio::HumanBytes(ring + working),
-                    options_.grad_buffers, aio::HumanBytes(bytes),
-                    aio::HumanBytes(working),
-                    aio::HumanBytes(ring + working - host_free)));
+                    HumanBytes(host_free), HumanBytes(ring + working),
+                    options_.grad_buffers, HumanBytes(bytes),
+                    HumanBytes(working),
+                    HumanBytes(ring + working - host_free)));
   }
   slots_.resize(options_.grad_buffers);
   for (Slot& s : slots_) {
@@ -211,7 +211,7 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
           fmt::format("optimizer gradient buffers: {} x {} on the device and "
                       "the host do not fit ({}); lower grad_buffers or raise "
                       "the budgets",
-                      options_.grad_buffers, aio::HumanBytes(bytes),
+                      options_.grad_buffers, HumanBytes(bytes),
                       host.status().message()));
     }
   }

@@ -6,7 +6,7 @@
 #include <limits>
 #include <map>
 
-#include "strata/aio.h"
+#include "common/text.h"
 
 namespace strata::sched {
 namespace {
@@ -161,17 +161,16 @@ std::string FormatPlan(const PlanInput& input, const Plan& plan) {
   if (input.trace.empty()) return "no trace yet: the first step records it\n";
   std::string out = fmt::format(
       "trace: {} fetches over {} groups; windows: device {}, host {}\n",
-      input.trace.size(), input.groups.size(),
-      aio::HumanBytes(input.window[kDev]),
-      aio::HumanBytes(input.window[kHost]));
+      input.trace.size(), input.groups.size(), HumanBytes(input.window[kDev]),
+      HumanBytes(input.window[kHost]));
   auto name = [&](int group) { return input.groups[group].name; };
   for (size_t p = 0; p < plan.steps.size(); ++p) {
     const PlanStep& step = plan.steps[p];
     const TraceEntry& e = input.trace[p];
     out += fmt::format("{:5} fetch {} -> {}  [window device {}, host {}]", p,
                        name(e.group), TierName(e.tier),
-                       aio::HumanBytes(step.window_bytes[kDev]),
-                       aio::HumanBytes(step.window_bytes[kHost]));
+                       HumanBytes(step.window_bytes[kDev]),
+                       HumanBytes(step.window_bytes[kHost]));
     for (const PlanAction& a : step.evict) {
       out += fmt::format("  evict {}@{}", name(a.group), TierName(a.tier));
     }
@@ -184,10 +183,9 @@ std::string FormatPlan(const PlanInput& input, const Plan& plan) {
   out += fmt::format(
       "per step: host->device {}, device->host {}, nvme->host {}, "
       "host->nvme {}\n",
-      aio::HumanBytes(plan.bytes[kHost][kDev]),
-      aio::HumanBytes(plan.bytes[kDev][kHost]),
-      aio::HumanBytes(plan.bytes[kNvme][kHost]),
-      aio::HumanBytes(plan.bytes[kHost][kNvme]));
+      HumanBytes(plan.bytes[kHost][kDev]), HumanBytes(plan.bytes[kDev][kHost]),
+      HumanBytes(plan.bytes[kNvme][kHost]),
+      HumanBytes(plan.bytes[kHost][kNvme]));
   out += fmt::format("I/O floor: {:.3f} s per step, bound by {}\n",
                      plan.floor_seconds,
                      plan.floor_link.empty() ? "nothing" : plan.floor_link);

@@ -4,7 +4,7 @@
 #include <limits>
 #include <utility>
 
-#include "strata/aio.h"
+#include "common/text.h"
 
 namespace strata::store {
 namespace {
@@ -95,11 +95,11 @@ Status Residency::CheckFits(const GroupLayout& layout) const {
     }
     const uint64_t need = homed[i] + (t == Tier::kNvme ? 0 : fetched[i]);
     if (need <= free[i]) continue;
-    std::string msg = "group '" + layout.name + "' needs " +
-                      aio::HumanBytes(need) + " on " + TierLabel(t) + "; " +
-                      TierLabel(t) + " budget is " + aio::HumanBytes(budget[i]);
+    std::string msg = "group '" + layout.name + "' needs " + HumanBytes(need) +
+                      " on " + TierLabel(t) + "; " + TierLabel(t) +
+                      " budget is " + HumanBytes(budget[i]);
     if (free[i] < budget[i]) {
-      msg += ", of which " + aio::HumanBytes(budget[i] - free[i]) +
+      msg += ", of which " + HumanBytes(budget[i] - free[i]) +
              " is homed by earlier groups";
     }
     msg += ". Raise the " + TierLabel(t) +
@@ -481,9 +481,8 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, int entry) {
     }
     const uint64_t free = FreeBytes(tier);
     return Status(StatusCode::kResourceExhausted,
-                  TierLabel(tier) + " tier: cannot fit " +
-                      aio::HumanBytes(c.bytes) + " for " + Describe(c) + ": " +
-                      aio::HumanBytes(free) +
+                  TierLabel(tier) + " tier: cannot fit " + HumanBytes(c.bytes) +
+                      " for " + Describe(c) + ": " + HumanBytes(free) +
                       " free and every other copy there is fetched "
                       "(pinned); release groups or raise the " +
                       TierLabel(tier) + " budget");

@@ -5,13 +5,11 @@
 #include <optional>
 #include <utility>
 
+#include "common/text.h"
 #include "src/tier/device_internal.h"
-#include "strata/aio.h"
 
 namespace strata::tier {
 namespace {
-
-using aio::HumanBytes;
 
 bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 

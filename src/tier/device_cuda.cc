@@ -26,8 +26,8 @@
 #include <string>
 #include <utility>
 
+#include "common/text.h"
 #include "src/tier/device_internal.h"
-#include "strata/aio.h"
 
 namespace strata::tier::internal {
 namespace {
@@ -205,7 +205,7 @@ class CudaDevice : public ArenaDevice {
             dst, src, bytes,
             to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
             stream),
-        "device tier: cudaMemcpyAsync of " + aio::HumanBytes(bytes));
+        "device tier: cudaMemcpyAsync of " + HumanBytes(bytes));
     if (!s.ok()) return s;
     s = STRATA_CUDA_STATUS(cudaEventRecord(raw, stream),
                            "device tier: recording a CUDA event");
@@ -220,7 +220,7 @@ class CudaDevice : public ArenaDevice {
     if (!on.status().ok()) return on.status();
     Status s = STRATA_CUDA_STATUS(
         cudaMemsetAsync(device, byte, bytes, gpu_->to_device),
-        "device tier: cudaMemsetAsync of " + aio::HumanBytes(bytes));
+        "device tier: cudaMemsetAsync of " + HumanBytes(bytes));
     if (!s.ok()) return s;
     return STRATA_CUDA_STATUS(cudaStreamSynchronize(gpu_->to_device),
                               "device tier: waiting for cudaMemsetAsync");
@@ -284,13 +284,13 @@ Status AllocateArena(CudaResources& gpu, const DeviceInfo& info,
   size_t total = 0;
   std::string gpu_free = "unknown";
   if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
-    gpu_free = aio::HumanBytes(free) + " free of " + aio::HumanBytes(total);
+    gpu_free = HumanBytes(free) + " free of " + HumanBytes(total);
   }
   cudaGetLastError();
   return Status(StatusCode::kResourceExhausted,
                 "device tier (CUDA " + info.name + "): cannot reserve the " +
-                    aio::HumanBytes(info.budget) +
-                    " device budget: the GPU has " + gpu_free +
+                    HumanBytes(info.budget) + " device budget: the GPU has " +
+                    gpu_free +
                     "; lower the device budget (--device-budget) or free GPU "
                     "memory held by other processes (nvidia-smi)");
 }

@@ -19,6 +19,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/text.h"
 #include "src/tier/device_internal.h"
 #include "strata/aio.h"
 
@@ -117,7 +118,7 @@ class Mapping {
     if (addr == MAP_FAILED) {
       const Status failed = aio::ErrnoStatus(
           errno, "device tier (host-emulated): reserving the " +
-                     aio::HumanBytes(bytes) + " device budget (mmap)");
+                     HumanBytes(bytes) + " device budget (mmap)");
       return Status(
           failed.code(),
           failed.message() + "; lower the device budget (--device-budget)");

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/text.h"
 #include "src/tier/range_allocator.h"
 
 namespace strata::tier {
@@ -179,7 +180,7 @@ void ReclaimStaleFiles(const std::string& dir) {
   std::fprintf(stderr,
                "strata: reclaimed %" PRIu64
                " swap files (%s) left by a previous run in %s\n",
-               count, aio::HumanBytes(bytes).c_str(), dir.c_str());
+               count, HumanBytes(bytes).c_str(), dir.c_str());
 }
 
 struct ExtentMeta {
@@ -283,8 +284,8 @@ Status NvmeStore::Impl::CreateFiles(uint64_t capacity) {
     if (!file.ok()) {
       const Status& st = file.status();
       std::string msg = "NVMe tier: cannot create " + std::to_string(n) +
-                        " swap files of " + aio::HumanBytes(per_file) + " (" +
-                        aio::HumanBytes(per_file * n) + " in all) in '" + dir_ +
+                        " swap files of " + HumanBytes(per_file) + " (" +
+                        HumanBytes(per_file * n) + " in all) in '" + dir_ +
                         "': " + st.message();
       if (st.code() == StatusCode::kNoSpace) {
         msg += "; or lower the NVMe budget (--nvme-budget)";
@@ -314,15 +315,15 @@ Status NvmeStore::Impl::NoSpace(uint64_t bytes) const {
     free_bytes += f.ranges.free_bytes();
     largest = std::max(largest, f.ranges.largest_free());
   }
-  std::string msg =
-      "NVMe tier: cannot allocate " + aio::HumanBytes(bytes) + " (" +
-      std::to_string(bytes) + " bytes): " + aio::HumanBytes(free_bytes) +
-      " free of " + aio::HumanBytes(stats_.capacity) +
-      " capacity, largest free extent " + aio::HumanBytes(largest);
+  std::string msg = "NVMe tier: cannot allocate " + HumanBytes(bytes) + " (" +
+                    std::to_string(bytes) +
+                    " bytes): " + HumanBytes(free_bytes) + " free of " +
+                    HumanBytes(stats_.capacity) +
+                    " capacity, largest free extent " + HumanBytes(largest);
   const uint64_t per_file = files_[0].ranges.capacity();
   if (bytes > per_file) {
-    msg += "; an extent must fit in one swap file (" +
-           aio::HumanBytes(per_file) + " each), so use fewer swap files or";
+    msg += "; an extent must fit in one swap file (" + HumanBytes(per_file) +
+           " each), so use fewer swap files or";
   } else {
     msg += ";";
   }
@@ -376,7 +377,7 @@ std::string NvmeStore::Impl::Describe(const Extent& extent) const {
   char offset[24];
   std::snprintf(offset, sizeof(offset), "%" PRIx64, extent.offset);
   return "extent " + std::to_string(extent.file) + ":+0x" + offset + " (" +
-         aio::HumanBytes(extent.bytes) + ") of '" + paths_[extent.file] + "'";
+         HumanBytes(extent.bytes) + ") of '" + paths_[extent.file] + "'";
 }
 
 Status NvmeStore::Impl::NoValidData(const Extent& extent) const {

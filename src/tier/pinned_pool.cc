@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "common/text.h"
 #include "src/tier/range_allocator.h"
 
 namespace strata::tier {
@@ -193,8 +194,7 @@ Result<Slab> MapPages(uint64_t bytes, bool thp) {
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
     return aio::ErrnoStatus(errno, std::string(kTier) + ": cannot map " +
-                                       aio::HumanBytes(size) +
-                                       " of host memory");
+                                       HumanBytes(size) + " of host memory");
   }
   const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t start = RoundUp(base, align);
@@ -228,25 +228,23 @@ Result<Slab> ObtainSlab(const PinnedPoolOptions& options, uint64_t bytes,
     const int err = errno;
     ReleaseSlab(*slab);
     return aio::ErrnoStatus(err, std::string(kTier) + ": cannot fault in " +
-                                     aio::HumanBytes(slab->mapped) +
+                                     HumanBytes(slab->mapped) +
                                      " of host memory");
   }
   return slab;
 }
 
 std::string LimitText(rlim_t limit) {
-  return limit == RLIM_INFINITY ? "unlimited"
-                                : aio::HumanBytes(uint64_t{limit});
+  return limit == RLIM_INFINITY ? "unlimited" : HumanBytes(uint64_t{limit});
 }
 
 // What went wrong with mlock, with the limit that caused it.
 std::string MemlockProblem(int err, uint64_t bytes) {
   rlimit lim = {};
   getrlimit(RLIMIT_MEMLOCK, &lim);
-  return std::string(kTier) + ": cannot lock " + aio::HumanBytes(bytes) +
-         " of host memory (mlock: " + aio::ErrnoText(err) +
-         "); RLIMIT_MEMLOCK is " + LimitText(lim.rlim_cur) + " (hard " +
-         LimitText(lim.rlim_max) + ")";
+  return std::string(kTier) + ": cannot lock " + HumanBytes(bytes) +
+         " of host memory (mlock: " + ErrnoText(err) + "); RLIMIT_MEMLOCK is " +
+         LimitText(lim.rlim_cur) + " (hard " + LimitText(lim.rlim_max) + ")";
 }
 
 constexpr char kMemlockFix[] =
@@ -310,13 +308,13 @@ class PinnedPool::Impl {
 Status PinnedPool::Impl::Exhausted(uint64_t bytes, uint64_t size_class) const {
   const std::string cls = size_class == 0
                               ? "more than the whole budget"
-                              : "size class " + aio::HumanBytes(size_class);
+                              : "size class " + HumanBytes(size_class);
   return Status(
       StatusCode::kResourceExhausted,
-      std::string(kTier) + ": cannot allocate " + aio::HumanBytes(bytes) +
-          " (" + cls + "): " + aio::HumanBytes(ranges_.free_bytes()) +
-          " free of budget " + aio::HumanBytes(capacity_) +
-          ", largest free range " + aio::HumanBytes(ranges_.largest_free()) +
+      std::string(kTier) + ": cannot allocate " + HumanBytes(bytes) + " (" +
+          cls + "): " + HumanBytes(ranges_.free_bytes()) + " free of budget " +
+          HumanBytes(capacity_) + ", largest free range " +
+          HumanBytes(ranges_.largest_free()) +
           "; raise the host budget (--host-budget) or lower the chunk size "
           "or the prefetch window so fewer chunks are pinned at once");
 }

@@ -11,13 +11,11 @@
 #include <thread>
 #include <vector>
 
-#include "strata/aio.h"
+#include "common/text.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::tier {
 namespace {
-
-using aio::HumanBytes;
 
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;

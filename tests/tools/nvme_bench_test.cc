@@ -19,17 +19,6 @@
 namespace strata::bench {
 namespace {
 
-TEST(ParseSizeTest, AcceptsBinaryUnits) {
-  EXPECT_EQ(*ParseSize("4096"), 4096u);
-  EXPECT_EQ(*ParseSize("128K"), 128u << 10);
-  EXPECT_EQ(*ParseSize("1m"), 1u << 20);
-  EXPECT_EQ(*ParseSize("2GiB"), 2ull << 30);
-  EXPECT_EQ(*ParseSize("1T"), 1ull << 40);
-  for (const char* bad : {"", "K", "-1", "1X", "1.5G", "12KK"}) {
-    EXPECT_FALSE(ParseSize(bad).ok()) << bad;
-  }
-}
-
 TEST(CommandLineTest, ParsesListsAndDefaults) {
   const char* argv[] = {"strata-nvme-bench",
                         "--path",

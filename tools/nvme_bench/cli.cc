@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cctype>
 
+#include "common/cli.h"
+#include "common/text.h"
+
 namespace strata::bench {
 namespace {
 
@@ -87,52 +90,6 @@ Result<BenchOptions> CheckSize(BenchOptions o) {
   }
   return o;
 }
-
-}  // namespace
-
-Result<uint64_t> ParseSize(const std::string& text) {
-  size_t used = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    return Invalid("'" + text + "' is not a size (e.g. 4096, 128K, 1M, 2G)");
-  }
-  uint64_t mult = 1;
-  std::string suffix = text.substr(used);
-  if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b')) {
-    suffix.pop_back();
-  }
-  if (suffix.size() == 2 && (suffix[1] == 'i' || suffix[1] == 'I')) {
-    suffix.pop_back();
-  }
-  if (suffix.size() == 1) {
-    switch (std::toupper(static_cast<unsigned char>(suffix[0]))) {
-      case 'K':
-        mult = 1ull << 10;
-        break;
-      case 'M':
-        mult = 1ull << 20;
-        break;
-      case 'G':
-        mult = 1ull << 30;
-        break;
-      case 'T':
-        mult = 1ull << 40;
-        break;
-      default:
-        mult = 0;
-    }
-  } else if (!suffix.empty()) {
-    mult = 0;
-  }
-  if (mult == 0 || text.empty() || text[0] == '-') {
-    return Invalid("'" + text + "' is not a size (e.g. 4096, 128K, 1M, 2G)");
-  }
-  return static_cast<uint64_t>(v) * mult;
-}
-
-namespace {
 
 // The options given as text, checked after parsing.
 struct Texts {
@@ -263,22 +220,14 @@ Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
 }  // namespace
 
 Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
-  *exit_now = false;
   BenchOptions o;
   Texts text;
   CLI::App app(kDescription, "strata-nvme-bench");
   app.get_formatter()->column_width(34);
   AddJobOptions(app, o, text);
   AddRunOptions(app, o, text);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    *exit_now = true;
-    app.exit(e);
-    return o;
-  } catch (const CLI::ParseError& e) {
-    return Invalid(e.what() + std::string("; run with --help for usage"));
-  }
+  if (Status st = ParseArgs(app, argc, argv, exit_now); !st.ok()) return st;
+  if (*exit_now) return o;
   return Finish(std::move(o), std::move(text), app);
 }
 

@@ -41,9 +41,6 @@ struct BenchOptions {
   bool quiet = false;
 };
 
-// "4096", "128K", "1M", "2G", "1T" (binary units, case-insensitive).
-Result<uint64_t> ParseSize(const std::string& text);
-
 // Parses argv. Sets *exit_now (and returns defaults) when --help or
 // --version was printed.
 Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now);

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "strata/aio.h"
+#include "common/text.h"
 
 namespace strata::bench {
 namespace {
@@ -12,7 +12,7 @@ namespace {
 constexpr uint64_t kSlackBytes = 4u << 20;  // per job, over bs x (qd + 1)
 
 std::string HugeDescription(const HugePageReservation& r, uint64_t pages) {
-  const std::string page = aio::HumanBytes(r.pool().page_bytes);
+  const std::string page = HumanBytes(r.pool().page_bytes);
   if (r.added() == 0) {
     return fmt::format(
         "fio: buffers on {} huge pages (--mem=mmaphuge), as strata's; {} of "

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/text.h"
 #include "strata/aio.h"
 #include "tools/nvme_bench/cli.h"
 #include "tools/nvme_bench/fio.h"

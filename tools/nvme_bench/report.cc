@@ -6,6 +6,8 @@
 #include <map>
 #include <numeric>
 
+#include "common/text.h"
+
 namespace strata::bench {
 namespace {
 
@@ -14,14 +16,6 @@ namespace {
 constexpr double kNearBest = 0.98;
 
 }  // namespace
-
-std::string SizeText(uint64_t bytes) {
-  if (bytes == 0) return "0";
-  if (bytes % (1ull << 30) == 0) return fmt::format("{}G", bytes >> 30);
-  if (bytes % (1ull << 20) == 0) return fmt::format("{}M", bytes >> 20);
-  if (bytes % (1ull << 10) == 0) return fmt::format("{}K", bytes >> 10);
-  return std::to_string(bytes);
-}
 
 size_t MedianIndex(const std::vector<double>& gbps) {
   std::vector<size_t> order(gbps.size());

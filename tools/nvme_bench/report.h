@@ -25,9 +25,6 @@ struct Row {
   }
 };
 
-// "4K", "1M", "2G", or plain bytes when not a whole unit.
-std::string SizeText(uint64_t bytes);
-
 // Index of the run with the median throughput.
 size_t MedianIndex(const std::vector<double>& gbps);
 

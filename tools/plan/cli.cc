@@ -9,8 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/cli.h"
+#include "common/text.h"
 #include "strata/aio.h"
-#include "tools/nvme_bench/cli.h"
 #include "tools/plan/explain.h"
 #include "tools/plan/probe.h"
 
@@ -156,14 +157,14 @@ Status ResolveBudgets(const CLI::App& app, const RawOptions& raw,
   for (Tier tier : kTiers) {
     const int i = static_cast<int>(tier);
     if (app.count(kBudgetFlags[i]) == 0) continue;
-    Result<uint64_t> bytes = bench::ParseSize(raw.budgets[i]);
+    Result<uint64_t> bytes = ParseSize(raw.budgets[i]);
     if (!bytes.ok()) {
       return Invalid(std::string(kBudgetFlags[i]) + ": " +
                      bytes.status().message() + "; units 512MiB, 80GiB, 4TiB");
     }
     if (*bytes > kMaxBudget) {
       return Invalid(std::string(kBudgetFlags[i]) + ": '" + raw.budgets[i] +
-                     "' is more than " + aio::HumanBytes(kMaxBudget));
+                     "' is more than " + HumanBytes(kMaxBudget));
     }
     o->budgets[i] = *bytes;
   }
@@ -245,7 +246,7 @@ std::string ParamText(uint64_t n) {
 }
 
 std::string BudgetText(const std::optional<uint64_t>& budget) {
-  return budget ? aio::HumanBytes(*budget) : "unlimited";
+  return budget ? HumanBytes(*budget) : "unlimited";
 }
 
 double Gb(uint64_t bytes) { return bytes / 1e9; }
@@ -261,7 +262,7 @@ std::string Verdict(const Plan& plan) {
   for (const Shortfall& s : plan.shortfalls) {
     out += fmt::format("; raise {} to at least {}",
                        kBudgetFlags[static_cast<int>(s.tier)],
-                       aio::HumanBytes(s.needs));
+                       HumanBytes(s.needs));
   }
   if (plan.largest_model) {
     out += fmt::format(", or plan at most {} parameters ({})",
@@ -282,7 +283,7 @@ std::string TextModel(const Plan& plan, const PlanOptions& o) {
   for (const RolePlacement& r : plan.placement.roles) {
     out += fmt::format("  {:<24}{:>8}  {:<8}{:>12}{}\n",
                        RoleLabel(r.role, m.dtype), BytesPerParam(m, r.role),
-                       TierName(r.tier), aio::HumanBytes(r.bytes),
+                       TierName(r.tier), HumanBytes(r.bytes),
                        r.fits ? "" : "  (no tier has room)");
   }
   out +=
@@ -290,7 +291,7 @@ std::string TextModel(const Plan& plan, const PlanOptions& o) {
   for (Tier tier : kTiers) {
     const int i = static_cast<int>(tier);
     out += fmt::format("  {:<8}{:>12}{:>14}\n", TierName(tier),
-                       aio::HumanBytes(plan.placement.needs[i]),
+                       HumanBytes(plan.placement.needs[i]),
                        BudgetText(plan.budgets[i]));
   }
   return out + "verdict: " + Verdict(plan) + "\n";
@@ -495,7 +496,6 @@ Status ResolveGroups(const CLI::App& app, const RawOptions& raw,
 }
 
 Result<PlanOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
-  *exit_now = false;
   PlanOptions o;
   RawOptions raw;
   CLI::App app(kDescription, "strata-plan");
@@ -509,15 +509,8 @@ Result<PlanOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
                "schedule, with its byte windows");
   app.add_option("--groups", o.groups,
                  "Groups (prefetch units) for --explain; default: --layers");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    *exit_now = true;
-    app.exit(e);
-    return o;
-  } catch (const CLI::ParseError& e) {
-    return Invalid(e.what() + std::string("; run with --help for usage"));
-  }
+  if (Status st = ParseArgs(app, argc, argv, exit_now); !st.ok()) return st;
+  if (*exit_now) return o;
   Status st = ResolveModel(app, raw, &o);
   if (st.ok()) st = ResolveBudgets(app, raw, &o);
   if (st.ok()) st = ResolveRates(app, raw, &o);

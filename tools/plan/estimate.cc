@@ -6,7 +6,7 @@
 #include <cmath>
 #include <span>
 
-#include "strata/aio.h"
+#include "common/text.h"
 
 namespace strata::plan {
 namespace {
@@ -229,9 +229,9 @@ std::string DescribeShortfalls(const std::vector<Shortfall>& shortfalls) {
   for (const Shortfall& s : shortfalls) {
     out += out.empty() ? "does not fit: " : "; ";
     const std::string tier(TierName(s.tier));
-    out += "needs " + aio::HumanBytes(s.needs) + " on " + tier + "; " + tier +
-           " budget is " + aio::HumanBytes(s.budget) + " (" +
-           aio::HumanBytes(s.needs - s.budget) + " short)";
+    out += "needs " + HumanBytes(s.needs) + " on " + tier + "; " + tier +
+           " budget is " + HumanBytes(s.budget) + " (" +
+           HumanBytes(s.needs - s.budget) + " short)";
   }
   return out;
 }

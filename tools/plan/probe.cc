@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include "common/text.h"
 #include "src/tier/device.h"
 #include "src/tier/pinned_pool.h"
 #include "strata/aio.h"
@@ -98,8 +99,8 @@ Result<NvmeProbe> ProbeFile(const std::string& path) {
   const aio::EngineInfo& info = e->info();
   const std::string how = fmt::format(
       "{} at a time through {} ({} pieces, {} in flight), {}",
-      aio::HumanBytes(kProbeBytes), aio::BackendName(info.backend),
-      aio::HumanBytes(info.block_size), info.queue_depth,
+      HumanBytes(kProbeBytes), aio::BackendName(info.backend),
+      HumanBytes(info.block_size), info.queue_depth,
       f->direct() ? "O_DIRECT"
                   : "buffered: the file system refused O_DIRECT, so this "
                     "is the page cache's speed, not the drive's");
@@ -123,7 +124,7 @@ ProbeResult TimeCopy(const std::function<Result<tier::Event>()>& copy,
   return {kProbeBytes / t->best_s / 1e9,
           fmt::format("pinned copies of {} on {} through the device tier, "
                       "best of {}",
-                      aio::HumanBytes(kProbeBytes), gpu, t->passes)};
+                      HumanBytes(kProbeBytes), gpu, t->passes)};
 }
 
 // Both directions between a pinned pool and a CUDA device tier.
@@ -173,7 +174,7 @@ ProbeResult ProbeHostMemory() {
   STRATA_CHECK(t.ok());
   return {2.0 * kProbeBytes / t->best_s / 1e9,
           fmt::format("memcpy of {}, bytes read + written, best of {}",
-                      aio::HumanBytes(kProbeBytes), t->passes)};
+                      HumanBytes(kProbeBytes), t->passes)};
 }
 
 Result<NvmeProbe> ProbeNvme(const std::string& dir) {

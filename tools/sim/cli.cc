@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <fstream>
 
-#include "strata/aio.h"
-#include "tools/nvme_bench/cli.h"
+#include "common/cli.h"
+#include "common/text.h"
 #include "tools/plan/cli.h"
 #include "tools/plan/estimate.h"
 
@@ -21,7 +21,7 @@ Status Invalid(const std::string& message) {
 }
 
 Result<uint64_t> Size(const std::string& flag, const std::string& text) {
-  Result<uint64_t> bytes = bench::ParseSize(text);
+  Result<uint64_t> bytes = ParseSize(text);
   if (!bytes.ok()) return Invalid(flag + ": " + bytes.status().message());
   return bytes;
 }
@@ -50,7 +50,6 @@ plan::Floor PlanFloor(const CliOptions& cli, double* host_gb) {
 }  // namespace
 
 Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
-  *exit_now = false;
   CliOptions cli;
   SimOptions& o = cli.sim;
   std::string params = "1G", dtype = "bf16", device_budget = "256M",
@@ -107,15 +106,8 @@ Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   app.add_flag("!--no-baseline", o.resident_baseline,
                "Skip the resident run (no offload_efficiency)");
   app.add_option("--json", cli.json_path, "Also write the report as JSON");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    *exit_now = true;
-    app.exit(e);
-    return cli;
-  } catch (const CLI::ParseError& e) {
-    return Invalid(e.what() + std::string("; run with --help for usage"));
-  }
+  if (Status st = ParseArgs(app, argc, argv, exit_now); !st.ok()) return st;
+  if (*exit_now) return cli;
   Result<uint64_t> n = plan::ParseParamCount(params);
   if (!n.ok()) return Invalid("--params: " + n.status().message());
   o.params = *n;
@@ -219,8 +211,8 @@ void PrintRun(const ModeRun& run, const std::vector<StepFigures>& resident) {
   for (int t = 0; t < kNumTiers; ++t) {
     std::printf("peak %-7s %s of %s\n",
                 std::string(TierName(static_cast<Tier>(t))).c_str(),
-                aio::HumanBytes(run.peak[t]).c_str(),
-                aio::HumanBytes(run.budget[t]).c_str());
+                HumanBytes(run.peak[t]).c_str(),
+                HumanBytes(run.budget[t]).c_str());
   }
 }
 
@@ -245,8 +237,8 @@ Result<int> Run(CliOptions cli) {
                "strata-sim: %s params, %d layers; strata-plan floor %.2f "
                "s/step (NVMe read %.2f, write %.2f GB/s); compute %.2f "
                "s/step (%.2fx the floor)\n",
-               aio::HumanBytes(o.params).c_str(), o.layers, floor.seconds,
-               read_gbps, write_gbps, compute, compute / floor.seconds);
+               HumanBytes(o.params).c_str(), o.layers, floor.seconds, read_gbps,
+               write_gbps, compute, compute / floor.seconds);
   Result<SimResult> result = Simulate(o, [](const std::string& line) {
     std::fprintf(stderr, "%s\n", line.c_str());
   });

@@ -1,0 +1,38 @@
+// Command-line parsing shared by strata's tools (header-only: only the
+// tools, which link CLI11, include it).
+//
+//   CLI::App app("strata-x: ...");
+//   ... app.add_option(...) ...
+//   bool exit_now = false;
+//   if (Status st = ParseArgs(app, argc, argv, &exit_now); !st.ok()) ...
+//   if (exit_now) return;  // --help was printed
+#ifndef STRATA_COMMON_CLI_H_
+#define STRATA_COMMON_CLI_H_
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "strata/status.h"
+
+namespace strata {
+
+// Parses argv into `app`. On --help prints the help, sets *exit_now and
+// returns OK; a bad command line is kInvalidArgument with CLI11's message
+// and a pointer to --help.
+inline Status ParseArgs(CLI::App& app, int argc, char** argv, bool* exit_now) {
+  *exit_now = false;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    *exit_now = true;
+    app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Status(StatusCode::kInvalidArgument,
+                  e.what() + std::string("; run with --help for usage"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_CLI_H_
