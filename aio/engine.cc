@@ -132,7 +132,7 @@ bool Settle(Piece* piece, uint32_t submitted, int result) {
   return false;
 }
 
-void Counters::AddTo(EngineStats* s) const {
+void Counters::AddTo(IoStats* s) const {
   s->transfers += transfers.load(std::memory_order_relaxed);
   s->resubmits += resubmits.load(std::memory_order_relaxed);
   s->fixed_buffer += fixed_buffer.load(std::memory_order_relaxed);
@@ -144,7 +144,7 @@ void Counters::AddTo(EngineStats* s) const {
 
 class Engine::Impl {
  public:
-  explicit Impl(const EngineOptions& options) : options_(options) {}
+  explicit Impl(const IoOptions& options) : options_(options) {}
   ~Impl();
 
   Status Init();
@@ -154,10 +154,10 @@ class Engine::Impl {
   Status WaitAll();
   void Finish(Op* op);
   internal::BufferRegistry& buffers() { return *buffers_; }
-  EngineStats stats() const { return backend_->stats(); }
+  IoStats stats() const { return backend_->stats(); }
 
-  EngineOptions options_;
-  EngineInfo info_;
+  IoOptions options_;
+  IoInfo info_;
 
  private:
   Status Validate(const Request& r, FileImpl* file) const;
@@ -187,7 +187,7 @@ Result<Backend> EffectiveBackend(Backend requested) {
   return *forced;
 }
 
-Status ValidateOptions(const EngineOptions& o) {
+Status ValidateOptions(const IoOptions& o) {
   if (o.rings < 1 || o.rings > 64) {
     return Status(StatusCode::kInvalidArgument,
                   "aio rings must be 1..64, got " + std::to_string(o.rings));
@@ -492,7 +492,7 @@ Status Handle::Wait() const {
   return op_->status;
 }
 
-Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
+Result<std::unique_ptr<Engine>> Engine::Open(const IoOptions& options) {
   auto impl = std::make_unique<Impl>(options);
   Status st = impl->Init();
   if (!st.ok()) return st;
@@ -502,9 +502,9 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-const EngineInfo& Engine::info() const { return impl_->info_; }
+const IoInfo& Engine::info() const { return impl_->info_; }
 
-EngineStats Engine::stats() const { return impl_->stats(); }
+IoStats Engine::stats() const { return impl_->stats(); }
 
 Result<File*> Engine::OpenFile(const std::string& path,
                                const FileOptions& options) {

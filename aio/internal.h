@@ -119,7 +119,7 @@ class Backend {
   virtual void RemoveBuffer(int index) = 0;
   // Queues pieces for `ring`. Thread-safe; never blocks on I/O.
   virtual void Submit(int ring, Piece* const* pieces, size_t count) = 0;
-  virtual EngineStats stats() const = 0;
+  virtual IoStats stats() const = 0;
 };
 
 // Per-thread counters: one writer (the thread that owns them), any reader.
@@ -133,7 +133,7 @@ struct Counters {
   static void Bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
     c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
-  void AddTo(EngineStats* s) const;
+  void AddTo(IoStats* s) const;
 };
 
 // Buffers given to Engine::RegisterBuffer and the fixed-buffer slots they
@@ -175,9 +175,9 @@ inline constexpr int kMaxFixedBuffers = 1024;
 // Creates the io_uring backend, filling info->ring_setup, fixed_files and
 // fixed_buffers. Fails with kUnavailable when io_uring cannot be set up.
 Result<std::unique_ptr<Backend>> CreateUringBackend(
-    const EngineOptions& options, EngineInfo* info);
-std::unique_ptr<Backend> CreateThreadBackend(const EngineOptions& options,
-                                             EngineInfo* info);
+    const IoOptions& options, IoInfo* info);
+std::unique_ptr<Backend> CreateThreadBackend(const IoOptions& options,
+                                             IoInfo* info);
 
 }  // namespace strata::aio::internal
 

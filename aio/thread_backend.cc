@@ -80,8 +80,8 @@ class ThreadBackend final : public Backend {
     }
   }
 
-  EngineStats stats() const override {
-    EngineStats s;
+  IoStats stats() const override {
+    IoStats s;
     for (const auto& c : counters_) c->AddTo(&s);
     return s;
   }
@@ -112,8 +112,8 @@ class ThreadBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> CreateThreadBackend(const EngineOptions& options,
-                                             EngineInfo* info) {
+std::unique_ptr<Backend> CreateThreadBackend(const IoOptions& options,
+                                             IoInfo* info) {
   info->ring_setup = "";
   info->fixed_files = false;
   info->fixed_buffers = false;

@@ -363,7 +363,7 @@ class Ring {
 
 class UringBackend final : public Backend {
  public:
-  Status Start(const EngineOptions& options, EngineInfo* info) {
+  Status Start(const IoOptions& options, IoInfo* info) {
     for (int i = 0; i < options.rings; ++i) {
       rings_.push_back(std::make_unique<Ring>(i, options.queue_depth));
       Status st = rings_.back()->Start();
@@ -426,8 +426,8 @@ class UringBackend final : public Backend {
     rings_[ring]->Enqueue(pieces, count);
   }
 
-  EngineStats stats() const override {
-    EngineStats s;
+  IoStats stats() const override {
+    IoStats s;
     for (const auto& r : rings_) r->counters().AddTo(&s);
     return s;
   }
@@ -451,7 +451,7 @@ class UringBackend final : public Backend {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> CreateUringBackend(
-    const EngineOptions& options, EngineInfo* info) {
+    const IoOptions& options, IoInfo* info) {
   auto backend = std::make_unique<UringBackend>();
   Status st = backend->Start(options, info);
   if (!st.ok()) return st;

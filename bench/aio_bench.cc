@@ -44,7 +44,7 @@ struct Fixture {
       return;
     }
     pool = std::move(*buf);
-    auto e = aio::Engine::Open(aio::EngineOptions{});
+    auto e = aio::Engine::Open(aio::IoOptions{});
     if (!e.ok()) {
       status = e.status();
       return;

@@ -17,7 +17,7 @@
 // - If io_uring cannot be set up (seccomp, io_uring_disabled, old kernel),
 //   Backend::kAuto falls back to a pread/pwrite thread pool and says so once
 //   on stderr. STRATA_AIO_BACKEND=threads|io_uring forces a backend and wins
-//   over EngineOptions::backend.
+//   over IoOptions::backend.
 //
 // Ownership
 // - The Engine owns its Files. A File* stays valid until CloseFile() or the
@@ -95,7 +95,7 @@ class STRATA_EXPORT FaultInjector {
   }
 };
 
-struct EngineOptions {
+struct IoOptions {
   Backend backend = Backend::kAuto;
   int rings = 1;                  // rings (threads backend: pool shards)
   int queue_depth = 32;           // pieces in flight per ring, 1..4096
@@ -107,7 +107,7 @@ struct EngineOptions {
 };
 
 // What the engine actually runs with, after fallbacks.
-struct EngineInfo {
+struct IoInfo {
   Backend backend = Backend::kAuto;
   int rings = 0;
   int queue_depth = 0;
@@ -121,7 +121,7 @@ struct EngineInfo {
 };
 
 // Counters since the engine opened, summed over its threads.
-struct EngineStats {
+struct IoStats {
   uint64_t transfers = 0;     // reads/writes handed to the kernel
   uint64_t resubmits = 0;     // of those, remainders after short
                               // transfers, EINTR or EAGAIN
@@ -231,13 +231,13 @@ class STRATA_EXPORT PinnedBuffer {
 
 class STRATA_EXPORT Engine {
  public:
-  static Result<std::unique_ptr<Engine>> Open(const EngineOptions& options);
+  static Result<std::unique_ptr<Engine>> Open(const IoOptions& options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  const EngineInfo& info() const;
-  EngineStats stats() const;
+  const IoInfo& info() const;
+  IoStats stats() const;
 
   // Opens (and creates, preallocates) `path`. Errors name the path and the
   // fix: a missing directory, a read-only file system, a full disk.

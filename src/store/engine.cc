@@ -82,7 +82,7 @@ Status Engine::Impl::Open(const EngineOptions& options) {
   }
   Result<tier::DeviceKind> kind = tier::ParseDeviceKind(options.device);
   if (!kind.ok()) return kind.status();
-  aio::EngineOptions aio_options;
+  aio::IoOptions aio_options;
   aio_options.fault_injector = options.fault_injector;
   auto aio = aio::Engine::Open(aio_options);
   if (!aio.ok()) return aio.status();

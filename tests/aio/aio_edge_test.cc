@@ -30,7 +30,7 @@ class AioEdgeTest : public aio_test::BackendTest {};
 
 TEST_P(AioEdgeTest, FailedRequestCallsItsCallbackExactlyOnce) {
   testutil::ErrnoInjector eio(EIO, 3 << 16, 4096);
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   o.rings = 2;
   o.fault_injector = &eio;
@@ -53,7 +53,7 @@ TEST_P(AioEdgeTest, FailedRequestCallsItsCallbackExactlyOnce) {
 
 TEST_P(AioEdgeTest, FailedRequestReleasesItsFileAndBuffer) {
   testutil::ErrnoInjector eio(EIO, 0, 1 << 20);
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   o.fault_injector = &eio;
   OPEN_OR_SKIP(e, o);
@@ -87,7 +87,7 @@ TEST_P(AioEdgeTest, ErrorAfterShortTransfersNamesTheUnfinishedRange) {
   // The second 64 KiB piece has moved 8 KiB when its third transfer fails:
   // the error names the 56 KiB from there, not the whole piece.
   ShortThenFailInjector injector((64 << 10) + 8192);
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   o.fault_injector = &injector;
   OPEN_OR_SKIP(e, o);
@@ -106,7 +106,7 @@ TEST_P(AioEdgeTest, ReadOfZeroBytesIsDataLossNotSuccess) {
   // The file shrinks under the engine (another process truncates it): the
   // kernel answers the read with 0 bytes, which must fail, not spin or pass.
   testutil::ErrnoInjector zero(0, 0, 4096, /*times=*/1);  // result 0
-  EngineOptions o;
+  IoOptions o;
   o.fault_injector = &zero;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 64 << 10);
@@ -163,7 +163,7 @@ TEST_P(AioEdgeTest, WriteToAReadOnlyFileIsRefusedUpFront) {
 }
 
 TEST_P(AioEdgeTest, RequestRunningPastARegisteredBufferStillWorks) {
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 128 << 10;  // one piece, half inside the registration
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
@@ -203,7 +203,7 @@ class InFlightInjector : public FaultInjector {
 
 TEST_P(AioEdgeTest, NeverExceedsTheQueueDepth) {
   InFlightInjector counter;
-  EngineOptions o;
+  IoOptions o;
   o.rings = 1;
   o.queue_depth = 4;
   o.block_size = 4096;
@@ -218,7 +218,7 @@ TEST_P(AioEdgeTest, NeverExceedsTheQueueDepth) {
 }
 
 TEST_P(AioEdgeTest, RingIndexBeyondTheRingCountWraps) {
-  EngineOptions o;
+  IoOptions o;
   o.rings = 2;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
@@ -260,7 +260,7 @@ TEST_P(AioEdgeTest, SpreadsLargeAndSmallRequestsOverEveryRing) {
   SubmitterInjector large;
   SubmitterInjector small;
   for (SubmitterInjector* injector : {&large, &small}) {
-    EngineOptions o;
+    IoOptions o;
     o.block_size = 32 << 10;
     o.rings = 4;
     o.fault_injector = injector;
@@ -290,7 +290,7 @@ TEST_P(AioEdgeTest, LengthThatWrapsAroundIsRejected) {
   // A length computed as `end - start` with the two swapped is close to
   // 2^64; it must be refused, not split into zero pieces that never
   // complete (or into too few that "succeed").
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 1 << 20;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
@@ -311,7 +311,7 @@ TEST_P(AioEdgeTest, LengthThatWrapsAroundIsRejected) {
 // is refused as such, not sent to the kernel (which would fail it with an
 // EINVAL that reads as misalignment).
 TEST_P(AioEdgeTest, RangeThatWrapsAroundIsRejected) {
-  OPEN_OR_SKIP(e, EngineOptions{});
+  OPEN_OR_SKIP(e, IoOptions{});
   File* f = OpenFile(*e, 1 << 20);
   ASSERT_NE(f, nullptr);
   PinnedBuffer buf = Buffer(8192);

@@ -35,7 +35,7 @@ class AioEngineTest : public aio_test::BackendTest {
 };
 
 TEST_P(AioEngineTest, RoundTripsManySizesAndOffsets) {
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   o.queue_depth = 4;
   o.rings = 2;
@@ -69,7 +69,7 @@ TEST_P(AioEngineTest, RoundTripsManySizesAndOffsets) {
 }
 
 TEST_P(AioEngineTest, SpreadsOneLargeRequestOverRings) {
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 32 << 10;
   o.queue_depth = 2;
   o.rings = 4;
@@ -77,12 +77,12 @@ TEST_P(AioEngineTest, SpreadsOneLargeRequestOverRings) {
   File* f = OpenFile(*e, 4 << 20);
   ASSERT_NE(f, nullptr);
   ExpectRoundTrip(*e, f, 4 << 20, 7);
-  const EngineStats s = e->stats();
+  const IoStats s = e->stats();
   EXPECT_EQ(s.transfers, 2u * (4 << 20) / (32 << 10));
 }
 
 TEST_P(AioEngineTest, ConcurrentSubmittersKeepTheirData) {
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 16 << 10;
   o.queue_depth = 8;
   o.rings = 2;
@@ -135,7 +135,7 @@ class GateInjector : public FaultInjector {
 
 TEST_P(AioEngineTest, WaitOnOneDoesNotWaitForAll) {
   GateInjector gate(8 << 20);  // holds the big write, not the small one
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   o.queue_depth = 4;
   o.rings = 2;
@@ -170,7 +170,7 @@ TEST_P(AioEngineTest, WaitOnOneDoesNotWaitForAll) {
 }
 
 TEST_P(AioEngineTest, WaitAllCoversEverySubmittedRequest) {
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 16 << 10;
   o.queue_depth = 4;
   o.rings = 2;
@@ -190,7 +190,7 @@ TEST_P(AioEngineTest, WaitAllCoversEverySubmittedRequest) {
 }
 
 TEST_P(AioEngineTest, CallbacksRunOnceAndMaySubmitMore) {
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 4 << 20);
@@ -216,7 +216,7 @@ TEST_P(AioEngineTest, CallbacksRunOnceAndMaySubmitMore) {
 }
 
 TEST_P(AioEngineTest, BatchesTheSubmissionsOfOneRequest) {
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   o.queue_depth = 32;
   OPEN_OR_SKIP(e, o);
@@ -228,7 +228,7 @@ TEST_P(AioEngineTest, BatchesTheSubmissionsOfOneRequest) {
   ASSERT_NE(f, nullptr);
   PinnedBuffer buf = Buffer(2 << 20);
   ASSERT_TRUE(e->Write(f, buf.data(), buf.size(), 0)->Wait().ok());
-  const EngineStats s = e->stats();
+  const IoStats s = e->stats();
   EXPECT_EQ(s.transfers, 32u);
   // All 32 pieces arrive together and go to the kernel in one submission.
   EXPECT_EQ(s.batches, 1u);
@@ -248,7 +248,7 @@ TEST_P(AioEngineTest, UsesRegisteredBuffersWhenGiven) {
   PinnedBuffer in = Buffer(2 << 20);
   ASSERT_TRUE(e->Read(f, in.data(), in.size(), 0)->Wait().ok());
   EXPECT_EQ(std::memcmp(buf.data(), in.data(), in.size()), 0);
-  const EngineStats s = e->stats();
+  const IoStats s = e->stats();
   if (e->info().fixed_buffers) {
     EXPECT_EQ(s.fixed_buffer, 2u);  // the write; the read buffer is not
   } else {
@@ -290,7 +290,7 @@ TEST_P(AioEngineTest, RejectsReadsPastTheEndAndEmptyRequests) {
 
 TEST_P(AioEngineTest, CompletesShortTransfers) {
   testutil::ShortIoInjector injector(4096);
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   o.fault_injector = &injector;
   OPEN_OR_SKIP(e, o);
@@ -320,7 +320,7 @@ class RetryInjector : public FaultInjector {
 
 TEST_P(AioEngineTest, RetriesEagainAndEintr) {
   RetryInjector retry(6);
-  EngineOptions o;
+  IoOptions o;
   o.fault_injector = &retry;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
@@ -333,7 +333,7 @@ TEST_P(AioEngineTest, RetriesEagainAndEintr) {
 TEST_P(AioEngineTest, GivesUpOnEndlessEagain) {
   // One 4 KiB block: each of the 10001 tries really writes it.
   testutil::ErrnoInjector again(EAGAIN, 0, 4096);  // forever
-  EngineOptions o;
+  IoOptions o;
   o.fault_injector = &again;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 4096);
@@ -347,7 +347,7 @@ TEST_P(AioEngineTest, GivesUpOnEndlessEagain) {
 
 TEST_P(AioEngineTest, ReportsEioWithFileOffsetAndLength) {
   testutil::ErrnoInjector eio(EIO, 3 << 20, 4096);
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 1 << 20;
   o.fault_injector = &eio;
   OPEN_OR_SKIP(e, o);
@@ -373,7 +373,7 @@ TEST_P(AioEngineTest, ReportsEioWithFileOffsetAndLength) {
 
 TEST_P(AioEngineTest, ReportsEnospcFromWrites) {
   testutil::ErrnoInjector full(ENOSPC, 0, 1 << 20, -1, /*writes_only=*/true);
-  EngineOptions o;
+  IoOptions o;
   o.fault_injector = &full;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
@@ -387,7 +387,7 @@ TEST_P(AioEngineTest, ReportsEnospcFromWrites) {
 
 TEST_P(AioEngineTest, CloseFileRefusesWhileRequestsAreInFlight) {
   GateInjector gate;
-  EngineOptions o;
+  IoOptions o;
   o.fault_injector = &gate;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
@@ -405,7 +405,7 @@ TEST_P(AioEngineTest, CloseFileRefusesWhileRequestsAreInFlight) {
 }
 
 TEST_P(AioEngineTest, CloseFileWaitsForCallbacksThatResubmit) {
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
@@ -434,7 +434,7 @@ TEST_P(AioEngineTest, CloseFileWaitsForCallbacksThatResubmit) {
 
 TEST_P(AioEngineTest, UnregisterRefusesWhileTheBufferIsInUse) {
   GateInjector gate;
-  EngineOptions o;
+  IoOptions o;
   o.fault_injector = &gate;
   OPEN_OR_SKIP(e, o);
   if (!e->info().fixed_buffers) GTEST_SKIP() << "no fixed buffers here";
@@ -454,7 +454,7 @@ TEST_P(AioEngineTest, UnregisterRefusesWhileTheBufferIsInUse) {
 // Registration runs on the ring threads while their callbacks submit (and
 // so look buffers up): neither may wait for the other.
 TEST_P(AioEngineTest, RegisteringWhileCallbacksSubmitDoesNotDeadlock) {
-  EngineOptions o;
+  IoOptions o;
   o.block_size = 64 << 10;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);
@@ -479,7 +479,7 @@ TEST_P(AioEngineTest, RegisteringWhileCallbacksSubmitDoesNotDeadlock) {
 TEST_P(AioEngineTest, DeliversWhatTheFaultInjectorCorrupts) {
   // The engine passes bytes through untouched; a flipped bit must show up.
   testutil::BitFlipInjector flip(12345);
-  EngineOptions o;
+  IoOptions o;
   o.fault_injector = &flip;
   OPEN_OR_SKIP(e, o);
   File* f = OpenFile(*e, 1 << 20);

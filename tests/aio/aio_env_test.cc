@@ -23,7 +23,7 @@ using testutil::Mount;
 using testutil::ScratchDir;
 
 std::unique_ptr<Engine> OpenEngine(Backend backend = Backend::kAuto) {
-  EngineOptions o;
+  IoOptions o;
   o.backend = backend;
   auto e = Engine::Open(o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
@@ -93,7 +93,7 @@ TEST(AioEnvTest, WritesIntoAFullFileSystemFailWithEnospc) {
   Mount small("tmpfs", "size=1m");
   if (!small.ok()) GTEST_SKIP() << small.error();
   for (Backend b : {Backend::kIoUring, Backend::kThreads}) {
-    EngineOptions o;
+    IoOptions o;
     o.backend = b;
     auto e = Engine::Open(o);
     if (!e.ok()) continue;  // io_uring unavailable: covered by threads
@@ -154,11 +154,11 @@ TEST(AioEnvTest, TmpfsWorksDirectOrBuffered) {
 }
 
 TEST(AioEnvTest, InvalidOptionsAreRejected) {
-  for (auto mutate : {+[](EngineOptions& o) { o.rings = 0; },
-                      +[](EngineOptions& o) { o.queue_depth = 0; },
-                      +[](EngineOptions& o) { o.queue_depth = 5000; },
-                      +[](EngineOptions& o) { o.block_size = 1000; }}) {
-    EngineOptions o;
+  for (auto mutate : {+[](IoOptions& o) { o.rings = 0; },
+                      +[](IoOptions& o) { o.queue_depth = 0; },
+                      +[](IoOptions& o) { o.queue_depth = 5000; },
+                      +[](IoOptions& o) { o.block_size = 1000; }}) {
+    IoOptions o;
     mutate(o);
     auto e = Engine::Open(o);
     ASSERT_FALSE(e.ok());
@@ -168,7 +168,7 @@ TEST(AioEnvTest, InvalidOptionsAreRejected) {
 
 TEST(AioEnvTest, EnvironmentForcesTheThreadBackend) {
   setenv("STRATA_AIO_BACKEND", "threads", 1);
-  auto e = Engine::Open(EngineOptions{Backend::kIoUring});
+  auto e = Engine::Open(IoOptions{Backend::kIoUring});
   unsetenv("STRATA_AIO_BACKEND");
   ASSERT_TRUE(e.ok());
   EXPECT_EQ((*e)->info().backend, Backend::kThreads);
@@ -176,7 +176,7 @@ TEST(AioEnvTest, EnvironmentForcesTheThreadBackend) {
 
 TEST(AioEnvTest, BadEnvironmentValueIsAnError) {
   setenv("STRATA_AIO_BACKEND", "spdk", 1);
-  auto e = Engine::Open(EngineOptions{});
+  auto e = Engine::Open(IoOptions{});
   unsetenv("STRATA_AIO_BACKEND");
   ASSERT_FALSE(e.ok());
   EXPECT_TRUE(Contains(e.status().message(), "STRATA_AIO_BACKEND"));
@@ -209,7 +209,7 @@ TEST(AioEnvDeathTest, BlockedIoUringFallsBackToThreadsAndSaysSo) {
         bool fell_back = false;
         const std::string said = testutil::CaptureStderr([&] {
           for (int i = 0; i < 2; ++i) {
-            auto e = Engine::Open(EngineOptions{});
+            auto e = Engine::Open(IoOptions{});
             fell_back = e.ok() && (*e)->info().backend == Backend::kThreads;
           }
         });
@@ -231,7 +231,7 @@ TEST(AioEnvDeathTest, BlockedIoUringEnterFallsBackToThreads) {
       {
         BlockIoUring(__NR_io_uring_enter);
         unsetenv("STRATA_AIO_BACKEND");
-        auto e = Engine::Open(EngineOptions{});
+        auto e = Engine::Open(IoOptions{});
         _exit(e.ok() && (*e)->info().backend == Backend::kThreads ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "io_uring_enter failed with EPERM");
@@ -243,7 +243,7 @@ TEST(AioEnvDeathTest, BlockedIoUringIsAnErrorWhenRequested) {
       {
         BlockIoUring();
         unsetenv("STRATA_AIO_BACKEND");
-        auto e = Engine::Open(EngineOptions{Backend::kIoUring});
+        auto e = Engine::Open(IoOptions{Backend::kIoUring});
         if (e.ok() || e.status().code() != StatusCode::kUnavailable) _exit(1);
         std::fprintf(stderr, "%s\n", e.status().message().c_str());
         _exit(0);

@@ -25,7 +25,7 @@ class BackendTest : public ::testing::TestWithParam<Backend> {
  protected:
   // Opens an engine on the test's backend; when io_uring is requested but
   // cannot be set up here, returns null with the reason in skipped_.
-  std::unique_ptr<Engine> Open(EngineOptions o = {}) {
+  std::unique_ptr<Engine> Open(IoOptions o = {}) {
     o.backend = GetParam();
     auto e = Engine::Open(o);
     if (!e.ok() && e.status().code() == StatusCode::kUnavailable) {

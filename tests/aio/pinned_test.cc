@@ -100,7 +100,7 @@ TEST(PinnedBufferDeathTest, EngineServesBuffersItCannotRegister) {
   EXPECT_EXIT(
       {
         LimitMemlock(64 << 10);
-        auto e = Engine::Open(EngineOptions{});
+        auto e = Engine::Open(IoOptions{});
         if (!e.ok()) _exit(1);
         auto f = (*e)->OpenFile(path, FileOptions{4 << 20});
         if (!f.ok()) _exit(2);

@@ -63,7 +63,7 @@ aio::PinnedBuffer Buffer(size_t bytes) {
 class NvmeStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    aio::EngineOptions eo;
+    aio::IoOptions eo;
     eo.block_size = 64 * kKiB;  // split extents so pieces run in parallel
     eo.fault_injector = &faults_;
     auto e = aio::Engine::Open(eo);

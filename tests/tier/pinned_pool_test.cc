@@ -263,7 +263,7 @@ TEST(PinnedPoolTest, CreateRejectsBadOptions) {
 }
 
 TEST(PinnedPoolTest, RegisteredSlabServesAioReadsAndWrites) {
-  auto engine = aio::Engine::Open(aio::EngineOptions{});
+  auto engine = aio::Engine::Open(aio::IoOptions{});
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   testutil::ScratchDir dir;
   auto file = (*engine)->OpenFile(dir.File("pool.bin"), {4 * kMiB});

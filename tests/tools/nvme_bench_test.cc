@@ -231,7 +231,7 @@ TEST(ReportTest, JsonRecordHasTheDocumentedFields) {
 class WorkloadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto e = aio::Engine::Open(aio::EngineOptions{});
+    auto e = aio::Engine::Open(aio::IoOptions{});
     ASSERT_TRUE(e.ok());
     auto f = (*e)->OpenFile(path_, aio::FileOptions{kSize});
     ASSERT_TRUE(f.ok());

@@ -129,7 +129,7 @@ bool StrataHugePages(const BenchOptions& o, const aio::PinnedBuffer& pool) {
          TransparentHugeBytes(pool.data(), pool.size()) * 10 >= pool.size() * 9;
 }
 
-std::string Describe(const aio::EngineInfo& info, const aio::File& file,
+std::string Describe(const aio::IoInfo& info, const aio::File& file,
                      const std::string& path, bool pinned, bool asked_huge,
                      bool huge) {
   std::string io = file.direct()

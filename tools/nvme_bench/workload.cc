@@ -238,7 +238,7 @@ void CpuTimes(double* user, double* sys) {
 
 Result<Session> OpenSession(const Target& target, int rings, int qd,
                             size_t block_size, uint64_t size) {
-  aio::EngineOptions eo;
+  aio::IoOptions eo;
   eo.backend = target.backend;
   eo.fault_injector = target.fault_injector;
   eo.rings = rings;

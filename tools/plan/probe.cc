@@ -61,7 +61,7 @@ void FillPattern(void* data, size_t bytes) {
 }
 
 Result<NvmeProbe> ProbeFile(const std::string& path) {
-  auto engine = aio::Engine::Open(aio::EngineOptions{});
+  auto engine = aio::Engine::Open(aio::IoOptions{});
   if (!engine.ok()) return engine.status();
   aio::FileOptions file_options;
   file_options.size = kProbeBytes;
@@ -96,7 +96,7 @@ Result<NvmeProbe> ProbeFile(const std::string& path) {
     return st.ok() ? transfer(false) : st;
   });
   if (!r.ok()) return r.status();
-  const aio::EngineInfo& info = e->info();
+  const aio::IoInfo& info = e->info();
   const std::string how = fmt::format(
       "{} at a time through {} ({} pieces, {} in flight), {}",
       HumanBytes(kProbeBytes), aio::BackendName(info.backend),

@@ -9,7 +9,7 @@
 #include "strata/strata.h"
 
 int main() {
-  auto engine = strata::aio::Engine::Open(strata::aio::EngineOptions{});
+  auto engine = strata::aio::Engine::Open(strata::aio::IoOptions{});
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
     return 1;
