@@ -265,9 +265,9 @@ class STRATA_EXPORT Engine {
   // requests that completed since the previous WaitAll(), or OK.
   Status WaitAll();
 
-  class Impl;
-
  private:
+  class Impl;
+  friend struct internal::Op;  // a request refers back to its engine
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -58,13 +58,8 @@
 
 namespace strata {
 
-namespace aio {
-class FaultInjector;
-}
-class Engine;
 namespace internal {
-struct EngineParts;
-EngineParts PartsOf(Engine& engine);
+struct EngineAccess;  // the core's way past this API (src/store/)
 }  // namespace internal
 
 enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
@@ -140,8 +135,6 @@ struct EngineOptions {
                            // effort, with advice printed once)
   int numa_node = -1;      // host tier node; -1: the GPU's, else caller's
   Bandwidths bandwidths;
-  // Testing hook: handed to the aio engine (see strata/aio.h). Not owned.
-  aio::FaultInjector* fault_injector = nullptr;
 };
 
 struct TensorView {
@@ -290,10 +283,9 @@ class STRATA_EXPORT Engine {
   // loads it. `result` may be null.
   Status Load(const std::string& dir, LoadResult* result = nullptr);
 
-  class Impl;
-
  private:
-  friend internal::EngineParts internal::PartsOf(Engine& engine);
+  class Impl;
+  friend struct internal::EngineAccess;
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -166,9 +166,8 @@ class STRATA_EXPORT OffloadOptimizer {
   // algorithm is refused before any data changes, as are damaged ones.
   Status Load(const std::string& dir, std::string* user_state = nullptr);
 
-  class Impl;
-
  private:
+  class Impl;
   explicit OffloadOptimizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

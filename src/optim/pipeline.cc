@@ -37,7 +37,7 @@ Status Invalid(const std::string& message) {
   return Status(StatusCode::kInvalidArgument, message);
 }
 
-double Seconds(OffloadOptimizer::Impl::Clock::duration d) {
+double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 

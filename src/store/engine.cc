@@ -9,11 +9,11 @@
 #include <utility>
 
 #include "src/ckpt/checkpoint.h"
+#include "src/sched/executor.h"
+#include "src/sched/planner.h"
 #include "src/store/engine_internal.h"
 #include "src/store/layout.h"
 #include "src/store/residency.h"
-#include "src/sched/executor.h"
-#include "src/sched/planner.h"
 #include "src/tier/device.h"
 #include "src/tier/nvme_store.h"
 #include "src/tier/pinned_pool.h"
@@ -35,7 +35,7 @@ uint64_t PrefetchKey(int group, Tier tier, RoleMask roles, bool explicit_call) {
 
 class Engine::Impl {
  public:
-  Status Open(const EngineOptions& options);
+  Status Open(const EngineOptions& options, const internal::EngineHooks& hooks);
   Result<int> Register(const GroupSpec& spec);
   Result<GroupView> Fetch(int group, Tier tier, const FetchOptions& opt);
   Status Prefetch(int group, Tier tier, RoleMask roles);
@@ -63,7 +63,8 @@ class Engine::Impl {
   std::shared_ptr<const sched::Plan> plan_;
 };
 
-Status Engine::Impl::Open(const EngineOptions& options) {
+Status Engine::Impl::Open(const EngineOptions& options,
+                          const internal::EngineHooks& hooks) {
   options_ = options;
   if (options.device_budget == 0 || options.host_budget == 0) {
     return Status(StatusCode::kInvalidArgument,
@@ -83,7 +84,7 @@ Status Engine::Impl::Open(const EngineOptions& options) {
   Result<tier::DeviceKind> kind = tier::ParseDeviceKind(options.device);
   if (!kind.ok()) return kind.status();
   aio::IoOptions aio_options;
-  aio_options.fault_injector = options.fault_injector;
+  aio_options.fault_injector = hooks.fault_injector;
   auto aio = aio::Engine::Open(aio_options);
   if (!aio.ok()) return aio.status();
   aio_ = std::move(*aio);
@@ -265,9 +266,7 @@ Engine::~Engine() {
 }
 
 Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
-  auto impl = std::make_unique<Impl>();
-  if (Status s = impl->Open(options); !s.ok()) return s;
-  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+  return internal::EngineAccess::Open(options, {});
 }
 
 const EngineInfo& Engine::info() const { return impl_->info_; }
@@ -320,9 +319,16 @@ Status Engine::Load(const std::string& dir, LoadResult* result) {
 
 namespace internal {
 
-EngineParts PartsOf(Engine& engine) {
+EngineParts EngineAccess::Parts(Engine& engine) {
   Engine::Impl* impl = engine.impl_.get();
   return {impl->device_.get(), impl->host_.get(), impl->residency_.get()};
+}
+
+Result<std::unique_ptr<Engine>> EngineAccess::Open(const EngineOptions& options,
+                                                   const EngineHooks& hooks) {
+  auto impl = std::make_unique<Engine::Impl>();
+  if (Status s = impl->Open(options, hooks); !s.ok()) return s;
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
 }  // namespace internal

@@ -1,15 +1,19 @@
 // The engine's internals, for modules of the core that build on the store
-// (the optimizer pipeline): the tiers and the residency manager behind an
-// Engine. Not part of the public API.
+// (the optimizer pipeline) and for tests: the tiers and the residency
+// manager behind an Engine, and Open with testing hooks. Not part of the
+// public API.
 //
 // Ownership: everything belongs to the Engine; pointers stay valid for its
 // lifetime. Thread safety: as documented by each module.
 #ifndef STRATA_SRC_STORE_ENGINE_INTERNAL_H_
 #define STRATA_SRC_STORE_ENGINE_INTERNAL_H_
 
+#include <memory>
+
 #include "src/store/residency.h"
 #include "src/tier/device.h"
 #include "src/tier/pinned_pool.h"
+#include "strata/aio.h"
 #include "strata/engine.h"
 
 namespace strata::internal {
@@ -20,7 +24,23 @@ struct EngineParts {
   store::Residency* residency = nullptr;
 };
 
-EngineParts PartsOf(Engine& engine);
+// What Engine::Open does not take: hooks for tests.
+struct EngineHooks {
+  aio::FaultInjector* fault_injector = nullptr;  // under the aio engine;
+                                                 // not owned
+};
+
+// The one way past Engine's public API (its friend).
+struct EngineAccess {
+  static EngineParts Parts(Engine& engine);
+  // Engine::Open, with `hooks`.
+  static Result<std::unique_ptr<Engine>> Open(const EngineOptions& options,
+                                              const EngineHooks& hooks);
+};
+
+inline EngineParts PartsOf(Engine& engine) {
+  return EngineAccess::Parts(engine);
+}
 
 }  // namespace strata::internal
 

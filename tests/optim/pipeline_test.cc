@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/store/engine_internal.h"
 #include "strata/cpu_adam.h"
 #include "strata/engine.h"
 #include "strata/offload_optimizer.h"
@@ -416,8 +417,8 @@ std::unique_ptr<Engine> NvmeStateEngine(const std::string& swap_dir,
   options.placement.home = {Tier::kHost, Tier::kNvme, Tier::kNvme, Tier::kNvme,
                             Tier::kNvme};
   options.placement.device_roles = RoleBit(Role::kCompute);
-  options.fault_injector = faults;
-  auto engine = Engine::Open(options);
+  auto engine =
+      internal::EngineAccess::Open(options, {.fault_injector = faults});
   EXPECT_TRUE(engine.ok()) << engine.status().message();
   if (!engine.ok()) return nullptr;
   for (int g = 0; g < 4; ++g) {

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/store/engine_internal.h"
 #include "strata/engine.h"
 #include "tests/store/store_util.h"
 #include "tests/testutil/testutil.h"
@@ -34,8 +35,7 @@ class StoreTest : public ::testing::Test {
     o.nvme_budget = nvme;
     o.swap_dir = nvme > 0 ? dir_.path() : "";
     o.placement.home.fill(home);
-    o.fault_injector = injector;
-    auto engine = Engine::Open(o);
+    auto engine = internal::EngineAccess::Open(o, {.fault_injector = injector});
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
     return engine.ok() ? std::move(*engine) : nullptr;
   }
