@@ -39,8 +39,7 @@ BufferRegistry::BufferRegistry(Backend* backend, bool fixed)
 // with users cannot be unregistered: the kernel would fail them with EFAULT.
 Status BufferRegistry::Register(void* data, size_t bytes) {
   if (data == nullptr || bytes == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "RegisterBuffer: null or empty buffer");
+    return Status::InvalidArgument("RegisterBuffer: null or empty buffer");
   }
   const uintptr_t owner = reinterpret_cast<uintptr_t>(data);
   std::vector<Registered> chunks;
@@ -48,8 +47,8 @@ Status BufferRegistry::Register(void* data, size_t bytes) {
     std::unique_lock<std::shared_mutex> lock(mu_);
     for (const Registered& r : ranges_) {
       if (owner < r.start + r.bytes && r.start < owner + bytes) {
-        return Status(StatusCode::kInvalidArgument,
-                      "RegisterBuffer: range overlaps a registered buffer");
+        return Status::InvalidArgument(
+            "RegisterBuffer: range overlaps a registered buffer");
       }
     }
     for (size_t at = 0; at < bytes; at += kMaxChunk) {
@@ -112,15 +111,15 @@ Status BufferRegistry::Unregister(void* data) {
       const int64_t users =
           r.slot >= 0 ? slot_users_[r.slot].load(std::memory_order_acquire) : 0;
       if (!r.live || users != 0) {
-        return Status(StatusCode::kFailedPrecondition,
-                      "UnregisterBuffer: requests using the buffer are "
-                      "still in flight (or it is still being registered); "
-                      "wait for them first");
+        return Status::FailedPrecondition(
+            "UnregisterBuffer: requests using the buffer are "
+            "still in flight (or it is still being registered); "
+            "wait for them first");
       }
     }
     if (!found) {
-      return Status(StatusCode::kInvalidArgument,
-                    "UnregisterBuffer: buffer was not registered");
+      return Status::InvalidArgument(
+          "UnregisterBuffer: buffer was not registered");
     }
     std::erase_if(ranges_, [&](const Registered& r) {
       if (r.owner != owner) return false;

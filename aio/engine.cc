@@ -34,9 +34,8 @@ Result<Backend> ParseBackend(std::string_view name) {
   if (name == "auto") return Backend::kAuto;
   if (name == "io_uring" || name == "uring") return Backend::kIoUring;
   if (name == "threads") return Backend::kThreads;
-  return Status(StatusCode::kInvalidArgument,
-                "unknown aio backend '" + std::string(name) +
-                    "'; use auto, io_uring or threads");
+  return Status::InvalidArgument("unknown aio backend '" + std::string(name) +
+                                 "'; use auto, io_uring or threads");
 }
 
 namespace internal {
@@ -181,28 +180,27 @@ Result<Backend> EffectiveBackend(Backend requested) {
   if (env == nullptr || *env == '\0') return requested;
   Result<Backend> forced = ParseBackend(env);
   if (!forced.ok()) {
-    return Status(StatusCode::kInvalidArgument,
-                  "STRATA_AIO_BACKEND: " + forced.status().message());
+    return Status::InvalidArgument("STRATA_AIO_BACKEND: " +
+                                   forced.status().message());
   }
   return *forced;
 }
 
 Status ValidateOptions(const IoOptions& o) {
   if (o.rings < 1 || o.rings > 64) {
-    return Status(StatusCode::kInvalidArgument,
-                  "aio rings must be 1..64, got " + std::to_string(o.rings));
+    return Status::InvalidArgument("aio rings must be 1..64, got " +
+                                   std::to_string(o.rings));
   }
   if (o.queue_depth < 1 || o.queue_depth > 4096) {
-    return Status(StatusCode::kInvalidArgument,
-                  "aio queue_depth must be 1..4096, got " +
-                      std::to_string(o.queue_depth));
+    return Status::InvalidArgument("aio queue_depth must be 1..4096, got " +
+                                   std::to_string(o.queue_depth));
   }
   if (o.block_size < 4096 || o.block_size % 4096 != 0 ||
       o.block_size > (size_t{1} << 30)) {
-    return Status(StatusCode::kInvalidArgument,
-                  "aio block_size must be a multiple of 4096 between 4 KiB "
-                  "and 1 GiB, got " +
-                      std::to_string(o.block_size));
+    return Status::InvalidArgument(
+        "aio block_size must be a multiple of 4096 between 4 KiB "
+        "and 1 GiB, got " +
+        std::to_string(o.block_size));
   }
   return Status::Ok();
 }
@@ -220,19 +218,17 @@ void WarnFallbackOnce(const std::string& reason) {
 }  // namespace
 
 Status Engine::Impl::Init() {
-  Status st = ValidateOptions(options_);
-  if (!st.ok()) return st;
-  Result<Backend> backend = EffectiveBackend(options_.backend);
-  if (!backend.ok()) return backend.status();
+  STRATA_RETURN_IF_ERROR(ValidateOptions(options_));
+  STRATA_ASSIGN_OR_RETURN(Backend backend, EffectiveBackend(options_.backend));
   info_.rings = options_.rings;
   info_.queue_depth = options_.queue_depth;
   info_.block_size = options_.block_size;
-  if (*backend != Backend::kThreads) {
+  if (backend != Backend::kThreads) {
     auto uring = internal::CreateUringBackend(options_, &info_);
     if (uring.ok()) {
       backend_ = std::move(*uring);
       info_.backend = Backend::kIoUring;
-    } else if (*backend == Backend::kIoUring) {
+    } else if (backend == Backend::kIoUring) {
       return uring.status();
     } else {
       info_.fallback_reason = uring.status().message();
@@ -259,17 +255,16 @@ Engine::Impl::~Impl() {
 
 Result<File*> Engine::Impl::OpenFile(const std::string& path,
                                      const FileOptions& options) {
-  auto file = internal::OpenFileImpl(path, options);
-  if (!file.ok()) return file.status();
+  STRATA_ASSIGN_OR_RETURN(auto file, internal::OpenFileImpl(path, options));
   std::lock_guard<std::mutex> lock(files_mu_);
   int slot = 0;
   while (slot < static_cast<int>(files_.size()) && files_[slot]) ++slot;
   if (slot == static_cast<int>(files_.size())) files_.emplace_back();
-  FileImpl* f = file->get();
+  FileImpl* f = file.get();
   f->slot = slot;
   f->fixed = slot < internal::kMaxFixedFiles && options_.use_fixed_files &&
              backend_->AddFile(slot, f->fd());
-  files_[slot] = std::move(*file);
+  files_[slot] = std::move(file);
   return static_cast<File*>(f);
 }
 
@@ -279,15 +274,15 @@ Status Engine::Impl::CloseFile(File* file) {
   auto it = std::find_if(files_.begin(), files_.end(),
                          [&](const auto& f) { return f.get() == file; });
   if (file == nullptr || it == files_.end()) {
-    return Status(StatusCode::kInvalidArgument,
-                  "CloseFile: not an open file of this engine");
+    return Status::InvalidArgument(
+        "CloseFile: not an open file of this engine");
   }
   FileImpl* f = it->get();
   if (f->inflight.load(std::memory_order_acquire) != 0) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "CloseFile('" + f->path() +
-                      "'): requests are still in flight; wait for them "
-                      "first");
+    return Status::FailedPrecondition(
+        "CloseFile('" + f->path() +
+        "'): requests are still in flight; wait for them "
+        "first");
   }
   if (f->fixed) backend_->RemoveFile(f->slot);
   it->reset();
@@ -297,25 +292,23 @@ Status Engine::Impl::CloseFile(File* file) {
 Status Engine::Impl::Validate(const Request& r, FileImpl* f) const {
   const char* what = r.write ? "write" : "read";
   if (f == nullptr || r.buf == nullptr) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string(what) + ": null file or buffer");
+    return Status::InvalidArgument(std::string(what) + ": null file or buffer");
   }
   if (r.len == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string(what) + " of 0 bytes on '" + f->path() + "'");
+    return Status::InvalidArgument(std::string(what) + " of 0 bytes on '" +
+                                   f->path() + "'");
   }
   // A length near 2^64 (a negative size) would wrap the piece count to
   // zero, and the request would never complete: refuse what cannot be
   // split into at most UINT32_MAX pieces.
   if ((r.len - 1) / options_.block_size >= UINT32_MAX) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string(what) + " of " + std::to_string(r.len) +
-                      " bytes on '" + f->path() +
-                      "': the length is too large (a negative size?)");
+    return Status::InvalidArgument(
+        std::string(what) + " of " + std::to_string(r.len) + " bytes on '" +
+        f->path() + "': the length is too large (a negative size?)");
   }
   if (r.write && f->read_only()) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "write to '" + f->path() + "', which was opened read-only");
+    return Status::FailedPrecondition("write to '" + f->path() +
+                                      "', which was opened read-only");
   }
   const uintptr_t addr = reinterpret_cast<uintptr_t>(r.buf);
   const uint32_t ma = f->mem_align();
@@ -330,30 +323,27 @@ Status Engine::Impl::Validate(const Request& r, FileImpl* f) const {
         "PinnedBuffer or aligned_alloc and round sizes up",
         what, f->path().c_str(), r.buf,
         static_cast<unsigned long long>(r.offset), r.len, ma, oa);
-    return Status(StatusCode::kInvalidArgument, text);
+    return Status::InvalidArgument(text);
   }
   if (r.len > UINT64_MAX - r.offset) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string(what) + " of " + std::to_string(r.len) +
-                      " bytes at offset " + std::to_string(r.offset) + " on '" +
-                      f->path() +
-                      "' runs past the largest file offset (a negative "
-                      "offset?)");
+    return Status::InvalidArgument(
+        std::string(what) + " of " + std::to_string(r.len) +
+        " bytes at offset " + std::to_string(r.offset) + " on '" + f->path() +
+        "' runs past the largest file offset (a negative "
+        "offset?)");
   }
   if (!r.write && r.offset + r.len > f->size()) {
-    return Status(StatusCode::kInvalidArgument,
-                  "read of [" + std::to_string(r.offset) + ", " +
-                      std::to_string(r.offset + r.len) + ") past the end of '" +
-                      f->path() + "' (" + std::to_string(f->size()) +
-                      " bytes)");
+    return Status::InvalidArgument("read of [" + std::to_string(r.offset) +
+                                   ", " + std::to_string(r.offset + r.len) +
+                                   ") past the end of '" + f->path() + "' (" +
+                                   std::to_string(f->size()) + " bytes)");
   }
   return Status::Ok();
 }
 
 Result<Handle> Engine::Impl::Submit(Request r) {
   auto* f = static_cast<FileImpl*>(r.file);
-  Status st = Validate(r, f);
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(Validate(r, f));
   if (r.write) f->GrowTo(r.offset + r.len);
 
   const size_t bs = options_.block_size;
@@ -494,8 +484,7 @@ Status Handle::Wait() const {
 
 Result<std::unique_ptr<Engine>> Engine::Open(const IoOptions& options) {
   auto impl = std::make_unique<Impl>(options);
-  Status st = impl->Init();
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 

@@ -25,19 +25,17 @@ std::string ParentDir(const std::string& path) {
 Status OpenError(int err, const std::string& path) {
   const std::string dir = ParentDir(path);
   if (err == ENOENT) {
-    return Status(StatusCode::kNotFound,
-                  "cannot open '" + path + "': directory '" + dir +
-                      "' does not exist; create it (mkdir -p " + dir +
-                      ") or choose another path");
+    return Status::NotFound("cannot open '" + path + "': directory '" + dir +
+                            "' does not exist; create it (mkdir -p " + dir +
+                            ") or choose another path");
   }
   if (err == ENOTDIR) {
-    return Status(StatusCode::kInvalidArgument,
-                  "cannot open '" + path +
-                      "': a component of the path is not a directory");
+    return Status::InvalidArgument(
+        "cannot open '" + path +
+        "': a component of the path is not a directory");
   }
   if (err == EISDIR) {
-    return Status(
-        StatusCode::kInvalidArgument,
+    return Status::InvalidArgument(
         "cannot open '" + path + "': it is a directory; name a file inside it");
   }
   return ErrnoStatus(err, "cannot open '" + path + "'");
@@ -65,7 +63,7 @@ Status NoSpaceError(const std::string& path, uint64_t size) {
     msg += " (" + HumanBytes(uint64_t{vfs.f_bavail} * vfs.f_frsize) + " free)";
   }
   msg += "; free space there, choose a directory with room, or ask for less";
-  return Status(StatusCode::kNoSpace, std::move(msg));
+  return Status::NoSpace(std::move(msg));
 }
 
 // Grows the file to `size` bytes with real blocks where the file system
@@ -128,8 +126,7 @@ Status FileImpl::Sync() {
 
 Status FileImpl::DropCache() {
   if (direct_) return Status::Ok();
-  Status st = Sync();
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(Sync());
   const int rc = posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
   if (rc != 0) return ErrnoStatus(rc, "posix_fadvise of '" + path_ + "'");
   return Status::Ok();
@@ -171,8 +168,7 @@ Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return Status(StatusCode::kInvalidArgument,
-                  "'" + path + "' is not a regular file");
+    return Status::InvalidArgument("'" + path + "' is not a regular file");
   }
   uint64_t size = static_cast<uint64_t>(st.st_size);
   if (options.size > size && !options.read_only) {

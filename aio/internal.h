@@ -174,8 +174,8 @@ inline constexpr int kMaxFixedBuffers = 1024;
 
 // Creates the io_uring backend, filling info->ring_setup, fixed_files and
 // fixed_buffers. Fails with kUnavailable when io_uring cannot be set up.
-Result<std::unique_ptr<Backend>> CreateUringBackend(
-    const IoOptions& options, IoInfo* info);
+Result<std::unique_ptr<Backend>> CreateUringBackend(const IoOptions& options,
+                                                    IoInfo* info);
 std::unique_ptr<Backend> CreateThreadBackend(const IoOptions& options,
                                              IoInfo* info);
 

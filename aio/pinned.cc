@@ -34,7 +34,7 @@ Status LockError(int err, size_t bytes) {
                     "/etc/security/limits.conf, or LimitMEMLOCK=infinity for "
                     "a systemd unit), run with CAP_IPC_LOCK, or do not pin "
                     "(PinOptions::lock = false, strata-nvme-bench --no-pin)";
-  return Status(StatusCode::kResourceExhausted, std::move(msg));
+  return Status::ResourceExhausted(std::move(msg));
 }
 
 // libnuma fills some of its tables lazily and without locking; every call
@@ -55,16 +55,14 @@ int ChooseNode(int requested) {
 Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes,
                                             const PinOptions& options) {
   if (bytes == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "pinned buffer of 0 bytes requested");
+    return Status::InvalidArgument("pinned buffer of 0 bytes requested");
   }
   std::unique_lock<std::mutex> numa_lock(numa_mu);
   const int node = ChooseNode(options.numa_node);
   if (options.numa_node >= 0 && node >= 0 && node > numa_max_node()) {
-    return Status(StatusCode::kInvalidArgument,
-                  "NUMA node " + std::to_string(options.numa_node) +
-                      " does not exist (highest is " +
-                      std::to_string(numa_max_node()) + ")");
+    return Status::InvalidArgument(
+        "NUMA node " + std::to_string(options.numa_node) +
+        " does not exist (highest is " + std::to_string(numa_max_node()) + ")");
   }
   const size_t size = (bytes + kPage - 1) / kPage * kPage;
   const size_t align = options.huge_pages ? kHugePage : kPage;

@@ -143,12 +143,12 @@ class Ring {
       if (rc != -EINVAL) break;
     }
     if (rc != 0) {
-      return Status(StatusCode::kUnavailable,
-                    "io_uring_queue_init failed with " + ErrnoText(-rc) +
-                        " (blocked by seccomp, the kernel.io_uring_disabled "
-                        "sysctl, or an old kernel); set "
-                        "STRATA_AIO_BACKEND=threads to use the thread-pool "
-                        "backend");
+      return Status::Unavailable(
+          "io_uring_queue_init failed with " + ErrnoText(-rc) +
+          " (blocked by seccomp, the kernel.io_uring_disabled "
+          "sysctl, or an old kernel); set "
+          "STRATA_AIO_BACKEND=threads to use the thread-pool "
+          "backend");
     }
     // A sandbox may allow io_uring_setup yet deny io_uring_enter: prove the
     // ring works with a no-op before anything depends on it.
@@ -175,10 +175,10 @@ class Ring {
     if (rc >= 0) rc = io_uring_peek_cqe(&ring_, &cqe);
     if (rc >= 0) io_uring_cqe_seen(&ring_, cqe);
     if (rc >= 0) return Status::Ok();
-    return Status(StatusCode::kUnavailable,
-                  "io_uring_enter failed with " + ErrnoText(-rc) +
-                      " (blocked by seccomp?); set STRATA_AIO_BACKEND=threads "
-                      "to use the thread-pool backend");
+    return Status::Unavailable(
+        "io_uring_enter failed with " + ErrnoText(-rc) +
+        " (blocked by seccomp?); set STRATA_AIO_BACKEND=threads "
+        "to use the thread-pool backend");
   }
 
   // Submits what is prepped and, when `wait`, blocks for one completion.
@@ -450,11 +450,10 @@ class UringBackend final : public Backend {
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> CreateUringBackend(
-    const IoOptions& options, IoInfo* info) {
+Result<std::unique_ptr<Backend>> CreateUringBackend(const IoOptions& options,
+                                                    IoInfo* info) {
   auto backend = std::make_unique<UringBackend>();
-  Status st = backend->Start(options, info);
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(backend->Start(options, info));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

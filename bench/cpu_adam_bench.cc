@@ -219,9 +219,9 @@ Result<StepReport> OurStep(CpuOptimizer& opt, const Step& s, const Variant& v,
                                            : OverflowPolicy::kStopAtNonFinite;
   if (v.grad_type != FloatType::kF32) o.prep.grad_scale = 1.0f / kLossScale;
   if (v.prepass == Prepass::kNorm) {
-    Result<SumSquaresResult> ss = opt.SumSquares(s.g, v.grad_type, s.n);
-    if (!ss.ok()) return ss.status();
-    double norm = std::sqrt(ss->sum) / kLossScale;
+    STRATA_ASSIGN_OR_RETURN(SumSquaresResult ss,
+                            opt.SumSquares(s.g, v.grad_type, s.n));
+    double norm = std::sqrt(ss.sum) / kLossScale;
     o.prep.clip_coef = static_cast<float>(std::min(1.0, 1.0 / (norm + 1e-6)));
   }
   OptimBuffers b;

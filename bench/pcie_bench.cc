@@ -48,33 +48,23 @@ struct Buffers {
 
 Status CudaStatus(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
-  return Status(StatusCode::kInternal,
-                fmt::format("{}: {} ({})", what, cudaGetErrorName(err),
-                            cudaGetErrorString(err)));
+  return Status::Internal(fmt::format(
+      "{}: {} ({})", what, cudaGetErrorName(err), cudaGetErrorString(err)));
 }
 
 Result<Buffers> Open(uint64_t bytes, int cuda_device) {
   Buffers b;
   b.bytes = bytes;
-  Result<std::unique_ptr<tier::Device>> device =
-      tier::OpenDevice({.kind = tier::DeviceKind::kCuda,
-                        .budget = bytes,
-                        .cuda_device = cuda_device});
-  if (!device.ok()) return device.status();
-  b.device = std::move(*device);
+  STRATA_ASSIGN_OR_RETURN(b.device,
+                          tier::OpenDevice({.kind = tier::DeviceKind::kCuda,
+                                            .budget = bytes,
+                                            .cuda_device = cuda_device}));
   tier::PinnedPoolOptions pool{.budget = 2 * bytes,
                                .gpu_numa_node = b.device->info().numa_node,
                                .cuda = true};
-  Result<std::unique_ptr<tier::PinnedPool>> p =
-      tier::PinnedPool::Create(pool, nullptr);
-  if (!p.ok()) return p.status();
-  b.pool = std::move(*p);
-  Result<void*> dev = b.device->Allocate(bytes);
-  if (!dev.ok()) return dev.status();
-  b.dev = *dev;
-  Result<void*> host = b.pool->Allocate(2 * bytes);
-  if (!host.ok()) return host.status();
-  b.host = *host;
+  STRATA_ASSIGN_OR_RETURN(b.pool, tier::PinnedPool::Create(pool, nullptr));
+  STRATA_ASSIGN_OR_RETURN(b.dev, b.device->Allocate(bytes));
+  STRATA_ASSIGN_OR_RETURN(b.host, b.pool->Allocate(2 * bytes));
   return b;
 }
 
@@ -111,9 +101,9 @@ Status CheckRoundTrips(Buffers& b) {
     }
     if (!st.ok()) return st;
     if (std::memcmp(b.host, static_cast<char*>(b.host) + b.bytes, b.bytes)) {
-      return Status(StatusCode::kDataLoss,
-                    fmt::format("bytes changed on the way {} through strata",
-                                strata_up ? "up" : "down"));
+      return Status::DataLoss(
+          fmt::format("bytes changed on the way {} through strata",
+                      strata_up ? "up" : "down"));
     }
   }
   return Status::Ok();
@@ -126,8 +116,7 @@ double Median(std::vector<double> v) {
 
 Result<double> TimedGbps(const std::function<Status()>& copy, uint64_t n) {
   const auto start = std::chrono::steady_clock::now();
-  Status st = copy();
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(copy());
   const double s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -173,12 +162,11 @@ nlohmann::json Versions(const Buffers& b) {
 
 Result<nlohmann::json> Run(const std::vector<uint64_t>& sizes, int repeat,
                            int cuda_device) {
-  Result<Buffers> b =
-      Open(*std::max_element(sizes.begin(), sizes.end()), cuda_device);
-  if (!b.ok()) return b.status();
-  Status st = CheckRoundTrips(*b);
-  if (!st.ok()) return st;
-  nlohmann::json report = Versions(*b);
+  STRATA_ASSIGN_OR_RETURN(
+      Buffers b,
+      Open(*std::max_element(sizes.begin(), sizes.end()), cuda_device));
+  STRATA_RETURN_IF_ERROR(CheckRoundTrips(b));
+  nlohmann::json report = Versions(b);
   std::printf("pcie_bench: %s, host memory %s, CUDA runtime %d, driver %d\n",
               report["gpu"].get<std::string>().c_str(),
               report["host_memory"].get<std::string>().c_str(),
@@ -188,17 +176,16 @@ Result<nlohmann::json> Run(const std::vector<uint64_t>& sizes, int repeat,
               "cudaMemcpy GB/s", "ratio");
   for (uint64_t n : sizes) {
     for (bool up : {true, false}) {
-      Result<nlohmann::json> row = Measure(*b, up, n, repeat);
-      if (!row.ok()) return row.status();
+      STRATA_ASSIGN_OR_RETURN(nlohmann::json row, Measure(b, up, n, repeat));
       std::printf("%-5s %8s  %12.2f %14.2f %7.3f\n", up ? "h2d" : "d2h",
-                  SizeText(n).c_str(), (*row)["strata_gb_per_s"].get<double>(),
-                  (*row)["cuda_memcpy_gb_per_s"].get<double>(),
-                  (*row)["ratio"].get<double>());
-      report["rows"].push_back(*row);
+                  SizeText(n).c_str(), row["strata_gb_per_s"].get<double>(),
+                  row["cuda_memcpy_gb_per_s"].get<double>(),
+                  row["ratio"].get<double>());
+      report["rows"].push_back(row);
     }
   }
-  b->device->Free(b->dev);
-  b->pool->Free(b->host);
+  b.device->Free(b.dev);
+  b.pool->Free(b.host);
   return report;
 }
 

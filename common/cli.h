@@ -27,8 +27,8 @@ inline Status ParseArgs(CLI::App& app, int argc, char** argv, bool* exit_now) {
     *exit_now = true;
     app.exit(e);
   } catch (const CLI::ParseError& e) {
-    return Status(StatusCode::kInvalidArgument,
-                  e.what() + std::string("; run with --help for usage"));
+    return Status::InvalidArgument(e.what() +
+                                   std::string("; run with --help for usage"));
   }
   return Status::Ok();
 }

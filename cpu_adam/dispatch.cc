@@ -69,10 +69,9 @@ bool CpuSupports(CpuIsa isa) {
 }
 
 Result<const KernelTable*> SelectKernels(CpuIsa want) {
-  Result<CpuIsa> isa =
-      ChooseIsa(want, std::getenv("STRATA_CPU_ISA"), CpuSupports);
-  if (!isa.ok()) return isa.status();
-  switch (*isa) {
+  STRATA_ASSIGN_OR_RETURN(
+      CpuIsa isa, ChooseIsa(want, std::getenv("STRATA_CPU_ISA"), CpuSupports));
+  switch (isa) {
     case CpuIsa::kAvx512:
       return &Avx512Kernels();
     case CpuIsa::kAvx2:

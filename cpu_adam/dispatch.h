@@ -25,10 +25,10 @@ inline Result<CpuIsa> ChooseIsa(CpuIsa want, const char* env,
       if (name == CpuIsaName(isa)) want = isa;
     }
     if (want == CpuIsa::kAuto) {
-      return Status(StatusCode::kInvalidArgument,
-                    "STRATA_CPU_ISA='" + std::string(name) +
-                        "' is not a CPU path; use scalar, avx2 or avx512, or "
-                        "unset it to let CPUID choose");
+      return Status::InvalidArgument(
+          "STRATA_CPU_ISA='" + std::string(name) +
+          "' is not a CPU path; use scalar, avx2 or avx512, or "
+          "unset it to let CPUID choose");
     }
   }
   if (want == CpuIsa::kAuto) {
@@ -37,11 +37,11 @@ inline Result<CpuIsa> ChooseIsa(CpuIsa want, const char* env,
                                      : CpuIsa::kScalar;
   }
   if (!supports(want)) {
-    return Status(StatusCode::kUnavailable,
-                  "the " + std::string(CpuIsaName(want)) +
-                      " CPU path was requested but this CPU lacks it (avx2 "
-                      "needs AVX2+F16C, avx512 also AVX512F); request scalar "
-                      "or unset STRATA_CPU_ISA");
+    return Status::Unavailable(
+        "the " + std::string(CpuIsaName(want)) +
+        " CPU path was requested but this CPU lacks it (avx2 "
+        "needs AVX2+F16C, avx512 also AVX512F); request scalar "
+        "or unset STRATA_CPU_ISA");
   }
   return want;
 }

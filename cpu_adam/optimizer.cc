@@ -61,10 +61,6 @@ void SyncRelease(void*) {}
 void SyncAcquire(void*) {}
 #endif
 
-Status Invalid(std::string message) {
-  return Status(StatusCode::kInvalidArgument, std::move(message));
-}
-
 struct Span {
   const char* name;
   uintptr_t begin;
@@ -84,16 +80,18 @@ Span MakeSpan(const char* name, const void* p, size_t n, FloatType type) {
 Status CheckSpans(const std::vector<Span>& spans) {
   for (const Span& s : spans) {
     if (s.wraps) {
-      return Invalid(std::string(s.name) +
-                     " would run past the end of the address space: n is "
-                     "not the element count of the buffers");
+      return Status::InvalidArgument(
+          std::string(s.name) +
+          " would run past the end of the address space: n is "
+          "not the element count of the buffers");
     }
   }
   for (size_t a = 0; a < spans.size(); ++a) {
     for (size_t b = a + 1; b < spans.size(); ++b) {
       if (spans[a].begin < spans[b].end && spans[b].begin < spans[a].end) {
-        return Invalid(std::string(spans[a].name) + " and " + spans[b].name +
-                       " overlap; every buffer of a step must be distinct");
+        return Status::InvalidArgument(
+            std::string(spans[a].name) + " and " + spans[b].name +
+            " overlap; every buffer of a step must be distinct");
       }
     }
   }
@@ -109,28 +107,35 @@ Status CheckBuffers(OptimAlgo algo, const OptimBuffers& b) {
   std::string name(OptimAlgoName(algo));
   if (b.n > 0 &&
       (b.params == nullptr || b.grads == nullptr || b.state1 == nullptr)) {
-    return Invalid(name + " step: params, grads and state1 must not be null");
+    return Status::InvalidArgument(
+        name + " step: params, grads and state1 must not be null");
   }
   if (b.n > 0 && two_states && b.state2 == nullptr) {
-    return Invalid(name + " step: state2 (exp_avg_sq) must not be null");
+    return Status::InvalidArgument(
+        name + " step: state2 (exp_avg_sq) must not be null");
   }
   if (!two_states && b.state2 != nullptr) {
-    return Invalid(name + " step keeps one state buffer; pass state2 = null");
+    return Status::InvalidArgument(
+        name + " step keeps one state buffer; pass state2 = null");
   }
-  if (!ValidType(b.grad_type)) return Invalid("grad_type is not a FloatType");
+  if (!ValidType(b.grad_type)) {
+    return Status::InvalidArgument("grad_type is not a FloatType");
+  }
   if (b.state_type != FloatType::kF32 && b.state_type != FloatType::kBF16) {
-    return Invalid("optimizer state must be f32 or bf16, not " +
-                   std::string(FloatTypeName(b.state_type)));
+    return Status::InvalidArgument("optimizer state must be f32 or bf16, not " +
+                                   std::string(FloatTypeName(b.state_type)));
   }
   if (b.params_out != nullptr && b.out_type != FloatType::kBF16 &&
       b.out_type != FloatType::kF16) {
-    return Invalid("params_out must be bf16 or f16 (the fp32 copy is params)");
+    return Status::InvalidArgument(
+        "params_out must be bf16 or f16 (the fp32 copy is params)");
   }
   std::vector<Span> spans = {MakeSpan("params", b.params, b.n, FloatType::kF32),
                              MakeSpan("grads", b.grads, b.n, b.grad_type),
                              MakeSpan("state1", b.state1, b.n, b.state_type)};
-  if (b.state2)
+  if (b.state2) {
     spans.push_back(MakeSpan("state2", b.state2, b.n, b.state_type));
+  }
   if (b.params_out) {
     spans.push_back(MakeSpan("params_out", b.params_out, b.n, b.out_type));
   }
@@ -141,24 +146,29 @@ bool FiniteAtLeast(double x, double lo) { return std::isfinite(x) && x >= lo; }
 
 Status CheckHyper(const StepOptions& o) {
   const OptimHyper& h = o.hyper;
-  if (!FiniteAtLeast(h.lr, 0)) return Invalid("lr must be finite and >= 0");
+  if (!FiniteAtLeast(h.lr, 0)) {
+    return Status::InvalidArgument("lr must be finite and >= 0");
+  }
   if (!FiniteAtLeast(h.weight_decay, 0) || !FiniteAtLeast(h.lr_decay, 0)) {
-    return Invalid("weight_decay and lr_decay must be finite and >= 0");
+    return Status::InvalidArgument(
+        "weight_decay and lr_decay must be finite and >= 0");
   }
   if (!(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1)) {
-    return Invalid("beta1 and beta2 must be in [0, 1)");
+    return Status::InvalidArgument("beta1 and beta2 must be in [0, 1)");
   }
   if (o.algo != OptimAlgo::kLion && !(std::isfinite(h.eps) && h.eps > 0)) {
-    return Invalid(
+    return Status::InvalidArgument(
         "eps must be finite and > 0: it keeps the update finite where the "
         "second moment is 0");
   }
   if (h.step < 1) {
-    return Invalid("step must be >= 1 (the 1-based number of this step)");
+    return Status::InvalidArgument(
+        "step must be >= 1 (the 1-based number of this step)");
   }
   if (!(std::isfinite(o.prep.grad_scale) && o.prep.grad_scale > 0 &&
         std::isfinite(o.prep.clip_coef) && o.prep.clip_coef > 0)) {
-    return Invalid("grad_scale and clip_coef must be finite and > 0");
+    return Status::InvalidArgument(
+        "grad_scale and clip_coef must be finite and > 0");
   }
   return Status();
 }
@@ -204,17 +214,18 @@ StepConsts MakeStepConsts(const StepOptions& o) {
 Status CheckStepConsts(OptimAlgo algo, const StepConsts& c) {
   for (float x : {c.grad_mul, c.decay, c.l2, c.inv_bc2_sqrt, c.neg_lr, c.eps}) {
     if (!std::isfinite(x)) {
-      return Invalid(
+      return Status::InvalidArgument(
           "a step scalar (lr / bias correction, 1 - lr * weight_decay, "
           "weight_decay or grad_scale * clip_coef) overflows fp32; use "
           "hyperparameters within fp32 range");
     }
   }
   if (!(c.grad_mul > 0)) {
-    return Invalid("grad_scale * clip_coef underflows to 0 in fp32");
+    return Status::InvalidArgument(
+        "grad_scale * clip_coef underflows to 0 in fp32");
   }
   if (algo != OptimAlgo::kLion && !(c.eps > 0)) {
-    return Invalid("eps rounds to 0 in fp32; use eps >= 1e-38");
+    return Status::InvalidArgument("eps rounds to 0 in fp32; use eps >= 1e-38");
   }
   return Status();
 }
@@ -288,13 +299,14 @@ Result<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
     const CpuOptimizerOptions& options) {
   if (options.threads < CpuOptimizerOptions::kCallerArena ||
       options.threads > kMaxThreads) {
-    return Invalid("threads must be 1.." + std::to_string(kMaxThreads) +
-                   ", 0 (all cores) or kCallerArena");
+    return Status::InvalidArgument("threads must be 1.." +
+                                   std::to_string(kMaxThreads) +
+                                   ", 0 (all cores) or kCallerArena");
   }
-  Result<const KernelTable*> kernels = cpu_adam::SelectKernels(options.isa);
-  if (!kernels.ok()) return kernels.status();
+  STRATA_ASSIGN_OR_RETURN(const KernelTable* kernels,
+                          cpu_adam::SelectKernels(options.isa));
   auto impl = std::make_unique<Impl>();
-  impl->kernels = *kernels;
+  impl->kernels = kernels;
   if (options.threads != CpuOptimizerOptions::kCallerArena) {
     impl->arena.emplace(options.threads > 0 ? options.threads
                                             : tbb::info::default_concurrency());
@@ -308,16 +320,16 @@ int CpuOptimizer::threads() const { return impl_->Partitions(); }
 Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
                                       const OptimBuffers& b) {
   if (static_cast<int>(options.algo) >= cpu_adam::kNumAlgos) {
-    return Invalid("algo is not an OptimAlgo");
+    return Status::InvalidArgument("algo is not an OptimAlgo");
   }
   if (options.overflow != OverflowPolicy::kSkipStep &&
       options.overflow != OverflowPolicy::kStopAtNonFinite) {
-    return Invalid("overflow is not an OverflowPolicy");
+    return Status::InvalidArgument("overflow is not an OverflowPolicy");
   }
-  if (Status s = CheckHyper(options); !s.ok()) return s;
-  if (Status s = CheckBuffers(options.algo, b); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckHyper(options));
+  STRATA_RETURN_IF_ERROR(CheckBuffers(options.algo, b));
   const StepConsts c = MakeStepConsts(options);
-  if (Status s = CheckStepConsts(options.algo, c); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckStepConsts(options.algo, c));
   StepReport report;
   if (b.n == 0) return report;
   const KernelTable& k = *impl_->kernels;
@@ -359,13 +371,15 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
 
 Result<SumSquaresResult> CpuOptimizer::SumSquares(const void* grads,
                                                   FloatType type, size_t n) {
-  if (!ValidType(type)) return Invalid("SumSquares: type is not a FloatType");
+  if (!ValidType(type)) {
+    return Status::InvalidArgument("SumSquares: type is not a FloatType");
+  }
   SumSquaresResult result;
   if (n == 0) return result;
-  if (grads == nullptr) return Invalid("SumSquares: grads must not be null");
-  if (Status s = CheckSpans({MakeSpan("grads", grads, n, type)}); !s.ok()) {
-    return s;
+  if (grads == nullptr) {
+    return Status::InvalidArgument("SumSquares: grads must not be null");
   }
+  STRATA_RETURN_IF_ERROR(CheckSpans({MakeSpan("grads", grads, n, type)}));
   size_t blocks = (n + kNormBlock - 1) / kNormBlock;
   std::vector<double> sums(blocks);
   int parts = n < kMinParallel ? 1 : impl_->Partitions();
@@ -389,21 +403,18 @@ Result<SumSquaresResult> CpuOptimizer::SumSquares(const void* grads,
 Status CpuOptimizer::Convert(const void* src, FloatType src_type, void* dst,
                              FloatType dst_type, size_t n) {
   if (!ValidType(src_type) || !ValidType(dst_type)) {
-    return Invalid("Convert: type is not a FloatType");
+    return Status::InvalidArgument("Convert: type is not a FloatType");
   }
   if ((src_type == FloatType::kF32) == (dst_type == FloatType::kF32)) {
-    return Invalid(
+    return Status::InvalidArgument(
         "Convert: exactly one side must be f32 (f32 <-> bf16 or f16)");
   }
   if (n == 0) return Status();
   if (src == nullptr || dst == nullptr) {
-    return Invalid("Convert: src and dst must not be null");
+    return Status::InvalidArgument("Convert: src and dst must not be null");
   }
-  if (Status s = CheckSpans({MakeSpan("src", src, n, src_type),
-                             MakeSpan("dst", dst, n, dst_type)});
-      !s.ok()) {
-    return s;
-  }
+  STRATA_RETURN_IF_ERROR(CheckSpans(
+      {MakeSpan("src", src, n, src_type), MakeSpan("dst", dst, n, dst_type)}));
   std::vector<size_t> bounds = impl_->Split(n, src, FloatTypeSize(src_type));
   const KernelTable& k = *impl_->kernels;
   impl_->Run(bounds, [&](int, size_t begin, size_t end) {

@@ -43,6 +43,37 @@ class [[nodiscard]] Status {
       : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
+  // One factory per code: Status::NoSpace("swap directory ... is full").
+  static Status InvalidArgument(std::string message) {
+    return Status(StatusCode::kInvalidArgument, std::move(message));
+  }
+  static Status NotFound(std::string message) {
+    return Status(StatusCode::kNotFound, std::move(message));
+  }
+  static Status PermissionDenied(std::string message) {
+    return Status(StatusCode::kPermissionDenied, std::move(message));
+  }
+  static Status ResourceExhausted(std::string message) {
+    return Status(StatusCode::kResourceExhausted, std::move(message));
+  }
+  static Status NoSpace(std::string message) {
+    return Status(StatusCode::kNoSpace, std::move(message));
+  }
+  static Status IoError(std::string message) {
+    return Status(StatusCode::kIoError, std::move(message));
+  }
+  static Status DataLoss(std::string message) {
+    return Status(StatusCode::kDataLoss, std::move(message));
+  }
+  static Status Unavailable(std::string message) {
+    return Status(StatusCode::kUnavailable, std::move(message));
+  }
+  static Status FailedPrecondition(std::string message) {
+    return Status(StatusCode::kFailedPrecondition, std::move(message));
+  }
+  static Status Internal(std::string message) {
+    return Status(StatusCode::kInternal, std::move(message));
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
@@ -136,5 +167,27 @@ class [[nodiscard]] Result {
 };
 
 }  // namespace strata
+
+// Early returns. In a function returning Status or Result<U>:
+//   STRATA_RETURN_IF_ERROR(file->Sync());          // returns the error
+//   STRATA_ASSIGN_OR_RETURN(File* f, OpenFile(p));  // or binds the value
+// `expr` is evaluated once; ASSIGN_OR_RETURN declares (or assigns) `lhs`
+// in the enclosing scope, so it cannot be the body of an unbraced if.
+#define STRATA_RETURN_IF_ERROR(expr)                                      \
+  do {                                                                    \
+    if (::strata::Status strata_status_ = (expr); !strata_status_.ok()) { \
+      return strata_status_;                                              \
+    }                                                                     \
+  } while (false)
+
+#define STRATA_STATUS_CONCAT_(a, b) a##b
+#define STRATA_STATUS_CONCAT(a, b) STRATA_STATUS_CONCAT_(a, b)
+#define STRATA_ASSIGN_OR_RETURN(lhs, expr)                                 \
+  STRATA_ASSIGN_OR_RETURN_(STRATA_STATUS_CONCAT(strata_result_, __LINE__), \
+                           lhs, expr)
+#define STRATA_ASSIGN_OR_RETURN_(result, lhs, expr) \
+  auto result = (expr);                             \
+  if (!result.ok()) return result.status();         \
+  lhs = std::move(result).value()
 
 #endif  // STRATA_STATUS_H_

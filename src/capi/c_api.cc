@@ -95,10 +95,10 @@ strata_status Guard(const char* fn, Body&& body) noexcept {
 Status ValidTensorIndex(const strata_view& view, int32_t index) {
   const size_t count = view.view.tensors.size();
   if (index >= 0 && static_cast<size_t>(index) < count) return Status::Ok();
-  return capi::Invalid("tensor index " + std::to_string(index) +
-                       " is out of range; the view has " +
-                       std::to_string(count) +
-                       " tensors (strata_view_count_tensors)");
+  return Status::InvalidArgument("tensor index " + std::to_string(index) +
+                                 " is out of range; the view has " +
+                                 std::to_string(count) +
+                                 " tensors (strata_view_count_tensors)");
 }
 
 // Copies `text` into the caller's buffer like snprintf; returns the
@@ -134,7 +134,7 @@ const char* strata_last_error(void) { return strata::last_error; }
 strata_status strata_version_get(int32_t* major, int32_t* minor,
                                  int32_t* patch) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(
+    STRATA_RETURN_IF_ERROR(
         NonNull({{major, "major"}, {minor, "minor"}, {patch, "patch"}}));
     *major = STRATA_VERSION_MAJOR;
     *minor = STRATA_VERSION_MINOR;
@@ -145,7 +145,7 @@ strata_status strata_version_get(int32_t* major, int32_t* minor,
 
 strata_status strata_engine_options_init(strata_engine_options* options) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{options, "options"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{options, "options"}}));
     *options = strata::capi::DefaultOptions();
     return Status::Ok();
   });
@@ -154,15 +154,11 @@ strata_status strata_engine_options_init(strata_engine_options* options) {
 strata_status strata_engine_open(const strata_engine_options* options,
                                  strata_engine** engine) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(
-        NonNull({{options, "options"}, {engine, "engine"}}));
-    auto cc = strata::capi::ReadOptions(*options);
-    if (!cc.ok()) return cc.status();
+    STRATA_RETURN_IF_ERROR(NonNull({{options, "options"}, {engine, "engine"}}));
+    STRATA_ASSIGN_OR_RETURN(auto cc, strata::capi::ReadOptions(*options));
     auto handle = std::make_unique<strata_engine>();
-    auto opened = strata::Engine::Open(*cc);
-    if (!opened.ok()) return opened.status();
-    handle->engine = std::move(*opened);
-    handle->cuda_device = cc->cuda_device;
+    STRATA_ASSIGN_OR_RETURN(handle->engine, strata::Engine::Open(cc));
+    handle->cuda_device = cc.cuda_device;
     *engine = handle.release();
     return Status::Ok();
   });
@@ -170,7 +166,7 @@ strata_status strata_engine_open(const strata_engine_options* options,
 
 strata_status strata_engine_close(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
     const int live = engine->live_views.load();
     if (live > 0) {
       return Status(strata::StatusCode::kFailedPrecondition,
@@ -186,7 +182,7 @@ strata_status strata_engine_close(strata_engine* engine) {
 strata_status strata_engine_get_info(const strata_engine* engine,
                                      strata_engine_info* info) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {info, "info"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {info, "info"}}));
     return strata::capi::WriteEngineInfo(engine->engine->info(),
                                          engine->cuda_device, info);
   });
@@ -195,7 +191,7 @@ strata_status strata_engine_get_info(const strata_engine* engine,
 strata_status strata_engine_get_stats(const strata_engine* engine,
                                       strata_engine_stats* stats) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {stats, "stats"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {stats, "stats"}}));
     return strata::capi::WriteStats(engine->engine->stats(), stats);
   });
 }
@@ -203,9 +199,9 @@ strata_status strata_engine_get_stats(const strata_engine* engine,
 strata_status strata_engine_explain(const strata_engine* engine, char* buffer,
                                     size_t capacity, size_t* required) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(
+    STRATA_RETURN_IF_ERROR(
         NonNull({{engine, "engine"}, {required, "required"}}));
-    if (capacity > 0) STRATA_C_RETURN_IF_ERROR(NonNull({{buffer, "buffer"}}));
+    if (capacity > 0) STRATA_RETURN_IF_ERROR(NonNull({{buffer, "buffer"}}));
     *required = strata::CopyText(engine->engine->Explain(), buffer, capacity);
     return Status::Ok();
   });
@@ -213,14 +209,14 @@ strata_status strata_engine_explain(const strata_engine* engine, char* buffer,
 
 strata_status strata_engine_drain(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
     return engine->engine->Drain();
   });
 }
 
 strata_status strata_step_begin(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
     engine->engine->BeginStep();
     return Status::Ok();
   });
@@ -228,14 +224,14 @@ strata_status strata_step_begin(strata_engine* engine) {
 
 strata_status strata_step_end(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
     return engine->engine->EndStep();
   });
 }
 
 strata_status strata_group_spec_init(strata_group_spec* spec) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{spec, "spec"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{spec, "spec"}}));
     *spec = strata::capi::DefaultGroupSpec();
     return Status::Ok();
   });
@@ -245,20 +241,18 @@ strata_status strata_group_register(strata_engine* engine,
                                     const strata_group_spec* spec,
                                     int32_t* group) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(
+    STRATA_RETURN_IF_ERROR(
         NonNull({{engine, "engine"}, {spec, "spec"}, {group, "group"}}));
-    auto cc = strata::capi::ReadGroupSpec(*spec);
-    if (!cc.ok()) return cc.status();
-    auto id = engine->engine->RegisterGroup(*cc);
-    if (!id.ok()) return id.status();
-    *group = *id;
+    STRATA_ASSIGN_OR_RETURN(auto cc, strata::capi::ReadGroupSpec(*spec));
+    STRATA_ASSIGN_OR_RETURN(auto id, engine->engine->RegisterGroup(cc));
+    *group = id;
     return Status::Ok();
   });
 }
 
 strata_status strata_group_count(const strata_engine* engine, int32_t* count) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {count, "count"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {count, "count"}}));
     *count = engine->engine->group_count();
     return Status::Ok();
   });
@@ -267,9 +261,9 @@ strata_status strata_group_count(const strata_engine* engine, int32_t* count) {
 strata_status strata_group_get_bytes(const strata_engine* engine, int32_t group,
                                      int32_t tier, uint64_t* bytes) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {bytes, "bytes"}}));
-    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
-    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {bytes, "bytes"}}));
+    STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_RETURN_IF_ERROR(ValidTier(tier));
     *bytes =
         engine->engine->group_bytes(group, static_cast<strata::Tier>(tier));
     return Status::Ok();
@@ -280,17 +274,17 @@ strata_status strata_group_fetch(strata_engine* engine, int32_t group,
                                  int32_t tier, uint32_t roles, int32_t write,
                                  strata_view** view) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {view, "view"}}));
-    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
-    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
-    STRATA_C_RETURN_IF_ERROR(ValidRoles(roles));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {view, "view"}}));
+    STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_RETURN_IF_ERROR(ValidTier(tier));
+    STRATA_RETURN_IF_ERROR(ValidRoles(roles));
     // Allocated first: once Fetch succeeds nothing may fail before the
     // caller holds the handle that releases it.
     auto handle = std::make_unique<strata_view>(engine);
-    auto fetched = engine->engine->Fetch(group, static_cast<strata::Tier>(tier),
-                                         {roles, write != 0});
-    if (!fetched.ok()) return fetched.status();
-    handle->view = std::move(*fetched);
+    STRATA_ASSIGN_OR_RETURN(
+        handle->view,
+        engine->engine->Fetch(group, static_cast<strata::Tier>(tier),
+                              {roles, write != 0}));
     *view = handle.release();
     return Status::Ok();
   });
@@ -299,10 +293,10 @@ strata_status strata_group_fetch(strata_engine* engine, int32_t group,
 strata_status strata_group_prefetch(strata_engine* engine, int32_t group,
                                     int32_t tier, uint32_t roles) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
-    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
-    STRATA_C_RETURN_IF_ERROR(ValidRoles(roles));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_RETURN_IF_ERROR(ValidTier(tier));
+    STRATA_RETURN_IF_ERROR(ValidRoles(roles));
     return engine->engine->Prefetch(group, static_cast<strata::Tier>(tier),
                                     roles);
   });
@@ -311,16 +305,16 @@ strata_status strata_group_prefetch(strata_engine* engine, int32_t group,
 strata_status strata_group_evict(strata_engine* engine, int32_t group,
                                  int32_t tier) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    STRATA_C_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
-    STRATA_C_RETURN_IF_ERROR(ValidTier(tier));
+    STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_RETURN_IF_ERROR(ValidTier(tier));
     return engine->engine->Evict(group, static_cast<strata::Tier>(tier));
   });
 }
 
 strata_status strata_view_release(strata_view* view) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{view, "view"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}}));
     std::unique_ptr<strata_view> owned(view);
     return owned->owner->engine->Release(owned->view.group);
   });
@@ -329,7 +323,7 @@ strata_status strata_view_release(strata_view* view) {
 strata_status strata_view_get_group(const strata_view* view, int32_t* group,
                                     int32_t* tier) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(
+    STRATA_RETURN_IF_ERROR(
         NonNull({{view, "view"}, {group, "group"}, {tier, "tier"}}));
     *group = view->view.group;
     *tier = static_cast<int32_t>(view->view.tier);
@@ -340,7 +334,7 @@ strata_status strata_view_get_group(const strata_view* view, int32_t* group,
 strata_status strata_view_count_tensors(const strata_view* view,
                                         int32_t* count) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{view, "view"}, {count, "count"}}));
+    STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {count, "count"}}));
     *count = static_cast<int32_t>(view->view.tensors.size());
     return Status::Ok();
   });
@@ -349,8 +343,8 @@ strata_status strata_view_count_tensors(const strata_view* view,
 strata_status strata_view_get_tensor(const strata_view* view, int32_t index,
                                      strata_tensor_info* info) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{view, "view"}, {info, "info"}}));
-    STRATA_C_RETURN_IF_ERROR(strata::ValidTensorIndex(*view, index));
+    STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {info, "info"}}));
+    STRATA_RETURN_IF_ERROR(strata::ValidTensorIndex(*view, index));
     return strata::capi::WriteTensorInfo(view->view.tensors[index], info);
   });
 }
@@ -358,9 +352,9 @@ strata_status strata_view_get_tensor(const strata_view* view, int32_t index,
 strata_status strata_view_find_tensor(const strata_view* view, const char* name,
                                       int32_t role, int32_t* index) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(
+    STRATA_RETURN_IF_ERROR(
         NonNull({{view, "view"}, {name, "name"}, {index, "index"}}));
-    STRATA_C_RETURN_IF_ERROR(ValidRole(role));
+    STRATA_RETURN_IF_ERROR(ValidRole(role));
     const auto cc_role = static_cast<strata::Role>(role);
     const strata::TensorView* found = view->view.Find(name, cc_role);
     if (found == nullptr) {
@@ -379,12 +373,12 @@ strata_status strata_view_find_tensor(const strata_view* view, const char* name,
 strata_status strata_view_export_dlpack(const strata_view* view, int32_t index,
                                         DLManagedTensor** out) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull({{view, "view"}, {out, "out"}}));
-    STRATA_C_RETURN_IF_ERROR(strata::ValidTensorIndex(*view, index));
-    auto managed =
-        strata::ToDLPack(view->view.tensors[index], view->owner->cuda_device);
-    if (!managed.ok()) return managed.status();
-    *out = *managed;
+    STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {out, "out"}}));
+    STRATA_RETURN_IF_ERROR(strata::ValidTensorIndex(*view, index));
+    STRATA_ASSIGN_OR_RETURN(
+        auto managed,
+        strata::ToDLPack(view->view.tensors[index], view->owner->cuda_device));
+    *out = managed;
     return Status::Ok();
   });
 }
@@ -392,7 +386,7 @@ strata_status strata_view_export_dlpack(const strata_view* view, int32_t index,
 strata_status strata_engine_save(strata_engine* engine, const char* dir,
                                  const char* user_state) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(NonNull(
+    STRATA_RETURN_IF_ERROR(NonNull(
         {{engine, "engine"}, {dir, "dir"}, {user_state, "user_state"}}));
     return engine->engine->Save(dir, {user_state});
   });
@@ -402,13 +396,13 @@ strata_status strata_engine_load(strata_engine* engine, const char* dir,
                                  char* user_state_buf, size_t capacity,
                                  size_t* needed) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_C_RETURN_IF_ERROR(
+    STRATA_RETURN_IF_ERROR(
         NonNull({{engine, "engine"}, {dir, "dir"}, {needed, "needed"}}));
     if (capacity > 0) {
-      STRATA_C_RETURN_IF_ERROR(NonNull({{user_state_buf, "user_state_buf"}}));
+      STRATA_RETURN_IF_ERROR(NonNull({{user_state_buf, "user_state_buf"}}));
     }
     strata::LoadResult result;
-    STRATA_C_RETURN_IF_ERROR(engine->engine->Load(dir, &result));
+    STRATA_RETURN_IF_ERROR(engine->engine->Load(dir, &result));
     *needed = strata::CopyText(result.user_state, user_state_buf, capacity);
     return Status::Ok();
   });

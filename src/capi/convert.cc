@@ -20,12 +20,12 @@ template <typename T>
 Result<T> ReadVersioned(const T& in, const T& defaults, size_t v1_size,
                         const char* type) {
   if (in.struct_size < v1_size || in.struct_size > sizeof(T)) {
-    return Invalid(std::string(type) + ".struct_size is " +
-                   std::to_string(in.struct_size) +
-                   "; this libstrata accepts " + std::to_string(v1_size) +
-                   " to " + std::to_string(sizeof(T)) +
-                   " bytes; fill the struct with its _init function and "
-                   "build against this library's strata.h");
+    return Status::InvalidArgument(
+        std::string(type) + ".struct_size is " +
+        std::to_string(in.struct_size) + "; this libstrata accepts " +
+        std::to_string(v1_size) + " to " + std::to_string(sizeof(T)) +
+        " bytes; fill the struct with its _init function and "
+        "build against this library's strata.h");
   }
   T out = defaults;
   std::memcpy(&out, &in, in.struct_size);
@@ -35,9 +35,10 @@ Result<T> ReadVersioned(const T& in, const T& defaults, size_t v1_size,
 template <typename T>
 Status WriteVersioned(T value, size_t v1_size, const char* type, T* out) {
   if (out->struct_size < v1_size) {
-    return Invalid(std::string(type) + ".struct_size is " +
-                   std::to_string(out->struct_size) + "; set it to sizeof(" +
-                   type + ") before the call");
+    return Status::InvalidArgument(std::string(type) + ".struct_size is " +
+                                   std::to_string(out->struct_size) +
+                                   "; set it to sizeof(" + type +
+                                   ") before the call");
   }
   const uint32_t filled = std::min<uint32_t>(out->struct_size, sizeof(T));
   value.struct_size = filled;
@@ -55,7 +56,7 @@ constexpr size_t kTensorInfoV1Size = sizeof(strata_tensor_info);
 Result<Placement> ToPlacement(const int32_t (&home)[kNumRoles]) {
   Placement placement;
   for (int r = 0; r < kNumRoles; ++r) {
-    STRATA_C_RETURN_IF_ERROR(ValidTier(home[r]));
+    STRATA_RETURN_IF_ERROR(ValidTier(home[r]));
     placement.home[r] = static_cast<Tier>(home[r]);
   }
   return placement;
@@ -74,13 +75,12 @@ Result<EngineOptions> ToEngineOptions(const strata_engine_options& c) {
       cc.device = "host";
       break;
     default:
-      return Invalid("options->device " + std::to_string(c.device) +
-                     " is not a strata_device_kind; use STRATA_DEVICE_AUTO, "
-                     "STRATA_DEVICE_CUDA or STRATA_DEVICE_HOST");
+      return Status::InvalidArgument(
+          "options->device " + std::to_string(c.device) +
+          " is not a strata_device_kind; use STRATA_DEVICE_AUTO, "
+          "STRATA_DEVICE_CUDA or STRATA_DEVICE_HOST");
   }
-  Result<Placement> placement = ToPlacement(c.home);
-  if (!placement.ok()) return placement.status();
-  cc.placement = *placement;
+  STRATA_ASSIGN_OR_RETURN(cc.placement, ToPlacement(c.home));
   cc.cuda_device = c.cuda_device;
   cc.device_budget = c.device_budget;
   cc.host_budget = c.host_budget;
@@ -98,24 +98,28 @@ Result<EngineOptions> ToEngineOptions(const strata_engine_options& c) {
 
 Result<TensorSpec> ToTensorSpec(const strata_tensor_spec& c, int index) {
   const std::string where = "spec->tensors[" + std::to_string(index) + "]";
-  if (c.name == nullptr) return Invalid(where + ".name is NULL");
+  if (c.name == nullptr) {
+    return Status::InvalidArgument(where + ".name is NULL");
+  }
   if (c.ndim < 0 || (c.ndim > 0 && c.shape == nullptr)) {
-    return Invalid(where + " has ndim " + std::to_string(c.ndim) +
-                   (c.shape == nullptr ? " and a NULL shape" : "") +
-                   "; pass ndim >= 0 and ndim extents");
+    return Status::InvalidArgument(
+        where + " has ndim " + std::to_string(c.ndim) +
+        (c.shape == nullptr ? " and a NULL shape" : "") +
+        "; pass ndim >= 0 and ndim extents");
   }
   if (c.dtype < 0 || c.dtype > STRATA_DTYPE_FLOAT16) {
-    return Invalid(where + ".dtype " + std::to_string(c.dtype) +
-                   " is not a strata_dtype");
+    return Status::InvalidArgument(where + ".dtype " + std::to_string(c.dtype) +
+                                   " is not a strata_dtype");
   }
-  STRATA_C_RETURN_IF_ERROR(ValidRoles(c.roles));
+  STRATA_RETURN_IF_ERROR(ValidRoles(c.roles));
   TensorSpec cc;
   cc.name = c.name;
   cc.shape.assign(c.shape, c.shape + c.ndim);
   for (int64_t extent : cc.shape) {
     if (extent < 0) {
-      return Invalid(where + " '" + cc.name + "' has the negative extent " +
-                     std::to_string(extent));
+      return Status::InvalidArgument(where + " '" + cc.name +
+                                     "' has the negative extent " +
+                                     std::to_string(extent));
     }
   }
   cc.dtype = static_cast<DType>(c.dtype);
@@ -124,24 +128,22 @@ Result<TensorSpec> ToTensorSpec(const strata_tensor_spec& c, int index) {
 }
 
 Result<GroupSpec> ToGroupSpec(const strata_group_spec& c) {
-  if (c.name == nullptr) return Invalid("spec->name is NULL");
+  if (c.name == nullptr) return Status::InvalidArgument("spec->name is NULL");
   if (c.num_tensors < 0 || (c.num_tensors > 0 && c.tensors == nullptr)) {
-    return Invalid("spec->num_tensors is " + std::to_string(c.num_tensors) +
-                   (c.tensors == nullptr ? " and spec->tensors is NULL" : "") +
-                   "; pass num_tensors >= 0 specs");
+    return Status::InvalidArgument(
+        "spec->num_tensors is " + std::to_string(c.num_tensors) +
+        (c.tensors == nullptr ? " and spec->tensors is NULL" : "") +
+        "; pass num_tensors >= 0 specs");
   }
   GroupSpec cc;
   cc.name = c.name;
   for (int i = 0; i < c.num_tensors; ++i) {
-    Result<TensorSpec> tensor = ToTensorSpec(c.tensors[i], i);
-    if (!tensor.ok()) return tensor.status();
-    cc.tensors.push_back(std::move(*tensor));
+    STRATA_ASSIGN_OR_RETURN(TensorSpec tensor, ToTensorSpec(c.tensors[i], i));
+    cc.tensors.push_back(std::move(tensor));
   }
   cc.use_default_placement = c.use_default_placement != 0;
   if (!cc.use_default_placement) {
-    Result<Placement> placement = ToPlacement(c.home);
-    if (!placement.ok()) return placement.status();
-    cc.placement = *placement;
+    STRATA_ASSIGN_OR_RETURN(cc.placement, ToPlacement(c.home));
   }
   return cc;
 }
@@ -167,15 +169,11 @@ strata_engine_stats ToCStats(const EngineStats& cc) {
 
 }  // namespace
 
-Status Invalid(std::string message) {
-  return Status(StatusCode::kInvalidArgument, std::move(message));
-}
-
 Status NonNull(std::initializer_list<Arg> args) {
   for (const Arg& arg : args) {
     if (arg.pointer == nullptr) {
-      return Invalid(std::string("argument '") + arg.name +
-                     "' is NULL; pass a valid pointer");
+      return Status::InvalidArgument(std::string("argument '") + arg.name +
+                                     "' is NULL; pass a valid pointer");
     }
   }
   return Status::Ok();
@@ -183,32 +181,35 @@ Status NonNull(std::initializer_list<Arg> args) {
 
 Status ValidTier(int32_t tier) {
   if (tier >= 0 && tier < kNumTiers) return Status::Ok();
-  return Invalid("tier " + std::to_string(tier) +
-                 " is not a strata_tier; use STRATA_TIER_DEVICE (0), "
-                 "STRATA_TIER_HOST (1) or STRATA_TIER_NVME (2)");
+  return Status::InvalidArgument(
+      "tier " + std::to_string(tier) +
+      " is not a strata_tier; use STRATA_TIER_DEVICE (0), "
+      "STRATA_TIER_HOST (1) or STRATA_TIER_NVME (2)");
 }
 
 Status ValidRole(int32_t role) {
   if (role >= 0 && role < kNumRoles) return Status::Ok();
-  return Invalid("role " + std::to_string(role) +
-                 " is not a strata_role; use STRATA_ROLE_COMPUTE (0) .. "
-                 "STRATA_ROLE_GRAD (4)");
+  return Status::InvalidArgument(
+      "role " + std::to_string(role) +
+      " is not a strata_role; use STRATA_ROLE_COMPUTE (0) .. "
+      "STRATA_ROLE_GRAD (4)");
 }
 
 Status ValidRoles(uint32_t roles) {
   if (roles != 0 && (roles & ~kAllRoles) == 0) return Status::Ok();
-  return Invalid("role mask " + std::to_string(roles) +
-                 " is not a non-empty set of STRATA_ROLE_BIT(role); use "
-                 "STRATA_ALL_ROLES for every role");
+  return Status::InvalidArgument(
+      "role mask " + std::to_string(roles) +
+      " is not a non-empty set of STRATA_ROLE_BIT(role); use "
+      "STRATA_ALL_ROLES for every role");
 }
 
 Status ValidGroup(const Engine& engine, int32_t group) {
   const int count = engine.group_count();
   if (group >= 0 && group < count) return Status::Ok();
-  return Invalid("group " + std::to_string(group) + " does not exist; " +
-                 std::to_string(count) +
-                 " groups are registered; pass an id from "
-                 "strata_group_register");
+  return Status::InvalidArgument("group " + std::to_string(group) +
+                                 " does not exist; " + std::to_string(count) +
+                                 " groups are registered; pass an id from "
+                                 "strata_group_register");
 }
 
 strata_engine_options DefaultOptions() {
@@ -237,10 +238,10 @@ strata_engine_options DefaultOptions() {
 }
 
 Result<EngineOptions> ReadOptions(const strata_engine_options& options) {
-  auto c = ReadVersioned(options, DefaultOptions(), kOptionsV1Size,
-                         "strata_engine_options");
-  if (!c.ok()) return c.status();
-  return ToEngineOptions(*c);
+  STRATA_ASSIGN_OR_RETURN(
+      auto c, ReadVersioned(options, DefaultOptions(), kOptionsV1Size,
+                            "strata_engine_options"));
+  return ToEngineOptions(c);
 }
 
 strata_group_spec DefaultGroupSpec() {
@@ -255,10 +256,10 @@ strata_group_spec DefaultGroupSpec() {
 }
 
 Result<GroupSpec> ReadGroupSpec(const strata_group_spec& spec) {
-  auto c = ReadVersioned(spec, DefaultGroupSpec(), kGroupSpecV1Size,
-                         "strata_group_spec");
-  if (!c.ok()) return c.status();
-  return ToGroupSpec(*c);
+  STRATA_ASSIGN_OR_RETURN(
+      auto c, ReadVersioned(spec, DefaultGroupSpec(), kGroupSpecV1Size,
+                            "strata_group_spec"));
+  return ToGroupSpec(c);
 }
 
 Status WriteEngineInfo(const EngineInfo& info, int cuda_device,

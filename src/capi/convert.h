@@ -15,14 +15,6 @@
 
 namespace strata::capi {
 
-#define STRATA_C_RETURN_IF_ERROR(expr) \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
-
-Status Invalid(std::string message);
-
 // A pointer argument and its name in the C signature.
 struct Arg {
   const void* pointer;

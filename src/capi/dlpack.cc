@@ -50,34 +50,33 @@ Result<std::vector<int64_t>> CompactStrides(const TensorView& view) {
   uint64_t elements = 1;
   for (size_t i = view.shape.size(); i-- > 0;) {
     if (view.shape[i] < 0) {
-      return Status(StatusCode::kInvalidArgument,
-                    "tensor '" + view.name + "' has a negative extent (" +
-                        std::to_string(view.shape[i]) + ") in dimension " +
-                        std::to_string(i));
+      return Status::InvalidArgument("tensor '" + view.name +
+                                     "' has a negative extent (" +
+                                     std::to_string(view.shape[i]) +
+                                     ") in dimension " + std::to_string(i));
     }
     strides[i] = static_cast<int64_t>(elements);
     if (__builtin_mul_overflow(elements, static_cast<uint64_t>(view.shape[i]),
                                &elements)) {
-      return Status(StatusCode::kInvalidArgument,
-                    "tensor '" + view.name +
-                        "' has more elements than fit "
-                        "in 64 bits");
+      return Status::InvalidArgument("tensor '" + view.name +
+                                     "' has more elements than fit "
+                                     "in 64 bits");
     }
   }
   const uint64_t element_bytes = DTypeSize(view.dtype);
   if (elements > view.bytes / element_bytes ||
       elements * element_bytes != view.bytes) {
-    return Status(StatusCode::kInvalidArgument,
-                  "tensor '" + view.name + "' has " + std::to_string(elements) +
-                      " elements of " + std::to_string(element_bytes) +
-                      " bytes but " + std::to_string(view.bytes) +
-                      " bytes of memory; the view does not describe it");
+    return Status::InvalidArgument(
+        "tensor '" + view.name + "' has " + std::to_string(elements) +
+        " elements of " + std::to_string(element_bytes) + " bytes but " +
+        std::to_string(view.bytes) +
+        " bytes of memory; the view does not describe it");
   }
   if (view.data == nullptr && view.bytes > 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "tensor '" + view.name +
-                      "' has no memory (data is null); "
-                      "export a view returned by a successful Fetch");
+    return Status::InvalidArgument(
+        "tensor '" + view.name +
+        "' has no memory (data is null); "
+        "export a view returned by a successful Fetch");
   }
   return strides;
 }
@@ -85,11 +84,10 @@ Result<std::vector<int64_t>> CompactStrides(const TensorView& view) {
 }  // namespace
 
 Result<DLManagedTensor*> ToDLPack(const TensorView& view, int cuda_device) {
-  Result<std::vector<int64_t>> strides = CompactStrides(view);
-  if (!strides.ok()) return strides.status();
+  STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> strides, CompactStrides(view));
   auto holder = std::make_unique<ManagedTensor>();
   holder->shape = view.shape;
-  holder->strides = std::move(*strides);
+  holder->strides = std::move(strides);
   DLTensor& tensor = holder->managed.dl_tensor;
   tensor.data = view.data;
   tensor.device.device_type = view.on_cuda ? kDLCUDA : kDLCPU;

@@ -101,9 +101,9 @@ Status ReadAt(int fd, void* data, uint64_t bytes, uint64_t offset,
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Errno("read", path);
     if (n == 0) {
-      return Status(StatusCode::kDataLoss,
-                    "'" + path + "' ended at byte " + std::to_string(offset) +
-                        ": it changed while being loaded");
+      return Status::DataLoss("'" + path + "' ended at byte " +
+                              std::to_string(offset) +
+                              ": it changed while being loaded");
     }
     p += n;
     offset += static_cast<uint64_t>(n);
@@ -139,8 +139,7 @@ struct Paths {
 Result<Paths> MakePaths(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   if (dir.empty() || dir == "/") {
-    return Status(
-        StatusCode::kInvalidArgument,
+    return Status::InvalidArgument(
         "a checkpoint needs a directory path other than '" + dir + "'");
   }
   Paths p;
@@ -156,15 +155,15 @@ Result<Paths> MakePaths(std::string dir) {
 Status CheckIdle(Engine& engine, const store::Residency& residency,
                  const std::string& call) {
   if (residency.in_step()) {
-    return Status(StatusCode::kFailedPrecondition,
-                  call +
-                      " inside a step would put its fetches in the trace; "
-                      "call it after EndStep()");
+    return Status::FailedPrecondition(
+        call +
+        " inside a step would put its fetches in the trace; "
+        "call it after EndStep()");
   }
   if (const int g = residency.FirstPinnedGroup(); g >= 0) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "group '" + residency.layout(g).name + "' is fetched; " +
-                      call + " needs every group released first");
+    return Status::FailedPrecondition("group '" + residency.layout(g).name +
+                                      "' is fetched; " + call +
+                                      " needs every group released first");
   }
   if (Status s = engine.Drain(); !s.ok()) {
     return Status(s.code(), "a background transfer failed before " + call +
@@ -192,24 +191,22 @@ Status CheckReplaceable(const Paths& p) {
   std::error_code ec;
   if (!S_ISDIR(st.st_mode) || (!Exists(p.dir + "/" + kManifestName) &&
                                !std::filesystem::is_empty(p.dir, ec))) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "'" + p.dir + "' exists and is not a strata checkpoint (no " +
-                      kManifestName + ")" + refused +
-                      "choose another path or remove it");
+    return Status::FailedPrecondition(
+        "'" + p.dir + "' exists and is not a strata checkpoint (no " +
+        kManifestName + ")" + refused + "choose another path or remove it");
   }
   std::filesystem::directory_iterator it(p.dir, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     if (IsCheckpointFile(*it)) continue;
-    return Status(StatusCode::kFailedPrecondition,
-                  "the checkpoint '" + p.dir + "' also holds '" +
-                      it->path().filename().string() +
-                      "', which Save did not write" + refused +
-                      "move it out or choose another path");
+    return Status::FailedPrecondition(
+        "the checkpoint '" + p.dir + "' also holds '" +
+        it->path().filename().string() + "', which Save did not write" +
+        refused + "move it out or choose another path");
   }
   if (ec) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "cannot list '" + p.dir + "' (" + ec.message() + ")" +
-                      refused + "it checks what it holds first");
+    return Status::FailedPrecondition("cannot list '" + p.dir + "' (" +
+                                      ec.message() + ")" + refused +
+                                      "it checks what it holds first");
   }
   return Status();
 }
@@ -219,11 +216,11 @@ Status CheckReplaceable(const Paths& p) {
 Status PrepareTemp(const Paths& p) {
   struct stat st;
   if (::stat(p.parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Status(StatusCode::kNotFound,
-                  "cannot save to '" + p.dir + "': its parent directory '" +
-                      p.parent + "' does not exist; create it first");
+    return Status::NotFound("cannot save to '" + p.dir +
+                            "': its parent directory '" + p.parent +
+                            "' does not exist; create it first");
   }
-  if (Status s = CheckReplaceable(p); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckReplaceable(p));
   std::error_code ec;
   for (std::filesystem::directory_iterator it(p.parent, ec), end;
        !ec && it != end; it.increment(ec)) {
@@ -254,10 +251,10 @@ Status ForEachRole(Engine& engine, int g, RoleMask roles, bool write, Use use) {
   for (int r = 0; r < kNumRoles; ++r) {
     const Role role = static_cast<Role>(r);
     if ((roles & RoleBit(role)) == 0) continue;
-    Result<GroupView> view =
-        engine.Fetch(g, Tier::kHost, {RoleBit(role), write, false});
-    if (!view.ok()) return view.status();
-    const Status s = use(role, *view);
+    STRATA_ASSIGN_OR_RETURN(
+        GroupView view,
+        engine.Fetch(g, Tier::kHost, {RoleBit(role), write, false}));
+    const Status s = use(role, view);
     const Status released = engine.Release(g);
     if (!s.ok()) return s;
     if (!released.ok()) return released;
@@ -278,9 +275,9 @@ Status WriteGroup(Engine& engine, int g, const std::string& path,
           if ((t.roles & RoleBit(role)) == 0) continue;
           const TensorView* data = view.Find(t.name, role);
           STRATA_CHECK(data != nullptr && data->bytes == RoleBytes(t, role));
-          Status w = WriteAt(fd.get(), data->data, data->bytes,
-                             t.offset[static_cast<int>(role)], path);
-          if (!w.ok()) return w;
+          STRATA_RETURN_IF_ERROR(WriteAt(fd.get(), data->data, data->bytes,
+                                         t.offset[static_cast<int>(role)],
+                                         path));
           XXH3_64bits_update(hasher.get(), data->data, data->bytes);
         }
         return Status();
@@ -293,10 +290,7 @@ Status WriteGroup(Engine& engine, int g, const std::string& path,
 Status WriteManifest(const std::string& path, const std::string& text) {
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (!fd.ok()) return Errno("create", path);
-  if (Status s = WriteAt(fd.get(), text.data(), text.size(), 0, path);
-      !s.ok()) {
-    return s;
-  }
+  STRATA_RETURN_IF_ERROR(WriteAt(fd.get(), text.data(), text.size(), 0, path));
   return SyncAndClose(fd, path);
 }
 
@@ -305,19 +299,14 @@ Status WriteTemp(Engine& engine, const EngineOptions& options, const Paths& p,
                  Manifest& manifest) {
   for (size_t g = 0; g < manifest.groups.size(); ++g) {
     GroupEntry& entry = manifest.groups[g];
-    if (Status s = WriteGroup(engine, static_cast<int>(g),
-                              p.tmp + "/" + entry.file, entry);
-        !s.ok()) {
-      return s;
-    }
+    STRATA_RETURN_IF_ERROR(WriteGroup(engine, static_cast<int>(g),
+                                      p.tmp + "/" + entry.file, entry));
     Reached(SaveStage::kDataFileWritten);
   }
-  Result<std::string> text = ManifestText(manifest, options, engine.info());
-  if (!text.ok()) return text.status();
-  if (Status s = WriteManifest(p.tmp + "/" + kManifestName, *text); !s.ok()) {
-    return s;
-  }
-  if (Status s = SyncDir(p.tmp); !s.ok()) return s;
+  STRATA_ASSIGN_OR_RETURN(std::string text,
+                          ManifestText(manifest, options, engine.info()));
+  STRATA_RETURN_IF_ERROR(WriteManifest(p.tmp + "/" + kManifestName, text));
+  STRATA_RETURN_IF_ERROR(SyncDir(p.tmp));
   Reached(SaveStage::kTempComplete);
   return Status();
 }
@@ -367,14 +356,13 @@ Status Replace(const Paths& p) {
 Status RecoverInterrupted(const Paths& p, bool* recovered) {
   if (Exists(p.dir)) return Status();
   if (!Exists(p.old)) {
-    return Status(
-        StatusCode::kNotFound,
-        "checkpoint directory '" + p.dir + "' does not exist; check the path");
+    return Status::NotFound("checkpoint directory '" + p.dir +
+                            "' does not exist; check the path");
   }
   if (::rename(p.old.c_str(), p.dir.c_str()) != 0) {
     return Errno("rename", p.old, p.dir);
   }
-  if (Status s = SyncDir(p.parent); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(SyncDir(p.parent));
   std::fprintf(stderr,
                "strata: checkpoint '%s' was missing: a save was cut off; "
                "restored the previous one from '%s'\n",
@@ -387,17 +375,15 @@ Result<Manifest> ReadManifest(const std::string& dir) {
   const std::string path = dir + "/" + kManifestName;
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.ok() && errno == ENOENT) {
-    return Status(StatusCode::kNotFound,
-                  "'" + dir + "' is not a strata checkpoint: it has no " +
-                      kManifestName + "; check the path");
+    return Status::NotFound("'" + dir +
+                            "' is not a strata checkpoint: it has no " +
+                            kManifestName + "; check the path");
   }
   if (!fd.ok()) return Errno("open", path);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return Errno("stat", path);
   std::string text(static_cast<size_t>(st.st_size), '\0');
-  if (Status s = ReadAt(fd.get(), text.data(), text.size(), 0, path); !s.ok()) {
-    return s;
-  }
+  STRATA_RETURN_IF_ERROR(ReadAt(fd.get(), text.data(), text.size(), 0, path));
   return ParseManifest(text, path);
 }
 
@@ -421,9 +407,7 @@ Status VerifyFile(const std::string& path, const GroupEntry& entry,
   Hasher hasher = NewHasher();
   for (uint64_t at = 0; at < size; at += buffer.size()) {
     const uint64_t n = std::min<uint64_t>(buffer.size(), size - at);
-    if (Status s = ReadAt(fd.get(), buffer.data(), n, at, path); !s.ok()) {
-      return s;
-    }
+    STRATA_RETURN_IF_ERROR(ReadAt(fd.get(), buffer.data(), n, at, path));
     XXH3_64bits_update(hasher.get(), buffer.data(), n);
   }
   const uint64_t actual = XXH3_64bits_digest(hasher.get());
@@ -448,9 +432,9 @@ Status LoadGroup(Engine& engine, int g, const std::string& path,
         for (const TensorView& t : view.tensors) {
           const TensorEntry* saved = entry.Find(t.name);
           STRATA_CHECK(saved != nullptr && t.bytes == RoleBytes(*saved, role));
-          Status r = ReadAt(fd.get(), t.data, t.bytes,
-                            saved->offset[static_cast<int>(role)], path);
-          if (!r.ok()) return r;
+          STRATA_RETURN_IF_ERROR(ReadAt(fd.get(), t.data, t.bytes,
+                                        saved->offset[static_cast<int>(role)],
+                                        path));
           *bytes += t.bytes;
         }
         return Status();
@@ -464,9 +448,8 @@ void SetSaveStageHookForTesting(SaveStageHook hook) { stage_hook = hook; }
 Status Save(Engine& engine, const store::Residency& residency,
             const EngineOptions& options, const std::string& dir,
             const SaveOptions& save) {
-  Result<Paths> paths = MakePaths(dir);
-  if (!paths.ok()) return paths.status();
-  if (Status s = CheckIdle(engine, residency, "Save"); !s.ok()) return s;
+  STRATA_ASSIGN_OR_RETURN(Paths paths, MakePaths(dir));
+  STRATA_RETURN_IF_ERROR(CheckIdle(engine, residency, "Save"));
   Manifest manifest;
   manifest.format_version = kFormatVersion;
   manifest.steps = engine.stats().steps;
@@ -478,49 +461,45 @@ Status Save(Engine& engine, const store::Residency& residency,
   if (auto text = ManifestText(manifest, options, engine.info()); !text.ok()) {
     return text.status();
   }
-  if (Status s = PrepareTemp(*paths); !s.ok()) return s;
-  if (Status s = WriteTemp(engine, options, *paths, manifest); !s.ok()) {
-    RemoveTree(paths->tmp);
-    return Kept(s, *paths);
+  STRATA_RETURN_IF_ERROR(PrepareTemp(paths));
+  if (Status s = WriteTemp(engine, options, paths, manifest); !s.ok()) {
+    RemoveTree(paths.tmp);
+    return Kept(s, paths);
   }
-  const Status s = Replace(*paths);
-  if (!s.ok()) RemoveTree(paths->tmp);
+  const Status s = Replace(paths);
+  if (!s.ok()) RemoveTree(paths.tmp);
   return s;
 }
 
 Status Load(Engine& engine, const store::Residency& residency,
             const std::string& dir, LoadResult* result,
             const UserStateCheck& check) {
-  Result<Paths> paths = MakePaths(dir);
-  if (!paths.ok()) return paths.status();
-  if (Status s = CheckIdle(engine, residency, "Load"); !s.ok()) return s;
+  STRATA_ASSIGN_OR_RETURN(Paths paths, MakePaths(dir));
+  STRATA_RETURN_IF_ERROR(CheckIdle(engine, residency, "Load"));
   bool recovered = false;
-  if (Status s = RecoverInterrupted(*paths, &recovered); !s.ok()) return s;
-  Result<Manifest> manifest = ReadManifest(paths->dir);
-  if (!manifest.ok()) return manifest.status();
-  if (Status s = MatchEngine(*manifest, residency); !s.ok()) {
-    return Status(s.code(), "checkpoint '" + paths->dir +
+  STRATA_RETURN_IF_ERROR(RecoverInterrupted(paths, &recovered));
+  STRATA_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(paths.dir));
+  if (Status s = MatchEngine(manifest, residency); !s.ok()) {
+    return Status(s.code(), "checkpoint '" + paths.dir +
                                 "' does not fit this engine: " + s.message() +
                                 "; register the groups and tensors it was "
                                 "saved from");
   }
   if (check) {
-    if (Status s = check(manifest->user_state); !s.ok()) {
-      return Status(s.code(), "checkpoint '" + paths->dir +
-                                  "': " + s.message() + "; nothing was loaded");
+    if (Status s = check(manifest.user_state); !s.ok()) {
+      return Status(s.code(), "checkpoint '" + paths.dir + "': " + s.message() +
+                                  "; nothing was loaded");
     }
   }
   std::vector<char> buffer(kVerifyBuffer);
-  for (const GroupEntry& g : manifest->groups) {
-    if (Status s = VerifyFile(paths->dir + "/" + g.file, g, buffer); !s.ok()) {
-      return s;
-    }
+  for (const GroupEntry& g : manifest.groups) {
+    STRATA_RETURN_IF_ERROR(VerifyFile(paths.dir + "/" + g.file, g, buffer));
   }
   uint64_t bytes = 0;
-  for (size_t g = 0; g < manifest->groups.size(); ++g) {
-    const GroupEntry& entry = manifest->groups[g];
+  for (size_t g = 0; g < manifest.groups.size(); ++g) {
+    const GroupEntry& entry = manifest.groups[g];
     if (Status s = LoadGroup(engine, static_cast<int>(g),
-                             paths->dir + "/" + entry.file, entry, &bytes);
+                             paths.dir + "/" + entry.file, entry, &bytes);
         !s.ok()) {
       return Status(s.code(), s.message() +
                                   "; the engine's data is now partly "
@@ -528,8 +507,8 @@ Status Load(Engine& engine, const store::Residency& residency,
     }
   }
   if (result != nullptr) {
-    *result = {std::move(manifest->user_state), manifest->format_version,
-               manifest->steps, bytes, recovered};
+    *result = {std::move(manifest.user_state), manifest.format_version,
+               manifest.steps, bytes, recovered};
   }
   return Status();
 }

@@ -121,7 +121,7 @@ Result<uint64_t> ParseHex(const std::string& hex) {
   const auto [end, err] =
       std::from_chars(hex.data(), hex.data() + hex.size(), value, 16);
   if (hex.size() != 16 || err != std::errc() || end != hex.data() + 16) {
-    return Status(StatusCode::kDataLoss, "not 16 hex digits");
+    return Status::DataLoss("not 16 hex digits");
   }
   return value;
 }
@@ -136,7 +136,7 @@ Result<Role> ParseRole(const std::string& name) {
   for (int r = 0; r < kNumRoles; ++r) {
     if (name == RoleName(Role(r))) return Role(r);
   }
-  return Status(StatusCode::kInvalidArgument, "unknown role '" + name + "'");
+  return Status::InvalidArgument("unknown role '" + name + "'");
 }
 
 // One tensor of a group whose file has `file_bytes` bytes. Throws json
@@ -149,24 +149,22 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
   if (!shape.is_array()) throw FieldError("must be an array");
   for (const Json& dim : shape) t.shape.push_back(Integer<int64_t>(dim));
   t.elements = store::ShapeElements(t.shape);
-  if (t.elements == 0) return Status(StatusCode::kDataLoss, "empty shape");
-  Result<DType> dtype = ParseDType(Get<std::string>(j, at, "dtype", where));
-  if (!dtype.ok()) return dtype.status();
-  t.dtype = *dtype;
+  if (t.elements == 0) return Status::DataLoss("empty shape");
+  STRATA_ASSIGN_OR_RETURN(t.dtype,
+                          ParseDType(Get<std::string>(j, at, "dtype", where)));
   const Json roles = Get<Json>(j, at, "roles", where);
   for (const auto& [name, offset] : roles.items()) {
     where = at + ".roles." + name;
-    Result<Role> role = ParseRole(name);
-    if (!role.ok()) return role.status();
-    t.roles |= RoleBit(*role);
+    STRATA_ASSIGN_OR_RETURN(Role role, ParseRole(name));
+    t.roles |= RoleBit(role);
     const uint64_t at_byte = Integer<uint64_t>(offset);
-    t.offset[static_cast<int>(*role)] = at_byte;
-    const uint64_t bytes = RoleBytes(t, *role);
+    t.offset[static_cast<int>(role)] = at_byte;
+    const uint64_t bytes = RoleBytes(t, role);
     if (bytes > file_bytes || at_byte > file_bytes - bytes) {
-      return Status(StatusCode::kDataLoss, "the tensor lies beyond the file");
+      return Status::DataLoss("the tensor lies beyond the file");
     }
   }
-  if (t.roles == 0) return Status(StatusCode::kDataLoss, "no roles");
+  if (t.roles == 0) return Status::DataLoss("no roles");
   return t;
 }
 
@@ -185,7 +183,7 @@ uint64_t Pack(std::vector<TensorEntry>& tensors) {
   return bytes;
 }
 
-// The format fixes every offset and the size (Pack). manifest_xxh3 finds
+// The format fixes every offset and the size Pack. manifest_xxh3 finds
 // damage after Save; this finds a writer that packed otherwise, whose
 // offsets inside the file would load shifted bytes without an error.
 Status CheckPacking(const GroupEntry& g, const std::string& at,
@@ -201,18 +199,16 @@ Status CheckPacking(const GroupEntry& g, const std::string& at,
       }
       where = at + ".tensors[" + std::to_string(k) + "].roles." +
               std::string(RoleName(Role(r)));
-      return Status(StatusCode::kDataLoss,
-                    "offset " + std::to_string(offset) +
-                        ", but the tensors packed in order put it at " +
-                        std::to_string(packed[k].offset[r]));
+      return Status::DataLoss("offset " + std::to_string(offset) +
+                              ", but the tensors packed in order put it at " +
+                              std::to_string(packed[k].offset[r]));
     }
   }
   if (bytes != g.bytes) {
     where = at + ".bytes";
-    return Status(StatusCode::kDataLoss,
-                  std::to_string(g.bytes) +
-                      " bytes, but the tensors add up to " +
-                      std::to_string(bytes));
+    return Status::DataLoss(std::to_string(g.bytes) +
+                            " bytes, but the tensors add up to " +
+                            std::to_string(bytes));
   }
   return Status();
 }
@@ -224,27 +220,25 @@ Result<GroupEntry> ParseGroup(const Json& j, const std::string& at,
   g.file = Get<std::string>(j, at, "file", where);
   if (g.file.empty() || g.file[0] == '.' ||
       g.file.find('/') != std::string::npos) {
-    return Status(StatusCode::kDataLoss, "not a file name in the checkpoint");
+    return Status::DataLoss("not a file name in the checkpoint");
   }
   g.bytes = Get<uint64_t>(j, at, "bytes", where);
-  Result<uint64_t> xxh3 = ParseHex(Get<std::string>(j, at, "xxh3", where));
-  if (!xxh3.ok()) return xxh3.status();
-  g.xxh3 = *xxh3;
+  STRATA_ASSIGN_OR_RETURN(g.xxh3,
+                          ParseHex(Get<std::string>(j, at, "xxh3", where)));
   const Json tensors = Get<Json>(j, at, "tensors", where);
   std::set<std::string> names;
   for (size_t k = 0; k < tensors.size(); ++k) {
     const std::string tensor_at = at + ".tensors[" + std::to_string(k) + "]";
-    Result<TensorEntry> t =
-        ParseTensor(tensors.at(k), tensor_at, g.bytes, where);
-    if (!t.ok()) return t.status();
-    if (!names.insert(t->name).second) {
-      return Status(StatusCode::kDataLoss, "tensor listed twice");
+    STRATA_ASSIGN_OR_RETURN(
+        TensorEntry t, ParseTensor(tensors.at(k), tensor_at, g.bytes, where));
+    if (!names.insert(t.name).second) {
+      return Status::DataLoss("tensor listed twice");
     }
-    g.roles |= t->roles;
-    g.tensors.push_back(std::move(*t));
+    g.roles |= t.roles;
+    g.tensors.push_back(std::move(t));
   }
-  if (g.tensors.empty()) return Status(StatusCode::kDataLoss, "no tensors");
-  if (Status s = CheckPacking(g, at, where); !s.ok()) return s;
+  if (g.tensors.empty()) return Status::DataLoss("no tensors");
+  STRATA_RETURN_IF_ERROR(CheckPacking(g, at, where));
   return g;
 }
 
@@ -252,19 +246,18 @@ Result<Manifest> ParseFields(const Json& j, const std::string& path,
                              std::string& where) {
   if (!j.is_object() || !j.contains("format") ||
       j["format"] != std::string(kFormatName)) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "'" + path + "' is not a strata checkpoint manifest (no \"" +
-                      "format\": \"" + kFormatName + "\")");
+    return Status::FailedPrecondition(
+        "'" + path + "' is not a strata checkpoint manifest (no \"" +
+        "format\": \"" + kFormatName + "\")");
   }
   Manifest m;
   m.format_version = Get<int>(j, "", "format_version", where);
   if (m.format_version != kFormatVersion) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "'" + path + "' is checkpoint format version " +
-                      std::to_string(m.format_version) +
-                      "; this build reads version " +
-                      std::to_string(kFormatVersion) +
-                      ": load it with the strata release that wrote it");
+    return Status::FailedPrecondition(
+        "'" + path + "' is checkpoint format version " +
+        std::to_string(m.format_version) + "; this build reads version " +
+        std::to_string(kFormatVersion) +
+        ": load it with the strata release that wrote it");
   }
   Result<uint64_t> recorded =
       ParseHex(Get<std::string>(j, "", kChecksumKey, where));
@@ -291,8 +284,7 @@ Result<Manifest> ParseFields(const Json& j, const std::string& path,
 }
 
 Status Mismatch(const GroupEntry& g, const std::string& what) {
-  return Status(StatusCode::kFailedPrecondition,
-                "group '" + g.name + "': " + what);
+  return Status::FailedPrecondition("group '" + g.name + "': " + what);
 }
 
 Status MatchGroup(const GroupEntry& g, const store::GroupLayout& layout) {
@@ -332,10 +324,10 @@ Status MatchGroup(const GroupEntry& g, const store::GroupLayout& layout) {
 }  // namespace
 
 Status Damaged(const std::string& what) {
-  return Status(StatusCode::kDataLoss,
-                what +
-                    "; the checkpoint is damaged: restore it from a backup "
-                    "or save a new one");
+  return Status::DataLoss(
+      what +
+      "; the checkpoint is damaged: restore it from a backup "
+      "or save a new one");
 }
 
 uint64_t RoleBytes(const TensorEntry& tensor, Role role) {
@@ -398,9 +390,9 @@ Result<std::string> ManifestText(const Manifest& manifest,
     m[kChecksumKey] = Hex(ManifestHash(m));
     return m.dump(2) + "\n";
   } catch (const Json::exception& e) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string("the manifest cannot be written: ") + e.what() +
-                      "; user_state and every name must be valid UTF-8");
+    return Status::InvalidArgument(
+        std::string("the manifest cannot be written: ") + e.what() +
+        "; user_state and every name must be valid UTF-8");
   }
 }
 
@@ -424,21 +416,19 @@ Status MatchEngine(const Manifest& manifest,
                    const store::Residency& residency) {
   const size_t groups = static_cast<size_t>(residency.group_count());
   if (manifest.groups.size() != groups) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "the checkpoint has " +
-                      std::to_string(manifest.groups.size()) +
-                      " groups, this engine has " + std::to_string(groups));
+    return Status::FailedPrecondition(
+        "the checkpoint has " + std::to_string(manifest.groups.size()) +
+        " groups, this engine has " + std::to_string(groups));
   }
   for (size_t i = 0; i < groups; ++i) {
     const GroupEntry& g = manifest.groups[i];
     const store::GroupLayout& layout = residency.layout(static_cast<int>(i));
     if (g.name != layout.name) {
-      return Status(StatusCode::kFailedPrecondition,
-                    "group " + std::to_string(i) + " is '" + g.name +
-                        "' in the checkpoint but '" + layout.name +
-                        "' in this engine");
+      return Status::FailedPrecondition("group " + std::to_string(i) + " is '" +
+                                        g.name + "' in the checkpoint but '" +
+                                        layout.name + "' in this engine");
     }
-    if (Status s = MatchGroup(g, layout); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(MatchGroup(g, layout));
   }
   return Status();
 }

@@ -1,5 +1,5 @@
-// The checkpoint manifest (Note [Checkpoint format] in src/ckpt/checkpoint.h) as
-// a value: described from the engine's layouts and written by Save; parsed,
+// The checkpoint manifest (Note [Checkpoint format] in src/ckpt/checkpoint.h)
+// as a value: described from the engine's layouts and written by Save; parsed,
 // checked and matched against the engine by Load. Pure: no file I/O.
 //
 // Failure: ParseManifest returns kFailedPrecondition for a file without

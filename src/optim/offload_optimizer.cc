@@ -27,9 +27,9 @@ Status ParseState(const std::string& text, OptimAlgo algo, int64_t* step,
                   std::string* user_state) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains(kStateKey)) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "it holds no optimizer state (it was written by "
-                  "Engine::Save); load it with Engine::Load and set_step()");
+    return Status::FailedPrecondition(
+        "it holds no optimizer state (it was written by "
+        "Engine::Save); load it with Engine::Load and set_step()");
   }
   const nlohmann::json& o = j[kStateKey];
   if (!o.is_object() || !o.value("version", nlohmann::json()).is_number() ||
@@ -37,25 +37,22 @@ Status ParseState(const std::string& text, OptimAlgo algo, int64_t* step,
       !o.value("step", nlohmann::json()).is_number_unsigned() ||
       o["step"].get<uint64_t>() > uint64_t{INT64_MAX} ||
       !j.value("user_state", nlohmann::json()).is_string()) {
-    return Status(StatusCode::kDataLoss,
-                  std::string("its optimizer state (\"") + kStateKey +
-                      "\" in the manifest's user_state) is malformed");
+    return Status::DataLoss(std::string("its optimizer state (\"") + kStateKey +
+                            "\" in the manifest's user_state) is malformed");
   }
   if (o["version"] != kStateVersion) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "its optimizer state has version " + o["version"].dump() +
-                      "; this strata reads version " +
-                      std::to_string(kStateVersion));
+    return Status::FailedPrecondition(
+        "its optimizer state has version " + o["version"].dump() +
+        "; this strata reads version " + std::to_string(kStateVersion));
   }
   const std::string saved = o["algo"];
   if (saved != OptimAlgoName(algo)) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "it was saved by the " + saved +
-                      " optimizer, and this one is " +
-                      std::string(OptimAlgoName(algo)) +
-                      "; their state roles differ: create the optimizer "
-                      "with algo " +
-                      saved);
+    return Status::FailedPrecondition(
+        "it was saved by the " + saved + " optimizer, and this one is " +
+        std::string(OptimAlgoName(algo)) +
+        "; their state roles differ: create the optimizer "
+        "with algo " +
+        saved);
   }
   *step = o["step"].get<int64_t>();
   if (user_state != nullptr) *user_state = j["user_state"];
@@ -78,15 +75,15 @@ Result<OptimMode> ParseOptimMode(std::string_view name) {
   for (OptimMode mode : {OptimMode::kOverlap, OptimMode::kAfterBackward}) {
     if (name == OptimModeName(mode)) return mode;
   }
-  return Status(StatusCode::kInvalidArgument,
-                "unknown optimizer mode '" + std::string(name) +
-                    "'; use overlap or after_backward");
+  return Status::InvalidArgument("unknown optimizer mode '" +
+                                 std::string(name) +
+                                 "'; use overlap or after_backward");
 }
 
 Result<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::Create(
     Engine* engine, const OffloadOptimizerOptions& options) {
   auto impl = std::make_unique<Impl>();
-  if (Status s = impl->Init(engine, options); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(impl->Init(engine, options));
   return std::unique_ptr<OffloadOptimizer>(
       new OffloadOptimizer(std::move(impl)));
 }
@@ -120,12 +117,12 @@ int64_t OffloadOptimizer::step() const { return impl_->step_; }
 
 Status OffloadOptimizer::set_step(int64_t step) {
   if (impl_->in_step_) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "set_step during a step; call it between steps");
+    return Status::FailedPrecondition(
+        "set_step during a step; call it between steps");
   }
   if (step < 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "the step count must be >= 0, not " + std::to_string(step));
+    return Status::InvalidArgument("the step count must be >= 0, not " +
+                                   std::to_string(step));
   }
   impl_->step_ = step;
   return Status();
@@ -133,7 +130,7 @@ Status OffloadOptimizer::set_step(int64_t step) {
 
 Status OffloadOptimizer::Save(const std::string& dir,
                               const std::string& user_state) {
-  if (Status s = impl_->Quiesce(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(impl_->Quiesce());
   nlohmann::json state = {
       {kStateKey,
        {{"version", kStateVersion},
@@ -144,15 +141,15 @@ Status OffloadOptimizer::Save(const std::string& dir,
   try {
     text = state.dump();
   } catch (const nlohmann::json::exception&) {
-    return Status(StatusCode::kInvalidArgument,
-                  "the user state is not UTF-8 text; encode it (base64, "
-                  "hex) before saving");
+    return Status::InvalidArgument(
+        "the user state is not UTF-8 text; encode it (base64, "
+        "hex) before saving");
   }
   return impl_->engine()->Save(dir, {text});
 }
 
 Status OffloadOptimizer::Load(const std::string& dir, std::string* user_state) {
-  if (Status s = impl_->Quiesce(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(impl_->Quiesce());
   int64_t step = 0;
   std::string caller;
   auto check = [&](const std::string& text) {

@@ -33,10 +33,6 @@ bool UsesState2(OptimAlgo algo) {
   return algo == OptimAlgo::kAdam || algo == OptimAlgo::kAdamW;
 }
 
-Status Invalid(const std::string& message) {
-  return Status(StatusCode::kInvalidArgument, message);
-}
-
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -45,17 +41,19 @@ double Seconds(std::chrono::steady_clock::duration d) {
 
 Status OffloadOptimizer::Impl::Init(Engine* engine,
                                     const OffloadOptimizerOptions& options) {
-  if (engine == nullptr) return Invalid("the optimizer needs an engine");
+  if (engine == nullptr) {
+    return Status::InvalidArgument("the optimizer needs an engine");
+  }
   if (options.micro_batches < 1 || options.grad_buffers < 1 ||
       options.read_ahead < 0 || options.threads < 0) {
-    return Invalid(fmt::format(
+    return Status::InvalidArgument(fmt::format(
         "micro_batches ({}) and grad_buffers ({}) must be >= 1, read_ahead "
         "({}) and threads ({}) >= 0",
         options.micro_batches, options.grad_buffers, options.read_ahead,
         options.threads));
   }
   if (!(options.clip_norm >= 0) || !std::isfinite(options.clip_norm)) {
-    return Invalid(
+    return Status::InvalidArgument(
         fmt::format("clip_norm must be finite and >= 0 (0: off), "
                     "not {}",
                     options.clip_norm));
@@ -69,11 +67,9 @@ Status OffloadOptimizer::Impl::Init(Engine* engine,
           ? options.threads
           : std::max(1,
                      static_cast<int>(std::thread::hardware_concurrency()) - 1);
-  Result<std::unique_ptr<CpuOptimizer>> created = CpuOptimizer::Create(cpu);
-  if (!created.ok()) return created.status();
-  cpu_ = std::move(*created);
-  if (Status s = InspectGroups(); !s.ok()) return s;
-  if (Status s = AllocateSlots(); !s.ok()) return s;
+  STRATA_ASSIGN_OR_RETURN(cpu_, CpuOptimizer::Create(cpu));
+  STRATA_RETURN_IF_ERROR(InspectGroups());
+  STRATA_RETURN_IF_ERROR(AllocateSlots());
   worker_ = std::thread([this] { WorkerLoop(); });
   writer_ = std::thread([this] { WriterLoop(); });
   return Status();
@@ -115,8 +111,7 @@ Status OffloadOptimizer::Impl::InspectGroups() {
     for (const store::TensorLayout& t : layout.tensors) {
       for (int r = 0; r < kNumRoles; ++r) {
         if ((needed & ~t.roles & (1u << r)) == 0) continue;
-        return Status(
-            StatusCode::kFailedPrecondition,
+        return Status::FailedPrecondition(
             fmt::format("group '{}': tensor '{}' has no '{}' role, which {} "
                         "needs{}; register every tensor of a trained group "
                         "with it (frozen tensors go in a group without "
@@ -128,11 +123,11 @@ Status OffloadOptimizer::Impl::InspectGroups() {
                               : ""));
       }
       if (t.dtype != layout.tensors[0].dtype) {
-        return Status(StatusCode::kFailedPrecondition,
-                      fmt::format("group '{}' mixes compute dtypes ({} and "
-                                  "{}); the optimizer needs one per group",
-                                  layout.name, DTypeName(t.dtype),
-                                  DTypeName(layout.tensors[0].dtype)));
+        return Status::FailedPrecondition(
+            fmt::format("group '{}' mixes compute dtypes ({} and "
+                        "{}); the optimizer needs one per group",
+                        layout.name, DTypeName(t.dtype),
+                        DTypeName(layout.tensors[0].dtype)));
       }
     }
     g.trainable = true;
@@ -151,9 +146,9 @@ Status OffloadOptimizer::Impl::InspectGroups() {
     }
   }
   if (trainable == 0) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "no group has a 'master' role, so there is nothing to "
-                  "train; register groups with Role::kMaster");
+    return Status::FailedPrecondition(
+        "no group has a 'master' role, so there is nothing to "
+        "train; register groups with Role::kMaster");
   }
   return Status();
 }
@@ -164,8 +159,7 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
   const uint64_t budget = parts_.device->info().budget;
   const uint64_t ring = bytes * options_.grad_buffers;
   if (ring + bytes > budget) {
-    return Status(
-        StatusCode::kResourceExhausted,
+    return Status::ResourceExhausted(
         fmt::format("the device budget ({}) cannot hold {} gradient buffers "
                     "of {} and a group's compute copy beside them; raise the "
                     "device budget to at least {} or lower grad_buffers",
@@ -182,21 +176,19 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
   // evict: the residency manager makes the room first.
   for (const auto& [tier, need] : {std::pair{Tier::kDevice, ring},
                                    std::pair{Tier::kHost, ring + working}}) {
-    if (Status s = parts_.residency->MakeRoom(tier, need); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(parts_.residency->MakeRoom(tier, need));
   }
   const uint64_t host_free = parts_.host->free_bytes();
   if (ring + working > host_free) {
-    return Status(
-        StatusCode::kResourceExhausted,
-        fmt::format("the host budget has {} left beside the roles homed "
-                    "there, and the optimizer needs {}: {} gradient staging "
-                    "buffers of {} and {} for one group's step (its roles "
-                    "homed off the host); raise the host budget by {}, "
-                    "lower grad_buffers, or home fewer roles on the host",
-                    HumanBytes(host_free), HumanBytes(ring + working),
-                    options_.grad_buffers, HumanBytes(bytes),
-                    HumanBytes(working),
-                    HumanBytes(ring + working - host_free)));
+    return Status::ResourceExhausted(fmt::format(
+        "the host budget has {} left beside the roles homed "
+        "there, and the optimizer needs {}: {} gradient staging "
+        "buffers of {} and {} for one group's step (its roles "
+        "homed off the host); raise the host budget by {}, "
+        "lower grad_buffers, or home fewer roles on the host",
+        HumanBytes(host_free), HumanBytes(ring + working),
+        options_.grad_buffers, HumanBytes(bytes), HumanBytes(working),
+        HumanBytes(ring + working - host_free)));
   }
   slots_.resize(options_.grad_buffers);
   for (Slot& s : slots_) {
@@ -206,13 +198,11 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
     if (device.ok()) s.device = *device;
     if (host.ok()) s.host = *host;
     if (!host.ok()) {
-      return Status(
-          StatusCode::kResourceExhausted,
-          fmt::format("optimizer gradient buffers: {} x {} on the device and "
-                      "the host do not fit ({}); lower grad_buffers or raise "
-                      "the budgets",
-                      options_.grad_buffers, HumanBytes(bytes),
-                      host.status().message()));
+      return Status::ResourceExhausted(fmt::format(
+          "optimizer gradient buffers: {} x {} on the device and "
+          "the host do not fit ({}); lower grad_buffers or raise "
+          "the budgets",
+          options_.grad_buffers, HumanBytes(bytes), host.status().message()));
     }
   }
   return Status();
@@ -220,13 +210,13 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
 
 Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
   if (!(hyper.loss_scale > 0) || !std::isfinite(hyper.loss_scale)) {
-    return Invalid(fmt::format("loss_scale must be finite and > 0, not {}",
-                               hyper.loss_scale));
+    return Status::InvalidArgument(fmt::format(
+        "loss_scale must be finite and > 0, not {}", hyper.loss_scale));
   }
   if (in_step_) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "BeginStep: the previous step was not finished; call "
-                  "FinishStep first");
+    return Status::FailedPrecondition(
+        "BeginStep: the previous step was not finished; call "
+        "FinishStep first");
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -259,22 +249,23 @@ Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
 
 Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
   if (!in_step_) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "AcquireGradients outside a step; call BeginStep first");
+    return Status::FailedPrecondition(
+        "AcquireGradients outside a step; call BeginStep first");
   }
   if (group < 0 || group >= static_cast<int>(groups_.size()) ||
       !groups_[group].trainable) {
-    return Invalid(fmt::format("group {} is not a trained group", group));
+    return Status::InvalidArgument(
+        fmt::format("group {} is not a trained group", group));
   }
   int index = -1;
   {
     std::unique_lock<std::mutex> lk(mu_);
     if (groups_[group].handoffs >= options_.micro_batches) {
-      return Status(StatusCode::kFailedPrecondition,
-                    fmt::format("AcquireGradients: group {} was handed off "
-                                "{} times this step (micro_batches); call "
-                                "FinishStep",
-                                group, groups_[group].handoffs));
+      return Status::FailedPrecondition(
+          fmt::format("AcquireGradients: group {} was handed off "
+                      "{} times this step (micro_batches); call "
+                      "FinishStep",
+                      group, groups_[group].handoffs));
     }
     const Clock::time_point start = Clock::now();
     for (;;) {
@@ -322,23 +313,20 @@ Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer) {
   }
   if (index < 0 || !slots_[index].acquired ||
       slots_[index].group != buffer.group) {
-    return Invalid(
+    return Status::InvalidArgument(
         "HandOff: the buffer is not one AcquireGradients returned "
         "(or it was handed off already)");
   }
   Group& g = groups_[buffer.group];
   if (g.handoffs == options_.micro_batches) {
-    return Status(StatusCode::kFailedPrecondition,
-                  fmt::format("group '{}' was already handed off {} times "
-                              "this step (micro_batches)",
-                              parts_.residency->layout(buffer.group).name,
-                              options_.micro_batches));
+    return Status::FailedPrecondition(fmt::format(
+        "group '{}' was already handed off {} times "
+        "this step (micro_batches)",
+        parts_.residency->layout(buffer.group).name, options_.micro_batches));
   }
   Slot& s = slots_[index];
-  Result<tier::Event> d2h =
-      parts_.device->CopyToHost(s.host, s.device, g.compute_bytes);
-  if (!d2h.ok()) return d2h.status();
-  s.d2h = *d2h;
+  STRATA_ASSIGN_OR_RETURN(
+      s.d2h, parts_.device->CopyToHost(s.host, s.device, g.compute_bytes));
   s.acquired = false;
   s.pending = true;
   ++g.handoffs;
@@ -368,7 +356,7 @@ void OffloadOptimizer::Impl::WorkerLoop() {
 
 Status OffloadOptimizer::Impl::RunTask(const Task& task) {
   if (task.slot >= 0) return ConsumeGradients(task);
-  if (Status s = FetchToWrite(task.group, kGradBit); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(FetchToWrite(task.group, kGradBit));
   const void* base =
       parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
   Status status = StepGroup(task.group, base, FloatType::kF32);
@@ -398,8 +386,9 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     // One micro-batch: the staged gradients feed the step directly.
     Result<SumSquaresResult> sum = cpu_->SumSquares(s.host, g.compute, g.n);
     if (sum.ok()) record(*sum);
-    if (sum.ok() && sum->finite)
+    if (sum.ok() && sum->finite) {
       status = StepGroup(task.group, s.host, g.compute);
+    }
     free_slot();
     return sum.ok() ? status : sum.status();
   }
@@ -453,7 +442,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   }
   ReadAhead(group);
   const Clock::time_point start = Clock::now();
-  if (Status s = FetchToWrite(group, g.step_roles); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(FetchToWrite(group, g.step_roles));
   store::Residency& residency = *parts_.residency;
   auto chunk = [&](Role role) {
     return residency.Address(group, role, Tier::kHost, 0);
@@ -482,10 +471,10 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   const Clock::time_point end = Clock::now();
   if (!report.ok()) return report.status();
   if (report->overflow()) {
-    return Status(StatusCode::kInternal,
-                  fmt::format("group '{}': the step overflowed after its "
-                              "gradients checked finite",
-                              residency.layout(group).name));
+    return Status::Internal(
+        fmt::format("group '{}': the step overflowed after its "
+                    "gradients checked finite",
+                    residency.layout(group).name));
   }
   std::lock_guard<std::mutex> lk(mu_);
   step_seconds_ += Seconds(end - start);
@@ -546,9 +535,9 @@ void OffloadOptimizer::Impl::WriterLoop() {
 
 Status OffloadOptimizer::Impl::Quiesce() {
   if (in_step_) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "a checkpoint inside an optimizer step would miss its "
-                  "updates; call it after FinishStep()");
+    return Status::FailedPrecondition(
+        "a checkpoint inside an optimizer step would miss its "
+        "updates; call it after FinishStep()");
   }
   std::unique_lock<std::mutex> lk(mu_);
   changed_.wait(lk, [this] { return writes_.empty() && writing_ == 0; });
@@ -557,8 +546,7 @@ Status OffloadOptimizer::Impl::Quiesce() {
 
 Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
   if (!in_step_) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "FinishStep without BeginStep");
+    return Status::FailedPrecondition("FinishStep without BeginStep");
   }
   const store::Residency& residency = *parts_.residency;
   const Clock::time_point start = Clock::now();
@@ -567,13 +555,11 @@ Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
   for (size_t id = 0; id < groups_.size() && error_.ok(); ++id) {
     const Group& g = groups_[id];
     if (g.trainable && g.handoffs != options_.micro_batches) {
-      return Status(
-          StatusCode::kFailedPrecondition,
-          fmt::format("FinishStep: group '{}' was handed off {} of {} times "
-                      "(micro_batches); hand off every trained group once "
-                      "per micro-batch",
-                      residency.layout(id).name, g.handoffs,
-                      options_.micro_batches));
+      return Status::FailedPrecondition(fmt::format(
+          "FinishStep: group '{}' was handed off {} of {} times "
+          "(micro_batches); hand off every trained group once "
+          "per micro-batch",
+          residency.layout(id).name, g.handoffs, options_.micro_batches));
     }
   }
   finishing_ = true;
@@ -592,8 +578,7 @@ Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
   if (bad >= 0 && options_.skip_on_overflow) {
     report.skipped = true;
   } else if (bad >= 0) {
-    return Status(
-        StatusCode::kDataLoss,
+    return Status::DataLoss(
         fmt::format("non-finite gradients in group '{}' at step {}; {}. Load "
                     "the last checkpoint, and lower the learning rate or use "
                     "a loss scale with skip_on_overflow",

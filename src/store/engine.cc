@@ -67,31 +67,27 @@ Status Engine::Impl::Open(const EngineOptions& options,
                           const internal::EngineHooks& hooks) {
   options_ = options;
   if (options.device_budget == 0 || options.host_budget == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "device_budget and host_budget must be > 0 "
-                  "(--device-budget, --host-budget)");
+    return Status::InvalidArgument(
+        "device_budget and host_budget must be > 0 "
+        "(--device-budget, --host-budget)");
   }
   if (options.nvme_budget > 0 && options.swap_dir.empty()) {
-    return Status(StatusCode::kInvalidArgument,
-                  "nvme_budget is set but swap_dir is empty; pass the swap "
-                  "directory (--swap-dir)");
+    return Status::InvalidArgument(
+        "nvme_budget is set but swap_dir is empty; pass the swap "
+        "directory (--swap-dir)");
   }
   if (options.io_threads < 1 || options.io_threads > 64) {
-    return Status(StatusCode::kInvalidArgument,
-                  "io_threads must be in 1..64, not " +
-                      std::to_string(options.io_threads));
+    return Status::InvalidArgument("io_threads must be in 1..64, not " +
+                                   std::to_string(options.io_threads));
   }
-  Result<tier::DeviceKind> kind = tier::ParseDeviceKind(options.device);
-  if (!kind.ok()) return kind.status();
+  STRATA_ASSIGN_OR_RETURN(tier::DeviceKind kind,
+                          tier::ParseDeviceKind(options.device));
   aio::IoOptions aio_options;
   aio_options.fault_injector = hooks.fault_injector;
-  auto aio = aio::Engine::Open(aio_options);
-  if (!aio.ok()) return aio.status();
-  aio_ = std::move(*aio);
-  auto device = tier::OpenDevice(
-      {*kind, options.device_budget, options.cuda_device, 256});
-  if (!device.ok()) return device.status();
-  device_ = std::move(*device);
+  STRATA_ASSIGN_OR_RETURN(aio_, aio::Engine::Open(aio_options));
+  STRATA_ASSIGN_OR_RETURN(
+      device_, tier::OpenDevice(
+                   {kind, options.device_budget, options.cuda_device, 256}));
   const tier::DeviceInfo& dev = device_->info();
   tier::PinnedPoolOptions pool;
   pool.budget = options.host_budget;
@@ -100,15 +96,12 @@ Status Engine::Impl::Open(const EngineOptions& options,
   pool.lock = options.lock_host ? tier::LockMode::kRequired
                                 : tier::LockMode::kBestEffort;
   pool.cuda = dev.kind == tier::DeviceKind::kCuda;
-  auto host = tier::PinnedPool::Create(pool, aio_.get());
-  if (!host.ok()) return host.status();
-  host_ = std::move(*host);
+  STRATA_ASSIGN_OR_RETURN(host_, tier::PinnedPool::Create(pool, aio_.get()));
   if (options.nvme_budget > 0) {
-    auto nvme = tier::NvmeStore::Open(
-        aio_.get(),
-        {options.swap_dir, options.nvme_budget, options.swap_files});
-    if (!nvme.ok()) return nvme.status();
-    nvme_ = std::move(*nvme);
+    STRATA_ASSIGN_OR_RETURN(
+        nvme_, tier::NvmeStore::Open(aio_.get(),
+                                     {options.swap_dir, options.nvme_budget,
+                                      options.swap_files}));
   }
   mover_ = std::make_unique<transport::Mover>(device_.get(), nvme_.get());
   residency_ = std::make_unique<store::Residency>(device_.get(), host_.get(),
@@ -124,18 +117,17 @@ Status Engine::Impl::Open(const EngineOptions& options,
 }
 
 Result<int> Engine::Impl::Register(const GroupSpec& spec) {
-  Result<store::GroupLayout> layout =
-      store::BuildGroupLayout(spec, options_.placement);
-  if (!layout.ok()) return layout.status();
-  return residency_->AddGroup(std::move(*layout));
+  STRATA_ASSIGN_OR_RETURN(store::GroupLayout layout,
+                          store::BuildGroupLayout(spec, options_.placement));
+  return residency_->AddGroup(std::move(layout));
 }
 
 Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
                                       const FetchOptions& opt) {
-  Result<int> position =
-      residency_->Fetch(group, tier, opt.roles, opt.write, opt.record);
-  if (!position.ok()) return position.status();
-  if (*position >= 0 && options_.prefetch) SubmitPrefetches(*position);
+  STRATA_ASSIGN_OR_RETURN(
+      int position,
+      residency_->Fetch(group, tier, opt.roles, opt.write, opt.record));
+  if (position >= 0 && options_.prefetch) SubmitPrefetches(position);
   const store::GroupLayout& layout = residency_->layout(group);
   GroupView view;
   view.group = group;
@@ -173,9 +165,9 @@ void Engine::Impl::SubmitPrefetches(int position) {
 
 Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles) {
   if (group < 0 || group >= residency_->group_count() || tier == Tier::kNvme) {
-    return Status(StatusCode::kInvalidArgument,
-                  "prefetch of group " + std::to_string(group) + " to " +
-                      std::string(TierName(tier)) + " is not possible");
+    return Status::InvalidArgument(
+        "prefetch of group " + std::to_string(group) + " to " +
+        std::string(TierName(tier)) + " is not possible");
   }
   store::Residency* residency = residency_.get();
   const uint64_t key = PrefetchKey(group, tier, roles, true);
@@ -327,7 +319,7 @@ EngineParts EngineAccess::Parts(Engine& engine) {
 Result<std::unique_ptr<Engine>> EngineAccess::Open(const EngineOptions& options,
                                                    const EngineHooks& hooks) {
   auto impl = std::make_unique<Engine::Impl>();
-  if (Status s = impl->Open(options, hooks); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(impl->Open(options, hooks));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 

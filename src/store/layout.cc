@@ -11,8 +11,7 @@ uint64_t AlignUp(uint64_t value, uint64_t align) {
 }
 
 Status Invalid(const GroupSpec& spec, const std::string& what) {
-  return Status(StatusCode::kInvalidArgument,
-                "group '" + spec.name + "': " + what);
+  return Status::InvalidArgument("group '" + spec.name + "': " + what);
 }
 
 bool ValidTier(Tier tier) {
@@ -36,7 +35,7 @@ uint64_t ShapeElements(const std::vector<int64_t>& shape) {
 Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
                                      const Placement& defaults) {
   if (spec.name.empty()) {
-    return Status(StatusCode::kInvalidArgument, "a group needs a name");
+    return Status::InvalidArgument("a group needs a name");
   }
   if (spec.tensors.empty()) return Invalid(spec, "has no tensors");
   const Placement& placement =

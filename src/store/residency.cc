@@ -87,11 +87,11 @@ Status Residency::CheckFits(const GroupLayout& layout) const {
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     const int i = Index(t);
     if (t == Tier::kNvme && homed[i] > 0 && nvme_ == nullptr) {
-      return Status(StatusCode::kFailedPrecondition,
-                    "group '" + layout.name +
-                        "' places roles on NVMe but the engine has no NVMe "
-                        "tier; set nvme_budget and swap_dir "
-                        "(--nvme-budget, --swap-dir)");
+      return Status::FailedPrecondition(
+          "group '" + layout.name +
+          "' places roles on NVMe but the engine has no NVMe "
+          "tier; set nvme_budget and swap_dir "
+          "(--nvme-budget, --swap-dir)");
     }
     const uint64_t need = homed[i] + (t == Tier::kNvme ? 0 : fetched[i]);
     if (need <= free[i]) continue;
@@ -104,14 +104,14 @@ Status Residency::CheckFits(const GroupLayout& layout) const {
     }
     msg += ". Raise the " + TierLabel(t) +
            " budget or move roles of this group to a lower tier";
-    return Status(StatusCode::kResourceExhausted, std::move(msg));
+    return Status::ResourceExhausted(std::move(msg));
   }
   return Status();
 }
 
 Result<int> Residency::AddGroup(GroupLayout layout) {
   Lock lk(mu_);
-  if (Status s = CheckFits(layout); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckFits(layout));
   const int id = static_cast<int>(groups_.size());
   Group& g = groups_.emplace_back();
   g.layout = std::move(layout);
@@ -139,14 +139,12 @@ Status Residency::AllocateHomes(Group& g, std::vector<int>& ids) {
     c.role = cl.role;
     c.home = cl.home;
     c.bytes = cl.bytes;
-    if (Status s = TryAllocate(c, c.home); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(TryAllocate(c, c.home));
     Copy& home = c.copy[Index(c.home)];
     if (c.home != Tier::kNvme) {
       // Zero-filled homes are valid from the start; NVMe homes stay
       // invalid until first written, and the chunk reads as zeros.
-      if (Status s = mover_->Zero(PlaceOf(c, c.home), c.bytes); !s.ok()) {
-        return s;
-      }
+      STRATA_RETURN_IF_ERROR(mover_->Zero(PlaceOf(c, c.home), c.bytes));
       home.valid = true;
     }
   }
@@ -190,27 +188,26 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write,
                              bool record) {
   Lock lk(mu_);
   if (group < 0 || group >= static_cast<int>(groups_.size())) {
-    return Status(StatusCode::kInvalidArgument,
-                  "no group " + std::to_string(group) + " (" +
-                      std::to_string(groups_.size()) + " registered)");
+    return Status::InvalidArgument("no group " + std::to_string(group) + " (" +
+                                   std::to_string(groups_.size()) +
+                                   " registered)");
   }
   if (tier == Tier::kNvme) {
-    return Status(StatusCode::kInvalidArgument,
-                  "cannot fetch to NVMe: fetch to the device or the host");
+    return Status::InvalidArgument(
+        "cannot fetch to NVMe: fetch to the device or the host");
   }
   const RoleMask allowed = groups_[group].layout.device_roles;
   if (tier == Tier::kDevice &&
       (roles & groups_[group].layout.roles & ~allowed) != 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "group '" + groups_[group].layout.name +
-                      "': a role asked for is not in its placement's "
-                      "device_roles; fetch it to the host");
+    return Status::InvalidArgument(
+        "group '" + groups_[group].layout.name +
+        "': a role asked for is not in its placement's "
+        "device_roles; fetch it to the host");
   }
   const std::vector<int> ids = ChunksOf(group, roles);
   if (ids.empty()) {
-    return Status(StatusCode::kInvalidArgument,
-                  "group '" + groups_[group].layout.name +
-                      "' has none of the requested roles");
+    return Status::InvalidArgument("group '" + groups_[group].layout.name +
+                                   "' has none of the requested roles");
   }
   if (record && trace_.in_step()) {
     position_ = trace_.OnFetch({group, tier, roles});
@@ -270,9 +267,9 @@ Status Residency::Release(int group) {
   std::lock_guard<std::mutex> lock(mu_);
   if (group < 0 || group >= static_cast<int>(groups_.size()) ||
       groups_[group].pins.empty()) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "release of group " + std::to_string(group) +
-                      " without a matching fetch");
+    return Status::FailedPrecondition("release of group " +
+                                      std::to_string(group) +
+                                      " without a matching fetch");
   }
   Pin pin = std::move(groups_[group].pins.back());
   groups_[group].pins.pop_back();
@@ -288,9 +285,9 @@ Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int entry) {
   Lock lk(mu_);
   if (group < 0 || group >= static_cast<int>(groups_.size()) ||
       tier == Tier::kNvme) {
-    return Status(StatusCode::kInvalidArgument,
-                  "prefetch of group " + std::to_string(group) + " to " +
-                      TierLabel(tier) + " is not possible");
+    return Status::InvalidArgument("prefetch of group " +
+                                   std::to_string(group) + " to " +
+                                   TierLabel(tier) + " is not possible");
   }
   if (tier == Tier::kDevice) roles &= groups_[group].layout.device_roles;
   for (int id : ChunksOf(group, roles)) {
@@ -309,8 +306,7 @@ Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int entry) {
 Status Residency::Evict(int group, Tier tier) {
   Lock lk(mu_);
   if (group < 0 || group >= static_cast<int>(groups_.size())) {
-    return Status(StatusCode::kInvalidArgument,
-                  "no group " + std::to_string(group));
+    return Status::InvalidArgument("no group " + std::to_string(group));
   }
   for (int id : ChunksOf(group, kAllRoles)) {
     Chunk& c = chunks_[id];
@@ -318,12 +314,11 @@ Status Residency::Evict(int group, Tier tier) {
     while (copy.busy || copy.readers > 0) changed_.wait(lk);
     if (c.home == tier || !copy.allocated) continue;
     if (copy.pins > 0) {
-      return Status(StatusCode::kFailedPrecondition,
-                    "group '" + groups_[group].layout.name +
-                        "' is fetched on " + TierLabel(tier) +
-                        "; release it before evicting");
+      return Status::FailedPrecondition("group '" + groups_[group].layout.name +
+                                        "' is fetched on " + TierLabel(tier) +
+                                        "; release it before evicting");
     }
-    if (Status s = Drop(lk, id, tier); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(Drop(lk, id, tier));
   }
   return Status();
 }
@@ -421,7 +416,7 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, int entry) {
   Chunk& c = chunks_[id];
   Copy& dst = c.copy[Index(tier)];
   if (!dst.allocated) {
-    if (Status s = Allocate(lk, id, tier, entry); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(Allocate(lk, id, tier, entry));
   }
   Copy* src = from == tier ? nullptr : &c.copy[Index(from)];
   const bool stale =
@@ -456,7 +451,7 @@ Status Residency::MakeRoom(Tier tier, uint64_t bytes) {
   while (FreeBytes(tier) < bytes) {
     const int victim = PickVictim(tier, -1, -1);
     if (victim < 0) break;
-    if (Status s = Drop(lk, victim, tier); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
   }
   return Status();
 }
@@ -469,23 +464,23 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, int entry) {
     if (TryAllocate(c, tier).ok()) return Status();
     const int victim = PickVictim(tier, id, entry);
     if (victim >= 0) {
-      if (Status s = Drop(lk, victim, tier); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
       continue;
     }
     if (entry >= 0) {
-      return Status(StatusCode::kUnavailable, "no room for a prefetch");
+      return Status::Unavailable("no room for a prefetch");
     }
     if (AnyBusy(tier)) {
       changed_.wait(lk);
       continue;
     }
     const uint64_t free = FreeBytes(tier);
-    return Status(StatusCode::kResourceExhausted,
-                  TierLabel(tier) + " tier: cannot fit " + HumanBytes(c.bytes) +
-                      " for " + Describe(c) + ": " + HumanBytes(free) +
-                      " free and every other copy there is fetched "
-                      "(pinned); release groups or raise the " +
-                      TierLabel(tier) + " budget");
+    return Status::ResourceExhausted(
+        TierLabel(tier) + " tier: cannot fit " + HumanBytes(c.bytes) + " for " +
+        Describe(c) + ": " + HumanBytes(free) +
+        " free and every other copy there is fetched "
+        "(pinned); release groups or raise the " +
+        TierLabel(tier) + " budget");
   }
 }
 
@@ -493,14 +488,11 @@ Status Residency::TryAllocate(Chunk& c, Tier tier) {
   Copy& copy = c.copy[Index(tier)];
   STRATA_CHECK(!copy.allocated);
   if (tier == Tier::kNvme) {
-    Result<tier::Extent> extent = nvme_->Allocate(c.bytes);
-    if (!extent.ok()) return extent.status();
-    copy.extent = *extent;
+    STRATA_ASSIGN_OR_RETURN(copy.extent, nvme_->Allocate(c.bytes));
   } else {
-    Result<void*> ptr = tier == Tier::kDevice ? device_->Allocate(c.bytes)
-                                              : host_->Allocate(c.bytes);
-    if (!ptr.ok()) return ptr.status();
-    copy.ptr = *ptr;
+    STRATA_ASSIGN_OR_RETURN(copy.ptr, tier == Tier::kDevice
+                                          ? device_->Allocate(c.bytes)
+                                          : host_->Allocate(c.bytes));
   }
   copy.allocated = true;
   return Status();

@@ -41,8 +41,8 @@
 #include <string>
 #include <vector>
 
-#include "src/store/layout.h"
 #include "src/sched/trace.h"
+#include "src/store/layout.h"
 #include "src/tier/device.h"
 #include "src/tier/nvme_store.h"
 #include "src/tier/pinned_pool.h"

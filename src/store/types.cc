@@ -21,9 +21,8 @@ Result<Tier> ParseTier(std::string_view name) {
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     if (name == TierName(t)) return t;
   }
-  return Status(
-      StatusCode::kInvalidArgument,
-      "unknown tier '" + std::string(name) + "'; use device, host or nvme");
+  return Status::InvalidArgument("unknown tier '" + std::string(name) +
+                                 "'; use device, host or nvme");
 }
 
 std::string_view RoleName(Role role) {
@@ -49,9 +48,8 @@ Result<DType> ParseDType(std::string_view name) {
   for (DType d : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
     if (name == DTypeName(d)) return d;
   }
-  return Status(
-      StatusCode::kInvalidArgument,
-      "dtype '" + std::string(name) + "' is not one of bf16, fp16, fp32");
+  return Status::InvalidArgument("dtype '" + std::string(name) +
+                                 "' is not one of bf16, fp16, fp32");
 }
 
 size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }

@@ -17,25 +17,23 @@ bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 // alignment, so every backend sees a budget its RangeAllocator uses whole.
 Result<DeviceOptions> Normalize(DeviceOptions options) {
   if (options.budget == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "device tier: the device budget is 0 bytes; give the bytes "
-                  "of device memory strata may use (--device-budget)");
+    return Status::InvalidArgument(
+        "device tier: the device budget is 0 bytes; give the bytes "
+        "of device memory strata may use (--device-budget)");
   }
   if (!IsPowerOfTwo(options.alignment)) {
-    return Status(StatusCode::kInvalidArgument,
-                  "device tier: allocation alignment " +
-                      std::to_string(options.alignment) +
-                      " is not a power of two; use e.g. 256");
+    return Status::InvalidArgument("device tier: allocation alignment " +
+                                   std::to_string(options.alignment) +
+                                   " is not a power of two; use e.g. 256");
   }
   const uint64_t usable =
       options.budget / options.alignment * options.alignment;
   if (usable == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "device tier: the device budget (" +
-                      HumanBytes(options.budget) +
-                      ") is smaller than the allocation alignment (" +
-                      HumanBytes(options.alignment) +
-                      "); raise the budget (--device-budget)");
+    return Status::InvalidArgument(
+        "device tier: the device budget (" + HumanBytes(options.budget) +
+        ") is smaller than the allocation alignment (" +
+        HumanBytes(options.alignment) +
+        "); raise the budget (--device-budget)");
   }
   options.budget = usable;
   return options;
@@ -47,9 +45,8 @@ Result<DeviceKind> ParseDeviceKind(std::string_view name) {
   if (name == "auto") return DeviceKind::kAuto;
   if (name == "host" || name == "emulated") return DeviceKind::kHostEmulated;
   if (name == "cuda") return DeviceKind::kCuda;
-  return Status(StatusCode::kInvalidArgument,
-                "unknown device kind '" + std::string(name) +
-                    "'; use auto, host (or emulated) or cuda");
+  return Status::InvalidArgument("unknown device kind '" + std::string(name) +
+                                 "'; use auto, host (or emulated) or cuda");
 }
 
 std::string_view DeviceKindName(DeviceKind kind) {
@@ -76,31 +73,30 @@ bool CudaAvailable(std::string* why) {
 }
 
 Result<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options) {
-  Result<DeviceOptions> normalized = Normalize(options);
-  if (!normalized.ok()) return normalized.status();
+  STRATA_ASSIGN_OR_RETURN(DeviceOptions normalized, Normalize(options));
   if (options.kind == DeviceKind::kHostEmulated) {
-    return internal::OpenHostDevice(*normalized,
+    return internal::OpenHostDevice(normalized,
                                     "host-emulated device requested");
   }
   std::string why;
   if (CudaAvailable(&why)) {  // never true in a build without CUDA
 #ifdef STRATA_HAVE_CUDA
     return internal::OpenCudaDevice(
-        *normalized, options.kind == DeviceKind::kAuto
-                         ? "auto: a CUDA device is present, using it"
-                         : "CUDA device requested");
+        normalized, options.kind == DeviceKind::kAuto
+                        ? "auto: a CUDA device is present, using it"
+                        : "CUDA device requested");
 #endif
   }
   if (options.kind == DeviceKind::kCuda) {
-    return Status(StatusCode::kUnavailable,
-                  "device tier: a CUDA device was requested but CUDA is "
-                  "unavailable: " +
-                      why +
-                      "; run on the host-emulated device instead "
-                      "(--device host)");
+    return Status::Unavailable(
+        "device tier: a CUDA device was requested but CUDA is "
+        "unavailable: " +
+        why +
+        "; run on the host-emulated device instead "
+        "(--device host)");
   }
   return internal::OpenHostDevice(
-      *normalized, "auto: " + why + ", using the host-emulated device");
+      normalized, "auto: " + why + ", using the host-emulated device");
 }
 
 namespace internal {
@@ -164,7 +160,7 @@ Status ArenaDevice::ExhaustedStatus(uint64_t bytes) const {
   msg +=
       "; raise the device budget (--device-budget) or free device memory "
       "first";
-  return Status(StatusCode::kResourceExhausted, std::move(msg));
+  return Status::ResourceExhausted(std::move(msg));
 }
 
 void ArenaDevice::Free(void* ptr) {
@@ -180,8 +176,7 @@ void ArenaDevice::Free(void* ptr) {
 
 Status ArenaDevice::Invalid(const char* what,
                             const std::string& problem) const {
-  return Status(StatusCode::kInvalidArgument,
-                Tier() + ": " + what + ": " + problem);
+  return Status::InvalidArgument(Tier() + ": " + what + ": " + problem);
 }
 
 Status ArenaDevice::CheckDevice(const void* device, size_t bytes,
@@ -220,7 +215,7 @@ Status ArenaDevice::CheckDevice(const void* device, size_t bytes,
 // host/device mix-up that CUDA would reject is caught without a GPU too.
 Status ArenaDevice::CheckCopy(const void* device, const void* host,
                               size_t bytes, const char* what) const {
-  if (Status s = CheckDevice(device, bytes, what); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckDevice(device, bytes, what));
   if (host == nullptr) return Invalid(what, "the host pointer is null");
   const auto addr = reinterpret_cast<uintptr_t>(host);
   const auto base = reinterpret_cast<uintptr_t>(base_);
@@ -246,22 +241,18 @@ Result<Event> ArenaDevice::Issue(Direction direction, void* dst,
 
 Result<Event> ArenaDevice::CopyToDevice(void* device, const void* host,
                                         size_t bytes) {
-  if (Status s = CheckCopy(device, host, bytes, "copy to device"); !s.ok()) {
-    return s;
-  }
+  STRATA_RETURN_IF_ERROR(CheckCopy(device, host, bytes, "copy to device"));
   return Issue(Direction::kToDevice, device, host, bytes);
 }
 
 Result<Event> ArenaDevice::CopyToHost(void* host, const void* device,
                                       size_t bytes) {
-  if (Status s = CheckCopy(device, host, bytes, "copy to host"); !s.ok()) {
-    return s;
-  }
+  STRATA_RETURN_IF_ERROR(CheckCopy(device, host, bytes, "copy to host"));
   return Issue(Direction::kToHost, host, device, bytes);
 }
 
 Status ArenaDevice::Memset(void* device, int byte, size_t bytes) {
-  if (Status s = CheckDevice(device, bytes, "memset"); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckDevice(device, bytes, "memset"));
   if (bytes == 0) return Status();
   return Fill(device, byte, bytes);
 }

@@ -218,10 +218,9 @@ class CudaDevice : public ArenaDevice {
   Status Fill(void* device, int byte, size_t bytes) override {
     ScopedDevice on(gpu_->ordinal);
     if (!on.status().ok()) return on.status();
-    Status s = STRATA_CUDA_STATUS(
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(
         cudaMemsetAsync(device, byte, bytes, gpu_->to_device),
-        "device tier: cudaMemsetAsync of " + HumanBytes(bytes));
-    if (!s.ok()) return s;
+        "device tier: cudaMemsetAsync of " + HumanBytes(bytes)));
     return STRATA_CUDA_STATUS(cudaStreamSynchronize(gpu_->to_device),
                               "device tier: waiting for cudaMemsetAsync");
   }
@@ -250,17 +249,14 @@ int NumaNodeOf(int ordinal) {
 
 Status CheckOrdinal(int ordinal) {
   int count = 0;
-  if (Status s = STRATA_CUDA_STATUS(cudaGetDeviceCount(&count),
-                                    "device tier: cudaGetDeviceCount");
-      !s.ok()) {
-    return s;
-  }
+  STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaGetDeviceCount(&count),
+                                            "device tier: cudaGetDeviceCount"));
   if (ordinal < 0 || ordinal >= count) {
-    return Status(StatusCode::kInvalidArgument,
-                  "device tier: CUDA device " + std::to_string(ordinal) +
-                      " does not exist (" + std::to_string(count) +
-                      " visible); pick an ordinal from 0 to " +
-                      std::to_string(count - 1) + " (--cuda-device)");
+    return Status::InvalidArgument(
+        "device tier: CUDA device " + std::to_string(ordinal) +
+        " does not exist (" + std::to_string(count) +
+        " visible); pick an ordinal from 0 to " + std::to_string(count - 1) +
+        " (--cuda-device)");
   }
   return Status();
 }
@@ -287,12 +283,11 @@ Status AllocateArena(CudaResources& gpu, const DeviceInfo& info,
     gpu_free = HumanBytes(free) + " free of " + HumanBytes(total);
   }
   cudaGetLastError();
-  return Status(StatusCode::kResourceExhausted,
-                "device tier (CUDA " + info.name + "): cannot reserve the " +
-                    HumanBytes(info.budget) + " device budget: the GPU has " +
-                    gpu_free +
-                    "; lower the device budget (--device-budget) or free GPU "
-                    "memory held by other processes (nvidia-smi)");
+  return Status::ResourceExhausted(
+      "device tier (CUDA " + info.name + "): cannot reserve the " +
+      HumanBytes(info.budget) + " device budget: the GPU has " + gpu_free +
+      "; lower the device budget (--device-budget) or free GPU "
+      "memory held by other processes (nvidia-smi)");
 }
 
 }  // namespace
@@ -316,16 +311,13 @@ bool ProbeCuda(std::string* why) {
 
 Result<std::unique_ptr<Device>> OpenCudaDevice(const DeviceOptions& options,
                                                std::string reason) {
-  if (Status s = CheckOrdinal(options.cuda_device); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckOrdinal(options.cuda_device));
   ScopedDevice on(options.cuda_device);
   if (!on.status().ok()) return on.status();
   cudaDeviceProp prop{};
-  if (Status s = STRATA_CUDA_STATUS(
-          cudaGetDeviceProperties(&prop, options.cuda_device),
-          "device tier: cudaGetDeviceProperties");
-      !s.ok()) {
-    return s;
-  }
+  STRATA_RETURN_IF_ERROR(
+      STRATA_CUDA_STATUS(cudaGetDeviceProperties(&prop, options.cuda_device),
+                         "device tier: cudaGetDeviceProperties"));
   DeviceInfo info;
   info.kind = DeviceKind::kCuda;
   info.name = prop.name;
@@ -334,15 +326,11 @@ Result<std::unique_ptr<Device>> OpenCudaDevice(const DeviceOptions& options,
   info.budget = options.budget;
 
   auto gpu = std::make_unique<CudaResources>(options.cuda_device);
-  if (Status s = AllocateArena(*gpu, info, options.alignment); !s.ok())
-    return s;
+  STRATA_RETURN_IF_ERROR(AllocateArena(*gpu, info, options.alignment));
   for (cudaStream_t* stream : {&gpu->to_device, &gpu->to_host}) {
-    if (Status s = STRATA_CUDA_STATUS(
-            cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
-            "device tier: creating a CUDA stream");
-        !s.ok()) {
-      return s;
-    }
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(
+        cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
+        "device tier: creating a CUDA stream"));
   }
   return std::unique_ptr<Device>(std::make_unique<CudaDevice>(
       std::move(info), std::move(gpu), options.alignment));

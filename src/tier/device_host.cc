@@ -173,15 +173,15 @@ class HostDevice : public ArenaDevice {
 
 Result<std::unique_ptr<Device>> OpenHostDevice(const DeviceOptions& options,
                                                std::string reason) {
-  Result<Mapping> mapping = Mapping::Create(options.budget, options.alignment);
-  if (!mapping.ok()) return mapping.status();
+  STRATA_ASSIGN_OR_RETURN(Mapping mapping,
+                          Mapping::Create(options.budget, options.alignment));
   DeviceInfo info;
   info.kind = DeviceKind::kHostEmulated;
   info.name = "host-emulated";
   info.reason = std::move(reason);
   info.budget = options.budget;
   return std::unique_ptr<Device>(std::make_unique<HostDevice>(
-      std::move(info), std::move(*mapping), options.alignment));
+      std::move(info), std::move(mapping), options.alignment));
 }
 
 }  // namespace strata::tier::internal

@@ -49,20 +49,19 @@ bool IsSwapFileName(const std::string& name) {
 
 Status ValidateOptions(const NvmeStoreOptions& options) {
   if (options.dir.empty()) {
-    return Status(StatusCode::kInvalidArgument,
-                  "NVMe tier: no swap directory given; name an existing "
-                  "directory on the NVMe device");
+    return Status::InvalidArgument(
+        "NVMe tier: no swap directory given; name an existing "
+        "directory on the NVMe device");
   }
   if (options.capacity == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "NVMe tier: capacity is 0 bytes; set the NVMe budget "
-                  "(--nvme-budget) to a positive size");
+    return Status::InvalidArgument(
+        "NVMe tier: capacity is 0 bytes; set the NVMe budget "
+        "(--nvme-budget) to a positive size");
   }
   if (options.files < 1 || options.files > kMaxFiles) {
-    return Status(StatusCode::kInvalidArgument,
-                  "NVMe tier: " + std::to_string(options.files) +
-                      " swap files asked for; use 1.." +
-                      std::to_string(kMaxFiles));
+    return Status::InvalidArgument(
+        "NVMe tier: " + std::to_string(options.files) +
+        " swap files asked for; use 1.." + std::to_string(kMaxFiles));
   }
   return Status::Ok();
 }
@@ -72,18 +71,16 @@ Status CheckDirectory(const std::string& dir) {
   if (stat(dir.c_str(), &st) != 0) {
     const int err = errno;
     if (err == ENOENT) {
-      return Status(StatusCode::kNotFound,
-                    "NVMe tier: swap directory '" + dir +
-                        "' does not exist; create it (mkdir -p " + dir +
-                        ") or choose another swap directory");
+      return Status::NotFound("NVMe tier: swap directory '" + dir +
+                              "' does not exist; create it (mkdir -p " + dir +
+                              ") or choose another swap directory");
     }
     return aio::ErrnoStatus(
         err, "NVMe tier: cannot stat swap directory '" + dir + "'");
   }
   if (!S_ISDIR(st.st_mode)) {
-    return Status(StatusCode::kInvalidArgument,
-                  "NVMe tier: swap directory '" + dir +
-                      "' is not a directory; name a directory");
+    return Status::InvalidArgument("NVMe tier: swap directory '" + dir +
+                                   "' is not a directory; name a directory");
   }
   return Status::Ok();
 }
@@ -103,13 +100,12 @@ std::string HolderPid(int fd) {
 
 Status LockBusy(int fd, const std::string& dir, const std::string& path) {
   const std::string pid = HolderPid(fd);
-  return Status(StatusCode::kFailedPrecondition,
-                "NVMe tier: swap directory '" + dir +
-                    "' is in use by another strata engine (pid " + pid +
-                    " holds '" + path +
-                    "'); use another swap directory for this one, or stop "
-                    "pid " +
-                    pid + " first");
+  return Status::FailedPrecondition(
+      "NVMe tier: swap directory '" + dir +
+      "' is in use by another strata engine (pid " + pid + " holds '" + path +
+      "'); use another swap directory for this one, or stop "
+      "pid " +
+      pid + " first");
 }
 
 // Note [Lock file lifetime]
@@ -154,10 +150,10 @@ Result<int> AcquireLock(const std::string& dir) {
     }
     close(fd);
   }
-  return Status(StatusCode::kUnavailable,
-                "NVMe tier: lock file '" + path +
-                    "' keeps being replaced by other processes; make sure "
-                    "only one strata engine uses this swap directory");
+  return Status::Unavailable(
+      "NVMe tier: lock file '" + path +
+      "' keeps being replaced by other processes; make sure "
+      "only one strata engine uses this swap directory");
 }
 
 // Deletes swap files left by a run that died. Called with the lock held,
@@ -263,12 +259,11 @@ Status NvmeStore::Impl::ProbeAlignment() {
       std::max((*probe)->mem_align(), (*probe)->offset_align());
   STRATA_CHECK(engine_->CloseFile(*probe).ok());
   if ((dio & (dio - 1)) != 0) {
-    return Status(StatusCode::kUnavailable,
-                  "NVMe tier: '" + dir_ +
-                      "' reports a direct-I/O alignment of " +
-                      std::to_string(dio) +
-                      " bytes, which is not a power of two; choose a swap "
-                      "directory on another file system");
+    return Status::Unavailable(
+        "NVMe tier: '" + dir_ + "' reports a direct-I/O alignment of " +
+        std::to_string(dio) +
+        " bytes, which is not a power of two; choose a swap "
+        "directory on another file system");
   }
   alignment_ = std::max(kMinAlignment, dio);
   return Status::Ok();
@@ -328,7 +323,7 @@ Status NvmeStore::Impl::NoSpace(uint64_t bytes) const {
     msg += ";";
   }
   msg += " raise the NVMe budget (--nvme-budget) or free extents first";
-  return Status(StatusCode::kNoSpace, std::move(msg));
+  return Status::NoSpace(std::move(msg));
 }
 
 Result<Extent> NvmeStore::Impl::Allocate(uint64_t bytes) {
@@ -362,13 +357,12 @@ Status NvmeStore::Impl::CheckBuffer(const void* buf, const char* what) const {
   }
   char text[96];
   std::snprintf(text, sizeof(text), "%p", buf);
-  return Status(StatusCode::kInvalidArgument,
-                std::string("NVMe tier: ") + what + " buffer " + text +
-                    (buf == nullptr ? " is null" : " is misaligned") +
-                    "; swap I/O needs a buffer aligned to " +
-                    std::to_string(alignment_) +
-                    " bytes (the swap files' O_DIRECT alignment): allocate "
-                    "it with aio::PinnedBuffer or aligned_alloc");
+  return Status::InvalidArgument(
+      std::string("NVMe tier: ") + what + " buffer " + text +
+      (buf == nullptr ? " is null" : " is misaligned") +
+      "; swap I/O needs a buffer aligned to " + std::to_string(alignment_) +
+      " bytes (the swap files' O_DIRECT alignment): allocate "
+      "it with aio::PinnedBuffer or aligned_alloc");
 }
 
 std::string NvmeStore::Impl::Describe(const Extent& extent) const {
@@ -381,16 +375,16 @@ std::string NvmeStore::Impl::Describe(const Extent& extent) const {
 }
 
 Status NvmeStore::Impl::NoValidData(const Extent& extent) const {
-  return Status(StatusCode::kDataLoss,
-                "NVMe tier: " + Describe(extent) +
-                    " holds no valid data: it was never written or its last "
-                    "write failed; write it again from the in-memory copy "
-                    "before reading it");
+  return Status::DataLoss(
+      "NVMe tier: " + Describe(extent) +
+      " holds no valid data: it was never written or its last "
+      "write failed; write it again from the in-memory copy "
+      "before reading it");
 }
 
 Result<PendingIo> NvmeStore::Impl::StartWrite(const Extent& extent,
                                               const void* buf) {
-  if (Status st = CheckBuffer(buf, "write"); !st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(CheckBuffer(buf, "write"));
   const uint64_t checksum = XXH3_64bits(buf, extent.bytes);
   {
     // Invalidate before any byte can change, so that a write that fails,
@@ -398,10 +392,10 @@ Result<PendingIo> NvmeStore::Impl::StartWrite(const Extent& extent,
     std::lock_guard<std::mutex> lock(mu_);
     Lookup(extent).has_data = false;
   }
-  Result<aio::Handle> handle = engine_->Write(files_[extent.file].file, buf,
-                                              extent.bytes, extent.offset);
-  if (!handle.ok()) return handle.status();
-  return PendingIo{.handle = std::move(*handle),
+  STRATA_ASSIGN_OR_RETURN(aio::Handle handle,
+                          engine_->Write(files_[extent.file].file, buf,
+                                         extent.bytes, extent.offset));
+  return PendingIo{.handle = std::move(handle),
                    .extent = extent,
                    .buf = const_cast<void*>(buf),
                    .write = true,
@@ -409,15 +403,15 @@ Result<PendingIo> NvmeStore::Impl::StartWrite(const Extent& extent,
 }
 
 Result<PendingIo> NvmeStore::Impl::StartRead(const Extent& extent, void* buf) {
-  if (Status st = CheckBuffer(buf, "read"); !st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(CheckBuffer(buf, "read"));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!Lookup(extent).has_data) return NoValidData(extent);
   }
-  Result<aio::Handle> handle =
-      engine_->Read(files_[extent.file].file, buf, extent.bytes, extent.offset);
-  if (!handle.ok()) return handle.status();
-  return PendingIo{.handle = std::move(*handle), .extent = extent, .buf = buf};
+  STRATA_ASSIGN_OR_RETURN(aio::Handle handle,
+                          engine_->Read(files_[extent.file].file, buf,
+                                        extent.bytes, extent.offset));
+  return PendingIo{.handle = std::move(handle), .extent = extent, .buf = buf};
 }
 
 Status NvmeStore::Impl::FinishIo(PendingIo& io) {
@@ -458,13 +452,12 @@ Status NvmeStore::Impl::FinishRead(PendingIo& io, const Status& done) {
   if (!meta.has_data) return NoValidData(io.extent);
   if (meta.checksum != actual) {
     ++stats_.checksum_failures;
-    return Status(StatusCode::kDataLoss,
-                  "NVMe tier: checksum mismatch in " + Describe(io.extent) +
-                      " at offset " + std::to_string(io.extent.offset) +
-                      ": expected " + Hex(meta.checksum) + ", got " +
-                      Hex(actual) +
-                      "; the swap file was modified or the device returned "
-                      "bad data");
+    return Status::DataLoss(
+        "NVMe tier: checksum mismatch in " + Describe(io.extent) +
+        " at offset " + std::to_string(io.extent.offset) + ": expected " +
+        Hex(meta.checksum) + ", got " + Hex(actual) +
+        "; the swap file was modified or the device returned "
+        "bad data");
   }
   stats_.bytes_read += io.extent.bytes;
   return Status::Ok();
@@ -477,17 +470,16 @@ NvmeStore::~NvmeStore() = default;
 Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(
     aio::Engine* engine, const NvmeStoreOptions& options) {
   STRATA_CHECK(engine != nullptr);
-  if (Status st = ValidateOptions(options); !st.ok()) return st;
-  if (Status st = CheckDirectory(options.dir); !st.ok()) return st;
-  Result<int> lock_fd = AcquireLock(options.dir);
-  if (!lock_fd.ok()) return lock_fd.status();
+  STRATA_RETURN_IF_ERROR(ValidateOptions(options));
+  STRATA_RETURN_IF_ERROR(CheckDirectory(options.dir));
+  STRATA_ASSIGN_OR_RETURN(int lock_fd, AcquireLock(options.dir));
   ReclaimStaleFiles(options.dir);
   // From here on, Impl's destructor undoes whatever was set up when a step
   // fails: it closes and deletes the swap files and releases the lock.
   auto impl =
-      std::make_unique<Impl>(engine, options.dir, *lock_fd, options.files);
-  if (Status st = impl->ProbeAlignment(); !st.ok()) return st;
-  if (Status st = impl->CreateFiles(options.capacity); !st.ok()) return st;
+      std::make_unique<Impl>(engine, options.dir, lock_fd, options.files);
+  STRATA_RETURN_IF_ERROR(impl->ProbeAlignment());
+  STRATA_RETURN_IF_ERROR(impl->CreateFiles(options.capacity));
   return std::unique_ptr<NvmeStore>(new NvmeStore(std::move(impl)));
 }
 
@@ -510,15 +502,13 @@ Result<PendingIo> NvmeStore::StartRead(const Extent& extent, void* buf) {
 Status NvmeStore::FinishIo(PendingIo& io) { return impl_->FinishIo(io); }
 
 Status NvmeStore::Write(const Extent& extent, const void* buf) {
-  Result<PendingIo> io = StartWrite(extent, buf);
-  if (!io.ok()) return io.status();
-  return FinishIo(*io);
+  STRATA_ASSIGN_OR_RETURN(PendingIo io, StartWrite(extent, buf));
+  return FinishIo(io);
 }
 
 Status NvmeStore::Read(const Extent& extent, void* buf) {
-  Result<PendingIo> io = StartRead(extent, buf);
-  if (!io.ok()) return io.status();
-  return FinishIo(*io);
+  STRATA_ASSIGN_OR_RETURN(PendingIo io, StartRead(extent, buf));
+  return FinishIo(io);
 }
 
 std::string NvmeStore::Describe(const Extent& extent) const {

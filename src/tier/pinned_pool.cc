@@ -80,11 +80,10 @@ Result<int> ChooseNode(const PinnedPoolOptions& options) {
   if (numa_available() < 0) return -1;
   const int max_node = numa_max_node();
   if (options.numa_node > max_node) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string(kTier) + ": NUMA node " +
-                      std::to_string(options.numa_node) +
-                      " does not exist (the highest is " +
-                      std::to_string(max_node) + "); pick another node");
+    return Status::InvalidArgument(
+        std::string(kTier) + ": NUMA node " +
+        std::to_string(options.numa_node) + " does not exist (the highest is " +
+        std::to_string(max_node) + "); pick another node");
   }
   if (options.numa_node >= 0) return options.numa_node;
   if (options.gpu_numa_node >= 0 && options.gpu_numa_node <= max_node) {
@@ -260,7 +259,7 @@ Result<bool> LockSlab(const Slab& slab, LockMode mode) {
   const std::string problem = MemlockProblem(errno, slab.mapped);
   munlock(slab.base, slab.mapped);  // a failed mlock may lock a part
   if (mode == LockMode::kRequired) {
-    return Status(StatusCode::kResourceExhausted, problem + kMemlockFix);
+    return Status::ResourceExhausted(problem + kMemlockFix);
   }
   static std::once_flag warned;
   std::call_once(warned, [&] {
@@ -309,14 +308,13 @@ Status PinnedPool::Impl::Exhausted(uint64_t bytes, uint64_t size_class) const {
   const std::string cls = size_class == 0
                               ? "more than the whole budget"
                               : "size class " + HumanBytes(size_class);
-  return Status(
-      StatusCode::kResourceExhausted,
+  return Status::ResourceExhausted(
       std::string(kTier) + ": cannot allocate " + HumanBytes(bytes) + " (" +
-          cls + "): " + HumanBytes(ranges_.free_bytes()) + " free of budget " +
-          HumanBytes(capacity_) + ", largest free range " +
-          HumanBytes(ranges_.largest_free()) +
-          "; raise the host budget (--host-budget) or lower the chunk size "
-          "or the prefetch window so fewer chunks are pinned at once");
+      cls + "): " + HumanBytes(ranges_.free_bytes()) + " free of budget " +
+      HumanBytes(capacity_) + ", largest free range " +
+      HumanBytes(ranges_.largest_free()) +
+      "; raise the host budget (--host-budget) or lower the chunk size "
+      "or the prefetch window so fewer chunks are pinned at once");
 }
 
 PinnedPool::PinnedPool(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -326,27 +324,24 @@ PinnedPool::~PinnedPool() = default;
 Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(
     const PinnedPoolOptions& options, aio::Engine* engine) {
   if (options.budget == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string(kTier) +
-                      ": the budget is 0 bytes; give the host tier a budget "
-                      "(--host-budget)");
+    return Status::InvalidArgument(
+        std::string(kTier) +
+        ": the budget is 0 bytes; give the host tier a budget "
+        "(--host-budget)");
   }
-  Result<int> node = ChooseNode(options);
-  if (!node.ok()) return node.status();
+  STRATA_ASSIGN_OR_RETURN(int node, ChooseNode(options));
   const uint64_t capacity = RoundUp(options.budget, kPage);
-  Result<Slab> slab = ObtainSlab(options, capacity, *node);
-  if (!slab.ok()) return slab.status();
+  STRATA_ASSIGN_OR_RETURN(Slab slab, ObtainSlab(options, capacity, node));
   // From here on `impl` owns the slab and releases it on every error path.
-  auto impl = std::make_unique<Impl>(*slab, capacity);
-  Result<bool> locked = LockSlab(*slab, options.lock);
-  if (!locked.ok()) return locked.status();
+  auto impl = std::make_unique<Impl>(slab, capacity);
+  STRATA_ASSIGN_OR_RETURN(bool locked, LockSlab(slab, options.lock));
   PinnedPoolInfo& info = impl->info_;
-  info.backing = BackingName(slab->backing);
-  info.locked = *locked;
-  info.numa_node = NodeOfSlab(*slab, *node);
+  info.backing = BackingName(slab.backing);
+  info.locked = locked;
+  info.numa_node = NodeOfSlab(slab, node);
   info.budget = capacity;
   if (engine != nullptr) {
-    const Status registered = engine->RegisterBuffer(slab->base, capacity);
+    const Status registered = engine->RegisterBuffer(slab.base, capacity);
     if (!registered.ok()) {
       return Status(
           registered.code(),

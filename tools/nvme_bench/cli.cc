@@ -42,10 +42,6 @@ std::vector<std::string> Split(const std::string& text) {
   return out;
 }
 
-Status Invalid(const std::string& msg) {
-  return Status(StatusCode::kInvalidArgument, msg);
-}
-
 Result<std::vector<int>> ParseInts(const std::string& flag,
                                    const std::string& text, int lo, int hi) {
   std::vector<int> out;
@@ -58,12 +54,13 @@ Result<std::vector<int>> ParseInts(const std::string& flag,
       used = 0;
     }
     if (used != item.size() || v < lo || v > hi) {
-      return Invalid(flag + ": '" + item + "' is not an integer in " +
-                     std::to_string(lo) + ".." + std::to_string(hi));
+      return Status::InvalidArgument(
+          flag + ": '" + item + "' is not an integer in " + std::to_string(lo) +
+          ".." + std::to_string(hi));
     }
     out.push_back(static_cast<int>(v));
   }
-  if (out.empty()) return Invalid(flag + ": empty list");
+  if (out.empty()) return Status::InvalidArgument(flag + ": empty list");
   return out;
 }
 
@@ -71,22 +68,24 @@ Result<std::vector<int>> ParseInts(const std::string& flag,
 // 4 KiB units (the largest direct-I/O alignment we meet).
 Result<BenchOptions> CheckSize(BenchOptions o) {
   if (o.size == 0 || o.size % 4096 != 0) {
-    return Invalid("--size must be a positive multiple of 4K");
+    return Status::InvalidArgument("--size must be a positive multiple of 4K");
   }
   if (o.verify) {
     if (o.verify_max < 4096 || o.verify_max % 4096 != 0 ||
         o.verify_max > o.size) {
-      return Invalid("--verify-max must be a multiple of 4K, at most --size");
+      return Status::InvalidArgument(
+          "--verify-max must be a multiple of 4K, at most --size");
     }
     return o;
   }
   const uint64_t bs = *std::max_element(o.bs.begin(), o.bs.end());
   const uint64_t th = *std::max_element(o.threads.begin(), o.threads.end());
   if (o.size < bs * th) {
-    return Invalid("--size " + std::to_string(o.size) +
-                   " is too small: each thread needs at least one --bs "
-                   "block (largest bs x threads = " +
-                   std::to_string(bs * th) + ")");
+    return Status::InvalidArgument(
+        "--size " + std::to_string(o.size) +
+        " is too small: each thread needs at least one --bs "
+        "block (largest bs x threads = " +
+        std::to_string(bs * th) + ")");
   }
   return o;
 }
@@ -180,40 +179,40 @@ Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
   if (app.count("--fio-buffers") == 0) {
     text.fio_buffers = o.huge_pages ? "huge" : "malloc";
   }
-  Result<FioBufferKind> buffers = ParseFioBufferKind(text.fio_buffers);
-  if (!buffers.ok()) return buffers.status();
-  o.fio_buffers = *buffers;
+  STRATA_ASSIGN_OR_RETURN(o.fio_buffers, ParseFioBufferKind(text.fio_buffers));
   o.rw.clear();
   for (const std::string& item : Split(text.rw)) {
-    Result<Rw> r = ParseRw(item);
-    if (!r.ok()) return r.status();
-    o.rw.push_back(*r);
+    STRATA_ASSIGN_OR_RETURN(Rw r, ParseRw(item));
+    o.rw.push_back(r);
   }
-  if (o.rw.empty()) return Invalid("--rw: empty list");
+  if (o.rw.empty()) return Status::InvalidArgument("--rw: empty list");
   o.bs.clear();
   for (const std::string& item : Split(text.bs)) {
     Result<uint64_t> b = ParseSize(item);
-    if (!b.ok()) return Invalid("--bs: " + b.status().message());
+    if (!b.ok()) {
+      return Status::InvalidArgument("--bs: " + b.status().message());
+    }
     if (*b < 4096 || *b % 4096 != 0 || *b > (1ull << 30)) {
-      return Invalid("--bs: '" + item +
-                     "' must be a multiple of 4K between 4K and 1G");
+      return Status::InvalidArgument(
+          "--bs: '" + item + "' must be a multiple of 4K between 4K and 1G");
     }
     o.bs.push_back(*b);
   }
-  if (o.bs.empty()) return Invalid("--bs: empty list");
-  auto q = ParseInts("--qd", text.qd, 1, 4096);
-  if (!q.ok()) return q.status();
-  o.qd = *q;
-  auto t = ParseInts("--threads", text.threads, 1, 64);
-  if (!t.ok()) return t.status();
-  o.threads = *t;
+  if (o.bs.empty()) return Status::InvalidArgument("--bs: empty list");
+  STRATA_ASSIGN_OR_RETURN(o.qd, ParseInts("--qd", text.qd, 1, 4096));
+  STRATA_ASSIGN_OR_RETURN(o.threads,
+                          ParseInts("--threads", text.threads, 1, 64));
   Result<uint64_t> sz = ParseSize(text.size);
-  if (!sz.ok()) return Invalid("--size: " + sz.status().message());
+  if (!sz.ok()) {
+    return Status::InvalidArgument("--size: " + sz.status().message());
+  }
   o.size = *sz;
   Result<uint64_t> vm = ParseSize(text.verify_max);
-  if (!vm.ok()) return Invalid("--verify-max: " + vm.status().message());
+  if (!vm.ok()) {
+    return Status::InvalidArgument("--verify-max: " + vm.status().message());
+  }
   o.verify_max = *vm;
-  if (o.seconds < 0) return Invalid("--time must be >= 0");
+  if (o.seconds < 0) return Status::InvalidArgument("--time must be >= 0");
   return CheckSize(o);
 }
 
@@ -226,7 +225,7 @@ Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   app.get_formatter()->column_width(34);
   AddJobOptions(app, o, text);
   AddRunOptions(app, o, text);
-  if (Status st = ParseArgs(app, argc, argv, exit_now); !st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(ParseArgs(app, argc, argv, exit_now));
   if (*exit_now) return o;
   return Finish(std::move(o), std::move(text), app);
 }

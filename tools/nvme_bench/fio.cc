@@ -17,15 +17,13 @@ constexpr int kExecFailed = 127;
 Result<std::string> Capture(const std::vector<std::string>& argv) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    return Status(StatusCode::kInternal,
-                  std::string("pipe: ") + std::strerror(errno));
+    return Status::Internal(std::string("pipe: ") + std::strerror(errno));
   }
   const pid_t pid = fork();
   if (pid < 0) {
     close(fds[0]);
     close(fds[1]);
-    return Status(StatusCode::kInternal,
-                  std::string("fork: ") + std::strerror(errno));
+    return Status::Internal(std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
     dup2(fds[1], STDOUT_FILENO);
@@ -51,16 +49,15 @@ Result<std::string> Capture(const std::vector<std::string>& argv) {
   while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
   }
   if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == kExecFailed) {
-    return Status(StatusCode::kNotFound,
-                  "cannot run '" + argv[0] +
-                      "': install fio (apt-get install fio), pass --fio PATH, "
-                      "or drop --vs-fio");
+    return Status::NotFound(
+        "cannot run '" + argv[0] +
+        "': install fio (apt-get install fio), pass --fio PATH, "
+        "or drop --vs-fio");
   }
   if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
-    return Status(StatusCode::kInternal,
-                  "'" + argv[0] + "' failed (exit status " +
-                      std::to_string(WEXITSTATUS(wstatus)) +
-                      "); its messages are above");
+    return Status::Internal("'" + argv[0] + "' failed (exit status " +
+                            std::to_string(WEXITSTATUS(wstatus)) +
+                            "); its messages are above");
   }
   return out;
 }
@@ -100,8 +97,9 @@ std::vector<std::string> FioCommand(const std::string& fio,
       "--randseed=" + std::to_string(spec.seed),
       "--output-format=json",
   };
-  if (!direct)
+  if (!direct) {
     cmd.push_back(IsWrite(spec.rw) ? "--end_fsync=1" : "--invalidate=1");
+  }
   if (spec.seconds > 0) {
     cmd.push_back("--time_based");
     cmd.push_back("--runtime=" +
@@ -115,18 +113,18 @@ std::vector<std::string> FioCommand(const std::string& fio,
 Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
   const size_t start = text.find('{');
   if (start == std::string::npos) {
-    return Status(StatusCode::kInternal, "fio printed no JSON");
+    return Status::Internal("fio printed no JSON");
   }
   nlohmann::json doc = nlohmann::json::parse(text.substr(start), nullptr,
                                              /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.contains("jobs") || doc["jobs"].empty()) {
-    return Status(StatusCode::kInternal, "cannot parse fio's JSON output");
+    return Status::Internal("cannot parse fio's JSON output");
   }
   const nlohmann::json& job = doc["jobs"][0];
   const char* key = IsWrite(spec.rw) ? "write" : "read";
   if (!job.contains(key)) {
-    return Status(StatusCode::kInternal,
-                  std::string("fio's JSON has no '") + key + "' section");
+    return Status::Internal(std::string("fio's JSON has no '") + key +
+                            "' section");
   }
   const nlohmann::json& dir = job.at(key);
   JobResult r;
@@ -142,16 +140,15 @@ Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
   r.usr_pct = job.value("usr_cpu", 0.0);
   r.sys_pct = job.value("sys_cpu", 0.0);
   if (r.bytes == 0 || r.seconds <= 0) {
-    return Status(StatusCode::kInternal, "fio reported no I/O");
+    return Status::Internal("fio reported no I/O");
   }
   return r;
 }
 
 Result<JobResult> RunFio(const std::vector<std::string>& command,
                          const JobSpec& spec) {
-  Result<std::string> out = Capture(command);
-  if (!out.ok()) return out.status();
-  return ParseFioJson(*out, spec);
+  STRATA_ASSIGN_OR_RETURN(std::string out, Capture(command));
+  return ParseFioJson(out, spec);
 }
 
 }  // namespace strata::bench

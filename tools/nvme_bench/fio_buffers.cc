@@ -31,8 +31,8 @@ std::string HugeDescription(const HugePageReservation& r, uint64_t pages) {
 Result<FioBufferKind> ParseFioBufferKind(const std::string& name) {
   if (name == "huge") return FioBufferKind::kHugePages;
   if (name == "malloc") return FioBufferKind::kMalloc;
-  return Status(StatusCode::kInvalidArgument,
-                "--fio-buffers: '" + name + "' is not one of huge, malloc");
+  return Status::InvalidArgument("--fio-buffers: '" + name +
+                                 "' is not one of huge, malloc");
 }
 
 uint64_t FioHugePagesNeeded(const std::vector<JobSpec>& specs,

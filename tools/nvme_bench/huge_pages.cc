@@ -126,10 +126,10 @@ Result<uint64_t> SetHugePages(const std::string& path, uint64_t value) {
   if (fd < 0 || write(fd, text.data(), text.size()) < 0) {
     const std::string why = std::strerror(errno);
     if (fd >= 0) close(fd);
-    return Status(StatusCode::kPermissionDenied,
-                  fmt::format("cannot set vm.nr_hugepages to {} ({}: {}; "
-                              "needs root and a writable /proc/sys)",
-                              value, path, why));
+    return Status::PermissionDenied(
+        fmt::format("cannot set vm.nr_hugepages to {} ({}: {}; "
+                    "needs root and a writable /proc/sys)",
+                    value, path, why));
   }
   close(fd);
   std::string now;
@@ -144,9 +144,9 @@ Result<HugePagePool> ReadHugePagePool(const HugePageFiles& files) {
   ReadFile(files.meminfo, &meminfo);
   const int64_t kib = MeminfoField(meminfo, "Hugepagesize");
   if (kib <= 0) {
-    return Status(StatusCode::kUnavailable,
-                  "this kernel has no huge page pool (no Hugepagesize in " +
-                      files.meminfo + ")");
+    return Status::Unavailable(
+        "this kernel has no huge page pool (no Hugepagesize in " +
+        files.meminfo + ")");
   }
   const int64_t free_pages =
       MeminfoField(meminfo, "HugePages_Free") -
@@ -157,35 +157,30 @@ Result<HugePagePool> ReadHugePagePool(const HugePageFiles& files) {
 
 Result<std::unique_ptr<HugePageReservation>> HugePageReservation::Reserve(
     uint64_t pages, const HugePageFiles& files) {
-  Result<HugePagePool> pool = ReadHugePagePool(files);
-  if (!pool.ok()) return pool.status();
+  STRATA_ASSIGN_OR_RETURN(HugePagePool pool, ReadHugePagePool(files));
   std::unique_ptr<HugePageReservation> r(new HugePageReservation);
   r->files_ = files;
-  r->pool_ = *pool;
-  if (pool->free_pages >= pages) return r;
+  r->pool_ = pool;
+  if (pool.free_pages >= pages) return r;
   std::string text;
   if (!ReadFile(files.nr_hugepages, &text)) {
-    return Status(StatusCode::kPermissionDenied,
-                  "cannot read " + files.nr_hugepages);
+    return Status::PermissionDenied("cannot read " + files.nr_hugepages);
   }
   if (files.nr_hugepages.size() >= sizeof(g_path)) {
-    return Status(StatusCode::kInvalidArgument,
-                  "path too long: " + files.nr_hugepages);
+    return Status::InvalidArgument("path too long: " + files.nr_hugepages);
   }
   r->before_ = std::strtoull(text.c_str(), nullptr, 10);
-  const uint64_t want = r->before_ + pages - pool->free_pages;
+  const uint64_t want = r->before_ + pages - pool.free_pages;
   BlockSignals blocked;
-  Result<uint64_t> got = SetHugePages(files.nr_hugepages, want);
-  if (!got.ok()) return got.status();
-  if (*got < want) {
-    // Back to where it was: *got was read just now, so this is giving back
+  STRATA_ASSIGN_OR_RETURN(uint64_t got, SetHugePages(files.nr_hugepages, want));
+  if (got < want) {
+    // Back to where it was: got was read just now, so this is giving back
     // what the kernel kept of ours.
     Result<uint64_t> back = SetHugePages(files.nr_hugepages, r->before_);
-    return Status(
-        StatusCode::kUnavailable,
+    return Status::Unavailable(
         fmt::format("the kernel gave {} of the {} huge pages asked "
                     "for (memory too fragmented?){}",
-                    *got - std::min(*got, r->before_), want - r->before_,
+                    got - std::min(got, r->before_), want - r->before_,
                     back.ok() ? "" : "; and " + back.status().message()));
   }
   r->added_ = want - r->before_;

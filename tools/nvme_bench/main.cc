@@ -74,8 +74,7 @@ Result<Placement> Place(const BenchOptions& o) {
   }
   if (fs::exists(path, ec)) {
     if (!fs::is_regular_file(path, ec)) {
-      return Status(
-          StatusCode::kInvalidArgument,
+      return Status::InvalidArgument(
           "--path '" + o.path + "' is neither a directory nor a regular file");
     }
     return Placement{o.path, false};
@@ -83,10 +82,10 @@ Result<Placement> Place(const BenchOptions& o) {
   const fs::path parent =
       path.has_parent_path() ? path.parent_path() : fs::path(".");
   if (!fs::is_directory(parent, ec)) {
-    return Status(StatusCode::kNotFound,
-                  "--path '" + o.path + "': directory '" + parent.string() +
-                      "' does not exist; create it (mkdir -p " +
-                      parent.string() + ") or name an existing directory");
+    return Status::NotFound(
+        "--path '" + o.path + "': directory '" + parent.string() +
+        "' does not exist; create it (mkdir -p " + parent.string() +
+        ") or name an existing directory");
   }
   return Placement{o.path, true};
 }
@@ -105,19 +104,15 @@ Status Prefill(aio::Engine* engine, aio::File* file, char* pool, uint64_t size,
   for (uint64_t off = 0; off < size; off += kPrefillChunk, ++i) {
     aio::Handle& slot = inflight[i % kPrefillDepth];
     if (slot.valid()) {
-      Status st = slot.Wait();
-      if (!st.ok()) return st;
+      STRATA_RETURN_IF_ERROR(slot.Wait());
     }
     char* buf = pool + (i % kPrefillDepth) * kPrefillChunk;
     const size_t len = std::min<uint64_t>(kPrefillChunk, size - off);
     FillRandom(buf, len, Mix64(seed) ^ off);
-    auto h = engine->Write(file, buf, len, off);
-    if (!h.ok()) return h.status();
-    slot = std::move(*h);
+    STRATA_ASSIGN_OR_RETURN(slot, engine->Write(file, buf, len, off));
     progress->Update(fmt::format("prefill: {:.0f}%", 100.0 * off / size));
   }
-  Status st = engine->WaitAll();
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(engine->WaitAll());
   progress->Clear();
   return file->Sync();
 }
@@ -176,11 +171,11 @@ Status CheckWritable(const BenchOptions& o, const Placement& place,
   const bool writes =
       o.verify || std::any_of(o.rw.begin(), o.rw.end(), IsWrite);
   if (writes || file.size() < o.size) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "'" + place.file +
-                      "' already exists and this run would write to it; "
-                      "pass --overwrite to allow that, or give --path a "
-                      "directory");
+    return Status::FailedPrecondition(
+        "'" + place.file +
+        "' already exists and this run would write to it; "
+        "pass --overwrite to allow that, or give --path a "
+        "directory");
   }
   return Status::Ok();
 }
@@ -215,11 +210,11 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   };
   auto fio_run = [&]() -> Status {
     progress->Update(label + ": fio");
-    auto r = RunFio(
-        FioCommand(o.fio, target.path, spec, target.direct, fio_opts), spec);
-    if (!r.ok()) return r.status();
-    row.fio_gbps.push_back(r->gb_per_s());
-    fio_runs.push_back(std::move(*r));
+    STRATA_ASSIGN_OR_RETURN(auto r, RunFio(FioCommand(o.fio, target.path, spec,
+                                                      target.direct, fio_opts),
+                                           spec));
+    row.fio_gbps.push_back(r.gb_per_s());
+    fio_runs.push_back(std::move(r));
     return Status::Ok();
   };
   for (int rep = 0; rep < o.repeat; ++rep) {
@@ -260,20 +255,19 @@ Status Sweep(const BenchOptions& o, const Target& target,
     const std::string label =
         fmt::format("[{}/{}] {} bs={} qd={} threads={}", i + 1, specs.size(),
                     RwName(s.rw), SizeText(s.bs), s.qd, s.threads);
-    Result<Row> row =
-        RunRow(o, s, target, pool, fio_buffers.get(), label, progress);
-    if (!row.ok()) return row.status();
-    std::printf("%s\n", TableRow(*row).c_str());
+    STRATA_ASSIGN_OR_RETURN(
+        Row row,
+        RunRow(o, s, target, pool, fio_buffers.get(), label, progress));
+    std::printf("%s\n", TableRow(row).c_str());
     std::fflush(stdout);
-    records.push_back(RowJson(*row));
-    rows.push_back(std::move(*row));
+    records.push_back(RowJson(row));
+    rows.push_back(std::move(row));
   }
   if (!o.json.empty()) {
     std::ofstream out(o.json);
     out << records.dump(2) << "\n";
     if (!out) {
-      return Status(StatusCode::kIoError,
-                    "cannot write --json file '" + o.json + "'");
+      return Status::IoError("cannot write --json file '" + o.json + "'");
     }
   }
   const std::string mismatch =
@@ -337,52 +331,47 @@ Status RunOnFile(const BenchOptions& o, const Placement& place,
   // Someone else's file is neither grown nor written until CheckWritable
   // has allowed it.
   const bool may_write = place.ours || o.overwrite;
-  auto session =
+  STRATA_ASSIGN_OR_RETURN(
+      auto session,
       OpenSession(Target{place.file, !o.buffered, backend}, 1, kPrefillDepth,
-                  kPrefillChunk, may_write ? o.size : 0);
-  if (!session.ok()) return session.status();
-  aio::File* file = session->file;
-  Status st = CheckWritable(o, place, *file);
-  if (!st.ok()) return st;
-  std::printf(
-      "%s", Describe(session->engine->info(), *file, place.file, pool.locked(),
-                     o.huge_pages, StrataHugePages(o, pool))
-                .c_str());
+                  kPrefillChunk, may_write ? o.size : 0));
+  aio::File* file = session.file;
+  STRATA_RETURN_IF_ERROR(CheckWritable(o, place, *file));
+  std::printf("%s",
+              Describe(session.engine->info(), *file, place.file, pool.locked(),
+                       o.huge_pages, StrataHugePages(o, pool))
+                  .c_str());
   std::fflush(stdout);
   const Target target{place.file, file->direct(), backend};
   Progress progress(!o.quiet);
   if (o.verify) {
-    session->engine.reset();
-    Result<bool> ok = Verify(o, target, pool, &progress);
-    if (!ok.ok()) return ok.status();
-    *verified = *ok;
+    session.engine.reset();
+    STRATA_ASSIGN_OR_RETURN(bool ok, Verify(o, target, pool, &progress));
+    *verified = ok;
     return Status::Ok();
   }
   if (may_write) {
-    st = Prefill(session->engine.get(), file, static_cast<char*>(pool.data()),
-                 o.size, o.seed, &progress);
-    if (!st.ok()) return st;
+    STRATA_RETURN_IF_ERROR(Prefill(session.engine.get(), file,
+                                   static_cast<char*>(pool.data()), o.size,
+                                   o.seed, &progress));
   }
-  session->engine.reset();
+  session.engine.reset();
   return Sweep(o, target, pool, &progress);
 }
 
 // Returns the process exit status.
 Result<int> Run(const BenchOptions& o) {
-  Result<aio::Backend> backend = aio::ParseBackend(o.backend);
-  if (!backend.ok()) return backend.status();
-  Result<Placement> place = Place(o);
-  if (!place.ok()) return place.status();
+  STRATA_ASSIGN_OR_RETURN(aio::Backend backend, aio::ParseBackend(o.backend));
+  STRATA_ASSIGN_OR_RETURN(Placement place, Place(o));
   aio::PinOptions pin;
   pin.lock = o.pin;
   pin.huge_pages = o.huge_pages;
-  auto pool = aio::PinnedBuffer::Allocate(PoolBytes(o), pin);
-  if (!pool.ok()) return pool.status();
-  FillRandom(static_cast<char*>(pool->data()), pool->size(), o.seed);
-  RemoveOnExit cleanup(*place, o.keep);
+  STRATA_ASSIGN_OR_RETURN(auto pool,
+                          aio::PinnedBuffer::Allocate(PoolBytes(o), pin));
+  FillRandom(static_cast<char*>(pool.data()), pool.size(), o.seed);
+  RemoveOnExit cleanup(place, o.keep);
   bool verified = true;
-  Status st = RunOnFile(o, *place, *backend, *pool, &verified);
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(RunOnFile(o, place, backend, pool, &verified));
   return verified ? 0 : 1;
 }
 

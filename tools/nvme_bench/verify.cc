@@ -183,8 +183,7 @@ void Verifier::Report(const ProgressFn& progress, uint64_t done) {
 Status Verifier::Drain() {
   while (std::any_of(slots_.begin(), slots_.end(),
                      [](const Slot& s) { return s.busy; })) {
-    Status st = WaitOne();
-    if (!st.ok()) return st;
+    STRATA_RETURN_IF_ERROR(WaitOne());
   }
   return Status::Ok();
 }
@@ -196,16 +195,14 @@ Status Verifier::Sequential(bool write, const ProgressFn& progress) {
   for (uint64_t next = 0; next < gens_.size();) {
     Slot* s = FreeSlot();
     if (s == nullptr) {
-      Status st = WaitOne();
-      if (!st.ok()) return st;
+      STRATA_RETURN_IF_ERROR(WaitOne());
       continue;
     }
     s->span = {next, std::min<uint64_t>(per_op, gens_.size() - next)};
     s->write = write;
     s->gen = 1;
     next += s->span.units;
-    Status st = Submit(*s);
-    if (!st.ok()) return st;
+    STRATA_RETURN_IF_ERROR(Submit(*s));
     Report(progress, next * unit_);
   }
   return Drain();
@@ -217,23 +214,20 @@ Status Verifier::Random(const ProgressFn& progress) {
   for (uint64_t issued = 0; issued < o_.ops;) {
     Slot* s = FreeSlot();
     if (s == nullptr) {
-      Status st = WaitOne();
-      if (!st.ok()) return st;
+      STRATA_RETURN_IF_ERROR(WaitOne());
       continue;
     }
     Span span;
     span.units = 1 + rng_() % max_units;
     span.first = rng_() % (gens_.size() - span.units + 1);
     if (Collides(span)) {
-      Status st = WaitOne();
-      if (!st.ok()) return st;
+      STRATA_RETURN_IF_ERROR(WaitOne());
       continue;
     }
     s->span = span;
     s->write = rng_() % 2 == 0;
     if (s->write) s->gen = ++next_gen_;
-    Status st = Submit(*s);
-    if (!st.ok()) return st;
+    STRATA_RETURN_IF_ERROR(Submit(*s));
     ++issued;
     Report(progress, issued);
   }
@@ -246,10 +240,8 @@ Status Verifier::Run(char* buffers, const ProgressFn& progress) {
     s.buf = buffers;
     buffers += o_.max_bytes;
   }
-  Status st = Sequential(true, progress);
-  if (!st.ok()) return st;
-  st = Random(progress);
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(Sequential(true, progress));
+  STRATA_RETURN_IF_ERROR(Random(progress));
   return Sequential(false, progress);
 }
 
@@ -263,27 +255,26 @@ Result<VerifyResult> RunVerify(const Target& target, uint64_t file_size,
                                const VerifyOptions& options, void* buffers,
                                size_t buffer_bytes,
                                const ProgressFn& progress) {
-  auto session = OpenSession(target, options.threads, options.qd,
-                             options.block_size, file_size);
-  if (!session.ok()) return session.status();
-  aio::Engine* engine = session->engine.get();
-  aio::File* file = session->file;
+  STRATA_ASSIGN_OR_RETURN(auto session,
+                          OpenSession(target, options.threads, options.qd,
+                                      options.block_size, file_size));
+  aio::Engine* engine = session.engine.get();
+  aio::File* file = session.file;
   const uint64_t unit = std::max<uint64_t>(
       512, std::max(file->offset_align(), file->mem_align()));
   if (options.max_bytes < unit || options.max_bytes % unit != 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  fmt::format("--verify request size {} must be a multiple "
-                              "of the file's alignment {}",
-                              options.max_bytes, unit));
+    return Status::InvalidArgument(
+        fmt::format("--verify request size {} must be a multiple "
+                    "of the file's alignment {}",
+                    options.max_bytes, unit));
   }
   const size_t need = options.max_bytes * options.qd * options.threads;
   STRATA_CHECK(buffer_bytes >= need);
-  Status st = engine->RegisterBuffer(buffers, need);
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(engine->RegisterBuffer(buffers, need));
 
   Verifier v(options, engine, file, unit, file_size / unit);
   const uint64_t start = NowNs();
-  st = v.Run(static_cast<char*>(buffers), progress);
+  const Status st = v.Run(static_cast<char*>(buffers), progress);
   Status wait = engine->WaitAll();
   (void)engine->UnregisterBuffer(buffers);
   if (!st.ok()) return st;

@@ -130,11 +130,10 @@ Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds) {
   const uint64_t total_blocks = spec_.size / spec_.bs;
   const uint64_t per_worker = total_blocks / spec_.threads;
   if (per_worker == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "--size is too small: each of the " +
-                      std::to_string(spec_.threads) +
-                      " threads needs at least one block of " +
-                      std::to_string(spec_.bs) + " bytes");
+    return Status::InvalidArgument("--size is too small: each of the " +
+                                   std::to_string(spec_.threads) +
+                                   " threads needs at least one block of " +
+                                   std::to_string(spec_.bs) + " bytes");
   }
   for (int t = 0; t < spec_.threads; ++t) {
     auto w = std::make_unique<Worker>();
@@ -200,9 +199,8 @@ Result<Rw> ParseRw(std::string_view name) {
   for (Rw rw : {Rw::kRead, Rw::kWrite, Rw::kRandRead, Rw::kRandWrite}) {
     if (name == RwName(rw)) return rw;
   }
-  return Status(StatusCode::kInvalidArgument,
-                "unknown --rw '" + std::string(name) +
-                    "'; use read, write, randread or randwrite");
+  return Status::InvalidArgument("unknown --rw '" + std::string(name) +
+                                 "'; use read, write, randread or randwrite");
 }
 
 Permutation::Permutation(uint64_t n, uint64_t seed) : n_(n) {
@@ -244,15 +242,13 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
   eo.rings = rings;
   eo.queue_depth = qd;
   eo.block_size = block_size;
-  auto engine = aio::Engine::Open(eo);
-  if (!engine.ok()) return engine.status();
+  STRATA_ASSIGN_OR_RETURN(auto engine, aio::Engine::Open(eo));
   aio::FileOptions fo;
   fo.create = size != 0;
   fo.size = size;
   fo.direct = target.direct;
-  auto file = (*engine)->OpenFile(target.path, fo);
-  if (!file.ok()) return file.status();
-  return Session{std::move(*engine), *file};
+  STRATA_ASSIGN_OR_RETURN(auto file, engine->OpenFile(target.path, fo));
+  return Session{std::move(engine), file};
 }
 
 Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
@@ -260,30 +256,28 @@ Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
                          const ProgressFn& progress) {
   const size_t need = static_cast<size_t>(spec.threads) * spec.qd * spec.bs;
   STRATA_CHECK(buffer_bytes >= need);
-  auto session = OpenSession(target, spec.threads, spec.qd, spec.bs, 0);
-  if (!session.ok()) return session.status();
-  aio::Engine* engine = session->engine.get();
-  aio::File* file = session->file;
-  Status st = engine->RegisterBuffer(buffers, need);
-  if (!st.ok()) return st;
+  STRATA_ASSIGN_OR_RETURN(
+      auto session, OpenSession(target, spec.threads, spec.qd, spec.bs, 0));
+  aio::Engine* engine = session.engine.get();
+  aio::File* file = session.file;
+  STRATA_RETURN_IF_ERROR(engine->RegisterBuffer(buffers, need));
   if (!IsWrite(spec.rw)) {
     // Time-based reads loop over the file; through the page cache every pass
     // after the first would be served from memory.
     if (!file->direct() && spec.seconds > 0) {
-      return Status(StatusCode::kInvalidArgument,
-                    "--time with buffered reads would measure the page "
-                    "cache: use --size (one pass) or a file system that "
-                    "supports O_DIRECT");
+      return Status::InvalidArgument(
+          "--time with buffered reads would measure the page "
+          "cache: use --size (one pass) or a file system that "
+          "supports O_DIRECT");
     }
-    st = file->DropCache();
-    if (!st.ok()) return st;
+    STRATA_RETURN_IF_ERROR(file->DropCache());
   }
 
   double usr0, sys0, usr1, sys1;
   CpuTimes(&usr0, &sys0);
   Job job(spec, engine, file);
   double seconds = 0;
-  st = job.Run(static_cast<char*>(buffers), progress, &seconds);
+  Status st = job.Run(static_cast<char*>(buffers), progress, &seconds);
   // Buffered writes only count once they are on the device.
   if (st.ok() && IsWrite(spec.rw) && !file->direct()) {
     const auto t0 = std::chrono::steady_clock::now();

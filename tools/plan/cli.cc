@@ -48,10 +48,6 @@ Examples:
 constexpr std::array<const char*, kNumTiers> kBudgetFlags = {
     "--device-budget", "--host-budget", "--nvme-budget"};
 
-Status Invalid(const std::string& message) {
-  return Status(StatusCode::kInvalidArgument, message);
-}
-
 // Option text as typed, resolved after parsing so every error names its flag.
 struct RawOptions {
   std::string params;
@@ -125,29 +121,32 @@ Status ResolveModel(const CLI::App& app, const RawOptions& raw,
   const bool by_params = app.count("--params") > 0;
   const bool by_shape = app.count("--layers") + app.count("--hidden") > 0;
   if (by_params && (by_shape || app.count("--vocab") > 0)) {
-    return Invalid(
+    return Status::InvalidArgument(
         "give the model either as --params or as --layers/--hidden/--vocab, "
         "not both");
   }
   if (!by_params && !by_shape) {
-    return Invalid(
+    return Status::InvalidArgument(
         "no model: give --params (e.g. --params 7.5B) or --layers and "
         "--hidden (e.g. --layers 32 --hidden 4096)");
   }
   if (by_params) {
     Result<uint64_t> n = ParseParamCount(raw.params);
-    if (!n.ok()) return Invalid("--params: " + n.status().message());
+    if (!n.ok()) {
+      return Status::InvalidArgument("--params: " + n.status().message());
+    }
     o->model.params = *n;
     o->model_source = "--params " + raw.params;
   } else {
-    Result<uint64_t> n = TransformerParams(raw.layers, raw.hidden, raw.vocab);
-    if (!n.ok()) return n.status();
-    o->model.params = *n;
+    STRATA_ASSIGN_OR_RETURN(
+        o->model.params, TransformerParams(raw.layers, raw.hidden, raw.vocab));
     o->model_source = fmt::format("12*L*H^2 + V*H, L={} H={} V={}", raw.layers,
                                   raw.hidden, raw.vocab);
   }
   Result<DType> dtype = ParseDType(raw.dtype);
-  if (!dtype.ok()) return Invalid("--dtype: " + dtype.status().message());
+  if (!dtype.ok()) {
+    return Status::InvalidArgument("--dtype: " + dtype.status().message());
+  }
   o->model.dtype = *dtype;
   return Status::Ok();
 }
@@ -159,12 +158,14 @@ Status ResolveBudgets(const CLI::App& app, const RawOptions& raw,
     if (app.count(kBudgetFlags[i]) == 0) continue;
     Result<uint64_t> bytes = ParseSize(raw.budgets[i]);
     if (!bytes.ok()) {
-      return Invalid(std::string(kBudgetFlags[i]) + ": " +
-                     bytes.status().message() + "; units 512MiB, 80GiB, 4TiB");
+      return Status::InvalidArgument(std::string(kBudgetFlags[i]) + ": " +
+                                     bytes.status().message() +
+                                     "; units 512MiB, 80GiB, 4TiB");
     }
     if (*bytes > kMaxBudget) {
-      return Invalid(std::string(kBudgetFlags[i]) + ": '" + raw.budgets[i] +
-                     "' is more than " + HumanBytes(kMaxBudget));
+      return Status::InvalidArgument(std::string(kBudgetFlags[i]) + ": '" +
+                                     raw.budgets[i] + "' is more than " +
+                                     HumanBytes(kMaxBudget));
     }
     o->budgets[i] = *bytes;
   }
@@ -177,7 +178,7 @@ Status ResolveRates(const CLI::App& app, const RawOptions& raw,
   auto set = [&](Rate* rate, const char* flag, double value) {
     const bool given = app.count(flag) > 0;
     if (!(value > 0 && std::isfinite(value)) && st.ok()) {
-      st = Invalid(
+      st = Status::InvalidArgument(
           fmt::format("{}: {} is not a rate; give a number > 0", flag, value));
     }
     *rate = {value, given ? Source::kGiven : Source::kAssumed,
@@ -477,20 +478,22 @@ std::string_view SourceName(Source source) {
 Status ResolveGroups(const CLI::App& app, const RawOptions& raw,
                      PlanOptions* o) {
   if (!o->explain) {
-    if (app.count("--groups") > 0) return Invalid("--groups needs --explain");
+    if (app.count("--groups") > 0) {
+      return Status::InvalidArgument("--groups needs --explain");
+    }
     return Status::Ok();
   }
   if (app.count("--groups") == 0) {
     if (raw.layers == 0) {
-      return Invalid(
+      return Status::InvalidArgument(
           "--explain needs the group count: give --groups N (usually the "
           "layer count) or describe the model with --layers");
     }
     o->groups = raw.layers;
   }
   if (o->groups < 1 || o->groups > kMaxExplainGroups) {
-    return Invalid(fmt::format("--groups must be in 1..{}, not {}",
-                               kMaxExplainGroups, o->groups));
+    return Status::InvalidArgument(fmt::format(
+        "--groups must be in 1..{}, not {}", kMaxExplainGroups, o->groups));
   }
   return Status::Ok();
 }
@@ -509,13 +512,12 @@ Result<PlanOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
                "schedule, with its byte windows");
   app.add_option("--groups", o.groups,
                  "Groups (prefetch units) for --explain; default: --layers");
-  if (Status st = ParseArgs(app, argc, argv, exit_now); !st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(ParseArgs(app, argc, argv, exit_now));
   if (*exit_now) return o;
-  Status st = ResolveModel(app, raw, &o);
-  if (st.ok()) st = ResolveBudgets(app, raw, &o);
-  if (st.ok()) st = ResolveRates(app, raw, &o);
-  if (st.ok()) st = ResolveGroups(app, raw, &o);
-  if (!st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(ResolveModel(app, raw, &o));
+  STRATA_RETURN_IF_ERROR(ResolveBudgets(app, raw, &o));
+  STRATA_RETURN_IF_ERROR(ResolveRates(app, raw, &o));
+  STRATA_RETURN_IF_ERROR(ResolveGroups(app, raw, &o));
   return o;
 }
 
@@ -598,8 +600,7 @@ nlohmann::ordered_json JsonReport(const Plan& plan,
 
 Result<int> Run(PlanOptions options) {
   if (options.measure) {
-    Status st = Measure(&options);
-    if (!st.ok()) return st;
+    STRATA_RETURN_IF_ERROR(Measure(&options));
   }
   const Plan plan =
       MakePlan(options.model, options.budgets, RatesOf(options), options.gpus);

@@ -11,10 +11,6 @@
 namespace strata::plan {
 namespace {
 
-Status Invalid(std::string message) {
-  return Status(StatusCode::kInvalidArgument, std::move(message));
-}
-
 int Index(Tier tier) { return static_cast<int>(tier); }
 int Index(Role role) { return static_cast<int>(role); }
 int Index(Link link) { return static_cast<int>(link); }
@@ -63,9 +59,9 @@ double Multiplier(char suffix) {
 
 Result<uint64_t> ParseParamCount(std::string_view text) {
   const std::string quoted = "'" + std::string(text) + "'";
-  const Status out_of_range =
-      Invalid(quoted + " parameters is out of range: give 1 to " +
-              std::to_string(kMaxParams));
+  const Status out_of_range = Status::InvalidArgument(
+      quoted + " parameters is out of range: give 1 to " +
+      std::to_string(kMaxParams));
   const char* begin = text.data();
   const char* end = begin + text.size();
   // Whole numbers are read exactly; as doubles they would round past 2^53.
@@ -80,9 +76,10 @@ Result<uint64_t> ParseParamCount(std::string_view text) {
   const double multiplier =
       num_end == end ? 1 : (end - num_end == 1 ? Multiplier(*num_end) : 0);
   if (num_ec != std::errc() || multiplier == 0) {
-    return Invalid(quoted +
-                   " is not a parameter count; write e.g. 7.5B, 13e9, 175M "
-                   "or 7500000000 (K, M, B/G, T are powers of 1000)");
+    return Status::InvalidArgument(
+        quoted +
+        " is not a parameter count; write e.g. 7.5B, 13e9, 175M "
+        "or 7500000000 (K, M, B/G, T are powers of 1000)");
   }
   const double params = std::round(value * multiplier);
   if (!(params >= 1 && params <= static_cast<double>(kMaxParams))) {
@@ -94,7 +91,8 @@ Result<uint64_t> ParseParamCount(std::string_view text) {
 Result<uint64_t> TransformerParams(uint64_t layers, uint64_t hidden,
                                    uint64_t vocab) {
   if (layers == 0 || hidden == 0) {
-    return Invalid("--layers and --hidden must both be given, each at least 1");
+    return Status::InvalidArgument(
+        "--layers and --hidden must both be given, each at least 1");
   }
   using U128 = unsigned __int128;
   constexpr U128 kLimit = kMaxParams;
@@ -108,9 +106,10 @@ Result<uint64_t> TransformerParams(uint64_t layers, uint64_t hidden,
     total = 12 * std::min(hh, kLimit) * layers + U128{vocab} * hidden;
   }
   if (too_big || total > kLimit) {
-    return Invalid("12*L*H^2 + V*H with L=" + std::to_string(layers) + ", H=" +
-                   std::to_string(hidden) + ", V=" + std::to_string(vocab) +
-                   " exceeds " + std::to_string(kMaxParams) + " parameters");
+    return Status::InvalidArgument(
+        "12*L*H^2 + V*H with L=" + std::to_string(layers) +
+        ", H=" + std::to_string(hidden) + ", V=" + std::to_string(vocab) +
+        " exceeds " + std::to_string(kMaxParams) + " parameters");
   }
   return static_cast<uint64_t>(total);
 }

@@ -36,8 +36,7 @@ Result<Timing> TimePasses(double budget_s, int max_passes,
   Timing t;
   while (t.passes == 0 || (t.total_s < budget_s && t.passes < max_passes)) {
     const Clock::time_point start = Clock::now();
-    Status st = pass();
-    if (!st.ok()) return st;
+    STRATA_RETURN_IF_ERROR(pass());
     const double s = std::max(
         1e-9, std::chrono::duration<double>(Clock::now() - start).count());
     t.best_s = t.passes == 0 ? s : std::min(t.best_s, s);
@@ -61,30 +60,28 @@ void FillPattern(void* data, size_t bytes) {
 }
 
 Result<NvmeProbe> ProbeFile(const std::string& path) {
-  auto engine = aio::Engine::Open(aio::IoOptions{});
-  if (!engine.ok()) return engine.status();
+  STRATA_ASSIGN_OR_RETURN(auto engine, aio::Engine::Open(aio::IoOptions{}));
   aio::FileOptions file_options;
   file_options.size = kProbeBytes;
-  Result<aio::File*> file = (*engine)->OpenFile(path, file_options);
-  if (!file.ok()) return file.status();
+  STRATA_ASSIGN_OR_RETURN(aio::File * file,
+                          engine->OpenFile(path, file_options));
   // Unlocked: the probe must not fail for a low RLIMIT_MEMLOCK, and page
   // pinning per request costs little at 1 MiB pieces.
   aio::PinOptions pin;
   pin.lock = false;
-  auto buf = aio::PinnedBuffer::Allocate(kProbeBytes, pin);
-  if (!buf.ok()) return buf.status();
-  FillPattern(buf->data(), kProbeBytes);
-  aio::Engine* e = engine->get();
-  aio::File* f = *file;
+  STRATA_ASSIGN_OR_RETURN(auto buf,
+                          aio::PinnedBuffer::Allocate(kProbeBytes, pin));
+  FillPattern(buf.data(), kProbeBytes);
+  aio::Engine* e = engine.get();
+  aio::File* f = file;
   auto transfer = [&](bool write) -> Status {
     aio::Request request;
     request.file = f;
-    request.buf = buf->data();
+    request.buf = buf.data();
     request.len = kProbeBytes;
     request.write = write;
-    Result<aio::Handle> h = e->Submit(std::move(request));
-    if (!h.ok()) return h.status();
-    Status st = h->Wait();
+    STRATA_ASSIGN_OR_RETURN(aio::Handle h, e->Submit(std::move(request)));
+    Status st = h.Wait();
     if (!st.ok() || !write) return st;
     return f->Sync();
   };
@@ -132,31 +129,28 @@ Status ProbeCuda(PcieProbe* out) {
   tier::DeviceOptions device_options;
   device_options.kind = tier::DeviceKind::kCuda;
   device_options.budget = kProbeBytes;
-  Result<std::unique_ptr<tier::Device>> device =
-      tier::OpenDevice(device_options);
-  if (!device.ok()) return device.status();
-  tier::Device* d = device->get();
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tier::Device> device,
+                          tier::OpenDevice(device_options));
+  tier::Device* d = device.get();
   tier::PinnedPoolOptions pool_options;
   pool_options.budget = kProbeBytes;
   pool_options.cuda = true;
   pool_options.gpu_numa_node = d->info().numa_node;
-  Result<std::unique_ptr<tier::PinnedPool>> pool =
-      tier::PinnedPool::Create(pool_options, nullptr);
-  if (!pool.ok()) return pool.status();
-  Result<void*> dev = d->Allocate(kProbeBytes);
-  if (!dev.ok()) return dev.status();
-  Result<void*> host = (*pool)->Allocate(kProbeBytes);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tier::PinnedPool> pool,
+                          tier::PinnedPool::Create(pool_options, nullptr));
+  STRATA_ASSIGN_OR_RETURN(void* dev, d->Allocate(kProbeBytes));
+  Result<void*> host = pool->Allocate(kProbeBytes);
   if (!host.ok()) {
-    d->Free(*dev);
+    d->Free(dev);
     return host.status();
   }
   const std::string& gpu = d->info().name;
   out->h2d =
-      TimeCopy([&] { return d->CopyToDevice(*dev, *host, kProbeBytes); }, gpu);
+      TimeCopy([&] { return d->CopyToDevice(dev, *host, kProbeBytes); }, gpu);
   out->d2h =
-      TimeCopy([&] { return d->CopyToHost(*host, *dev, kProbeBytes); }, gpu);
-  (*pool)->Free(*host);
-  d->Free(*dev);
+      TimeCopy([&] { return d->CopyToHost(*host, dev, kProbeBytes); }, gpu);
+  pool->Free(*host);
+  d->Free(dev);
   return Status::Ok();
 }
 

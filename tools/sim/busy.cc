@@ -12,14 +12,14 @@ Status Busy(double seconds, bool on_cuda) {
 #ifdef STRATA_HAVE_CUDA
     const char* call = nullptr;
     if (const char* error = SpinOnCuda(seconds, &call)) {
-      return Status(StatusCode::kInternal,
-                    std::string("strata-sim: ") + call + " failed: " + error);
+      return Status::Internal(std::string("strata-sim: ") + call +
+                              " failed: " + error);
     }
     return Status();
 #else
-    return Status(StatusCode::kFailedPrecondition,
-                  "strata-sim was built without CUDA; rebuild with nvcc "
-                  "present or use --device host");
+    return Status::FailedPrecondition(
+        "strata-sim was built without CUDA; rebuild with nvcc "
+        "present or use --device host");
 #endif
   }
   using Clock = std::chrono::steady_clock;

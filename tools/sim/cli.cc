@@ -16,13 +16,11 @@
 namespace strata::sim {
 namespace {
 
-Status Invalid(const std::string& message) {
-  return Status(StatusCode::kInvalidArgument, message);
-}
-
 Result<uint64_t> Size(const std::string& flag, const std::string& text) {
   Result<uint64_t> bytes = ParseSize(text);
-  if (!bytes.ok()) return Invalid(flag + ": " + bytes.status().message());
+  if (!bytes.ok()) {
+    return Status::InvalidArgument(flag + ": " + bytes.status().message());
+  }
   return bytes;
 }
 
@@ -106,50 +104,54 @@ Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   app.add_flag("!--no-baseline", o.resident_baseline,
                "Skip the resident run (no offload_efficiency)");
   app.add_option("--json", cli.json_path, "Also write the report as JSON");
-  if (Status st = ParseArgs(app, argc, argv, exit_now); !st.ok()) return st;
+  STRATA_RETURN_IF_ERROR(ParseArgs(app, argc, argv, exit_now));
   if (*exit_now) return cli;
   Result<uint64_t> n = plan::ParseParamCount(params);
-  if (!n.ok()) return Invalid("--params: " + n.status().message());
+  if (!n.ok()) {
+    return Status::InvalidArgument("--params: " + n.status().message());
+  }
   o.params = *n;
   if (o.layers < 1 || static_cast<uint64_t>(o.layers) > o.params) {
-    return Invalid("--layers must be in 1..params");
+    return Status::InvalidArgument("--layers must be in 1..params");
   }
   Result<DType> d = ParseDType(dtype);
-  if (!d.ok()) return Invalid("--dtype: " + d.status().message());
+  if (!d.ok()) {
+    return Status::InvalidArgument("--dtype: " + d.status().message());
+  }
   o.dtype = *d;
   o.modes.clear();
   for (const std::string& name : modes) {
     Result<OptimMode> m = ParseOptimMode(name);
-    if (!m.ok()) return Invalid("--mode: " + m.status().message());
+    if (!m.ok()) {
+      return Status::InvalidArgument("--mode: " + m.status().message());
+    }
     o.modes.push_back(*m);
   }
-  if (o.modes.empty()) return Invalid("--mode: give at least one mode");
+  if (o.modes.empty()) {
+    return Status::InvalidArgument("--mode: give at least one mode");
+  }
   for (auto [flag, text, tier] :
        {std::tuple{"--params-home", params_home, &o.params_home},
         std::tuple{"--state-home", state_home, &o.state_home}}) {
     Result<Tier> t = ParseTier(text);
     if (!t.ok() || *t == Tier::kDevice) {
-      return Invalid(std::string(flag) + ": host or nvme, not '" + text + "'");
+      return Status::InvalidArgument(std::string(flag) +
+                                     ": host or nvme, not '" + text + "'");
     }
     *tier = *t;
   }
   const bool uses_nvme =
       o.params_home == Tier::kNvme || o.state_home == Tier::kNvme;
   if (uses_nvme && o.nvme_dir.empty()) {
-    return Invalid(
+    return Status::InvalidArgument(
         "a role is homed on NVMe: give the swap directory with "
         "--nvme DIR (or --state-home host --params-home host)");
   }
-  Result<uint64_t> dev = Size("--device-budget", device_budget);
-  Result<uint64_t> host = Size("--host-budget", host_budget);
-  if (!dev.ok()) return dev.status();
-  if (!host.ok()) return host.status();
-  o.device_budget = *dev;
-  o.host_budget = *host;
+  STRATA_ASSIGN_OR_RETURN(o.device_budget,
+                          Size("--device-budget", device_budget));
+  STRATA_ASSIGN_OR_RETURN(o.host_budget, Size("--host-budget", host_budget));
   if (!nvme_budget.empty()) {
-    Result<uint64_t> nvme = Size("--nvme-budget", nvme_budget);
-    if (!nvme.ok()) return nvme.status();
-    o.nvme_budget = *nvme;
+    STRATA_ASSIGN_OR_RETURN(o.nvme_budget, Size("--nvme-budget", nvme_budget));
   } else if (!o.nvme_dir.empty()) {
     // Everything homed there, gradients included, plus 1/8 for extents.
     o.nvme_budget = o.params * (16 + DTypeSize(o.dtype)) * 9 / 8;
@@ -220,7 +222,7 @@ void PrintRun(const ModeRun& run, const std::vector<StepFigures>& resident) {
 
 Result<int> Run(CliOptions cli) {
   if (cli.measure) {
-    if (Status s = plan::Measure(&cli.rates); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(plan::Measure(&cli.rates));
   }
   const SimOptions& o = cli.sim;
   double host_gb = 0;
@@ -273,8 +275,7 @@ Result<int> Run(CliOptions cli) {
     std::ofstream out(cli.json_path);
     out << doc.dump(2) << "\n";
     if (!out) {
-      return Status(StatusCode::kIoError,
-                    "cannot write --json " + cli.json_path);
+      return Status::IoError("cannot write --json " + cli.json_path);
     }
   }
   return 0;

@@ -49,10 +49,9 @@ Result<Run> Build(const SimOptions& o, bool resident) {
   e.placement.home = {resident ? Tier::kDevice : o.params_home, state, state,
                       state, state};
   e.placement.device_roles = RoleBit(Role::kCompute);
-  auto engine = Engine::Open(e);
-  if (!engine.ok()) return engine.status();
+  STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Open(e));
   Run run;
-  run.engine = std::move(*engine);
+  run.engine = std::move(engine);
   run.on_cuda = run.engine->info().device == "cuda";
   RoleMask roles = kAllRoles;
   if (!KeepsGradients(o.optimizer)) roles &= ~RoleBit(Role::kGrad);
@@ -63,12 +62,10 @@ Result<Run> Build(const SimOptions& o, bool resident) {
     GroupSpec spec;
     spec.name = "layer." + std::to_string(l);
     spec.tensors.push_back({"w", {static_cast<int64_t>(n)}, o.dtype, roles});
-    Result<int> id = run.engine->RegisterGroup(spec);
-    if (!id.ok()) return id.status();
+    STRATA_RETURN_IF_ERROR(run.engine->RegisterGroup(spec).status());
   }
-  auto optimizer = OffloadOptimizer::Create(run.engine.get(), o.optimizer);
-  if (!optimizer.ok()) return optimizer.status();
-  run.optimizer = std::move(*optimizer);
+  STRATA_ASSIGN_OR_RETURN(
+      run.optimizer, OffloadOptimizer::Create(run.engine.get(), o.optimizer));
   return run;
 }
 
@@ -90,9 +87,9 @@ Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
   Engine& engine = *run.engine;
   for (int i = 0; i < o.layers; ++i) {
     const int l = forward ? i : o.layers - 1 - i;
-    Result<GroupView> view =
-        engine.Fetch(l, Tier::kDevice, {RoleBit(Role::kCompute)});
-    if (!view.ok()) return view.status();
+    STRATA_ASSIGN_OR_RETURN(
+        GroupView view,
+        engine.Fetch(l, Tier::kDevice, {RoleBit(Role::kCompute)}));
     const double flops = (forward ? 2.0 : 4.0) * run.layer_params[l] * o.tokens;
     const double seconds = o.tflops > 0 ? flops / (o.tflops * 1e12) : 0;
     Result<GradientBuffer> grads = GradientBuffer{};
@@ -100,12 +97,12 @@ Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
       grads = run.optimizer->AcquireGradients(l);
       if (!grads.ok()) return grads.status();
     }
-    if (Status s = Busy(seconds, run.on_cuda); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(Busy(seconds, run.on_cuda));
     f->compute_seconds += seconds;
     if (!forward) WriteGradients(*grads, o.dtype);
-    if (Status s = engine.Release(l); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(engine.Release(l));
     if (!forward) {
-      if (Status s = run.optimizer->HandOff(*grads); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(run.optimizer->HandOff(*grads));
     }
   }
   return Status();
@@ -118,23 +115,21 @@ Result<StepFigures> OneStep(const SimOptions& o, Run& run) {
   run.engine->BeginStep();
   StepHyper hyper;
   hyper.lr = 1e-4;
-  if (Status s = run.optimizer->BeginStep(hyper); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(run.optimizer->BeginStep(hyper));
   for (int mb = 0; mb < o.optimizer.micro_batches; ++mb) {
-    if (Status s = Pass(o, run, true, &f); !s.ok()) return s;
-    if (Status s = Pass(o, run, false, &f); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(Pass(o, run, true, &f));
+    STRATA_RETURN_IF_ERROR(Pass(o, run, false, &f));
   }
-  Result<OptimStepReport> report = run.optimizer->FinishStep();
-  if (!report.ok()) return report.status();
-  if (Status s = run.engine->EndStep(); !s.ok()) return s;
+  STRATA_ASSIGN_OR_RETURN(OptimStepReport report, run.optimizer->FinishStep());
+  STRATA_RETURN_IF_ERROR(run.engine->EndStep());
   f.seconds = Since(start);
   const EngineStats after = run.engine->stats();
   f.fetch_stall = after.stall_seconds - before.stall_seconds;
-  f.gradient_wait = report->acquire_wait_seconds;
-  f.optimizer_wait = report->finish_wait_seconds;
-  f.optimizer_seconds = report->step_seconds;
-  f.hidden_fraction = report->step_seconds > 0
-                          ? report->hidden_seconds / report->step_seconds
-                          : 0;
+  f.gradient_wait = report.acquire_wait_seconds;
+  f.optimizer_wait = report.finish_wait_seconds;
+  f.optimizer_seconds = report.step_seconds;
+  f.hidden_fraction =
+      report.step_seconds > 0 ? report.hidden_seconds / report.step_seconds : 0;
   for (int a = 0; a < kNumTiers; ++a) {
     for (int b = 0; b < kNumTiers; ++b) {
       f.bytes[a][b] = after.bytes[a][b] - before.bytes[a][b];
@@ -149,21 +144,19 @@ Result<StepFigures> OneStep(const SimOptions& o, Run& run) {
 Result<std::vector<StepFigures>> Steps(
     const SimOptions& o, bool resident, const std::string& label,
     const std::function<void(const std::string&)>& progress, ModeRun* peaks) {
-  Result<Run> run = Build(o, resident);
-  if (!run.ok()) return run.status();
+  STRATA_ASSIGN_OR_RETURN(Run run, Build(o, resident));
   std::vector<StepFigures> steps;
   for (int s = 0; s < o.steps; ++s) {
-    Result<StepFigures> f = OneStep(o, *run);
-    if (!f.ok()) return f.status();
-    steps.push_back(*f);
+    STRATA_ASSIGN_OR_RETURN(StepFigures f, OneStep(o, run));
+    steps.push_back(f);
     progress(
         fmt::format("{} step {}/{}: {:.2f} s (compute {:.2f} s, "
                     "optimizer {:.2f} s, {:.0f}% hidden)",
-                    label, s + 1, o.steps, f->seconds, f->compute_seconds,
-                    f->optimizer_seconds, 100 * f->hidden_fraction));
+                    label, s + 1, o.steps, f.seconds, f.compute_seconds,
+                    f.optimizer_seconds, 100 * f.hidden_fraction));
   }
   if (peaks != nullptr) {
-    const EngineStats stats = run->engine->stats();
+    const EngineStats stats = run.engine->stats();
     for (int t = 0; t < kNumTiers; ++t) {
       peaks->peak[t] = stats.tiers[t].peak;
       peaks->budget[t] = stats.tiers[t].budget;
@@ -195,10 +188,7 @@ Result<SimResult> Simulate(
     run.mode = mode;
     const std::string label =
         "offloaded (" + std::string(OptimModeName(mode)) + ")";
-    Result<std::vector<StepFigures>> steps =
-        Steps(o, false, label, progress, &run);
-    if (!steps.ok()) return steps.status();
-    run.steps = std::move(*steps);
+    STRATA_ASSIGN_OR_RETURN(run.steps, Steps(o, false, label, progress, &run));
     result.runs.push_back(std::move(run));
   }
   if (options.resident_baseline) {
