@@ -61,7 +61,7 @@ Result<Buffers> Open(uint64_t bytes, int cuda_device) {
                                             .cuda_device = cuda_device}));
   tier::PinnedPoolOptions pool{.budget = 2 * bytes,
                                .gpu_numa_node = b.device->info().numa_node,
-                               .cuda = true};
+                               .host_allocator = b.device->host_allocator()};
   STRATA_ASSIGN_OR_RETURN(b.pool, tier::PinnedPool::Create(pool, nullptr));
   STRATA_ASSIGN_OR_RETURN(b.dev, b.device->Allocate(bytes));
   STRATA_ASSIGN_OR_RETURN(b.host, b.pool->Allocate(2 * bytes));

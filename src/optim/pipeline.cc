@@ -282,7 +282,8 @@ Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
   }
   Slot& s = slots_[index];
   const Group& g = groups_[group];
-  if (Status st = parts_.device->Memset(s.device, 0, g.compute_bytes);
+  if (Status st = parts_.mover->Zero(
+          transport::Place::Memory(Tier::kDevice, s.device), g.compute_bytes);
       !st.ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     s.acquired = false;
@@ -326,7 +327,10 @@ Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer) {
   }
   Slot& s = slots_[index];
   STRATA_ASSIGN_OR_RETURN(
-      s.d2h, parts_.device->CopyToHost(s.host, s.device, g.compute_bytes));
+      s.d2h,
+      parts_.mover->Start(transport::Place::Memory(Tier::kDevice, s.device),
+                          transport::Place::Memory(Tier::kHost, s.host),
+                          g.compute_bytes));
   s.acquired = false;
   s.pending = true;
   ++g.handoffs;

@@ -95,7 +95,7 @@ Status Engine::Impl::Open(const EngineOptions& options,
   pool.gpu_numa_node = dev.numa_node;
   pool.lock = options.lock_host ? tier::LockMode::kRequired
                                 : tier::LockMode::kBestEffort;
-  pool.cuda = dev.kind == tier::DeviceKind::kCuda;
+  pool.host_allocator = device_->host_allocator();
   STRATA_ASSIGN_OR_RETURN(host_, tier::PinnedPool::Create(pool, aio_.get()));
   if (options.nvme_budget > 0) {
     STRATA_ASSIGN_OR_RETURN(
@@ -313,7 +313,10 @@ namespace internal {
 
 EngineParts EngineAccess::Parts(Engine& engine) {
   Engine::Impl* impl = engine.impl_.get();
-  return {impl->device_.get(), impl->host_.get(), impl->residency_.get()};
+  return {.device = impl->device_.get(),
+          .host = impl->host_.get(),
+          .residency = impl->residency_.get(),
+          .mover = impl->mover_.get()};
 }
 
 Result<std::unique_ptr<Engine>> EngineAccess::Open(const EngineOptions& options,

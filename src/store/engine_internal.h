@@ -13,6 +13,7 @@
 #include "src/store/residency.h"
 #include "src/tier/device.h"
 #include "src/tier/pinned_pool.h"
+#include "src/transport/mover.h"
 #include "strata/aio.h"
 #include "strata/engine.h"
 
@@ -22,6 +23,7 @@ struct EngineParts {
   tier::Device* device = nullptr;
   tier::PinnedPool* host = nullptr;
   store::Residency* residency = nullptr;
+  transport::Mover* mover = nullptr;  // every byte moved goes through it
 };
 
 // What Engine::Open does not take: hooks for tests.

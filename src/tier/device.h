@@ -99,11 +99,34 @@ class Event {
   std::shared_ptr<Impl> impl_;
 };
 
+// Host memory that a device copies to and from at full speed: page-locked
+// and known to its driver (cudaHostAlloc), as ggml's CUDA backend supplies
+// its pinned host buffer type. The pinned host tier takes its slab from the
+// device's allocator when it has one (Note [Device host memory] in
+// pinned_pool.cc).
+class HostAllocator {
+ public:
+  virtual ~HostAllocator() = default;
+  // How the memory is obtained, for PinnedPoolInfo::backing.
+  virtual const char* name() const = 0;
+  // `bytes` of page-locked host memory, at least 4096-aligned, its pages
+  // placed by the calling thread's NUMA policy and already faulted in; or
+  // nullptr when the device cannot supply them (the caller falls back to
+  // ordinary pages).
+  virtual void* Allocate(uint64_t bytes) = 0;
+  // Returns memory from Allocate().
+  virtual void Free(void* ptr) = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
   virtual const DeviceInfo& info() const = 0;
   virtual DeviceStats stats() const = 0;
+  // The device's host allocator, or null when ordinary locked pages serve
+  // it as well (the host-emulated device). Valid for the device's lifetime;
+  // its memory must be freed before the device is destroyed.
+  virtual HostAllocator* host_allocator() { return nullptr; }
 
   // Device memory for `bytes` (rounded up to the alignment; 0 counts as
   // one alignment unit).

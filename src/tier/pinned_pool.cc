@@ -19,11 +19,8 @@
 #include <utility>
 #include <vector>
 
-#if STRATA_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 #include "common/text.h"
+#include "src/tier/device.h"
 #include "src/tier/range_allocator.h"
 
 namespace strata::tier {
@@ -38,12 +35,19 @@ uint64_t RoundUp(uint64_t bytes, uint64_t unit) {
   return (bytes + unit - 1) / unit * unit;
 }
 
-enum class Backing { kCudaHost, kHugeTlb, kThp, kPlain };
+enum class Backing { kDevice, kHugeTlb, kThp, kPlain };
 
-const char* BackingName(Backing backing) {
-  switch (backing) {
-    case Backing::kCudaHost:
-      return "cudaHostAlloc";
+struct Slab {
+  void* base = nullptr;
+  uint64_t mapped = 0;  // bytes mapped; >= the pool's capacity
+  Backing backing = Backing::kPlain;
+  HostAllocator* allocator = nullptr;  // for kDevice
+};
+
+const char* BackingName(const Slab& slab) {
+  switch (slab.backing) {
+    case Backing::kDevice:
+      return slab.allocator->name();
     case Backing::kHugeTlb:
       return "mmap+hugetlb";
     case Backing::kThp:
@@ -54,20 +58,12 @@ const char* BackingName(Backing backing) {
   return "mmap";
 }
 
-struct Slab {
-  void* base = nullptr;
-  uint64_t mapped = 0;  // bytes mapped; >= the pool's capacity
-  Backing backing = Backing::kPlain;
-};
-
 void ReleaseSlab(const Slab& slab) {
-#if STRATA_HAVE_CUDA
-  if (slab.backing == Backing::kCudaHost) {
-    cudaFreeHost(slab.base);
-    return;
+  if (slab.backing == Backing::kDevice) {
+    slab.allocator->Free(slab.base);
+  } else {
+    munmap(slab.base, slab.mapped);
   }
-#endif
-  munmap(slab.base, slab.mapped);
 }
 
 // libnuma fills some of its tables lazily and without locking, so every
@@ -130,18 +126,14 @@ bool Prefault(const Slab& slab) {
   return true;
 }
 
-#if STRATA_HAVE_CUDA
-// Note [cudaHostAlloc placement]
-// The driver pins the pages before cudaHostAlloc returns, so
-// numa_tonode_memory afterwards would not move them. Instead the calling
-// thread prefers `node` for the duration of the call and then gets its
-// previous policy back. NodeOfSlab() reports where the pages landed.
-std::optional<Slab> AllocCudaHost(uint64_t bytes, int node) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
-    return std::nullopt;
-  }
+// Note [Device host memory]
+// A device's host allocator (cudaHostAlloc) pins the pages before it
+// returns, so numa_tonode_memory afterwards would not move them. Instead
+// the calling thread prefers `node` for the duration of the call and then
+// gets its previous policy back. NodeOfSlab() reports where the pages
+// landed. The allocator faults the pages in itself.
+std::optional<Slab> AllocFromDevice(HostAllocator* allocator, uint64_t bytes,
+                                    int node) {
   std::unique_lock<std::mutex> lock(numa_mu);
   const unsigned long max_nodes = numa_num_possible_nodes();
   std::vector<unsigned long> old_mask(max_nodes / (8 * sizeof(long)) + 1);
@@ -149,17 +141,11 @@ std::optional<Slab> AllocCudaHost(uint64_t bytes, int node) {
   const bool restore = node >= 0 && get_mempolicy(&old_mode, old_mask.data(),
                                                   max_nodes, nullptr, 0) == 0;
   if (restore) numa_set_preferred(node);
-  void* data = nullptr;
-  const cudaError_t err = cudaHostAlloc(&data, bytes, cudaHostAllocPortable);
+  void* data = allocator->Allocate(bytes);
   if (restore) set_mempolicy(old_mode, old_mask.data(), max_nodes);
-  lock.unlock();
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return std::nullopt;
-  }
-  return Slab{data, bytes, Backing::kCudaHost};
+  if (data == nullptr) return std::nullopt;
+  return Slab{data, bytes, Backing::kDevice, allocator};
 }
-#endif
 
 bool ThpAvailable() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -211,12 +197,12 @@ Result<Slab> MapPages(uint64_t bytes, bool thp) {
 // `node` and faulted in.
 Result<Slab> ObtainSlab(const PinnedPoolOptions& options, uint64_t bytes,
                         int node) {
-#if STRATA_HAVE_CUDA
-  if (options.cuda && options.lock != LockMode::kOff) {
-    // Note [cudaHostAlloc placement]
-    if (auto slab = AllocCudaHost(bytes, node)) return *slab;
+  if (options.host_allocator != nullptr && options.lock != LockMode::kOff) {
+    // Note [Device host memory]
+    if (auto slab = AllocFromDevice(options.host_allocator, bytes, node)) {
+      return *slab;
+    }
   }
-#endif
   if (options.huge_pages) {
     if (auto slab = MapHugeTlb(bytes, node)) return *slab;
   }
@@ -253,7 +239,7 @@ constexpr char kMemlockFix[] =
 
 // Whether the slab ended up locked, or kRequired's error.
 Result<bool> LockSlab(const Slab& slab, LockMode mode) {
-  if (slab.backing == Backing::kCudaHost) return true;  // pinned by CUDA
+  if (slab.backing == Backing::kDevice) return true;  // pinned by its driver
   if (mode == LockMode::kOff) return false;
   if (mlock(slab.base, slab.mapped) == 0) return true;
   const std::string problem = MemlockProblem(errno, slab.mapped);
@@ -336,7 +322,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(
   auto impl = std::make_unique<Impl>(slab, capacity);
   STRATA_ASSIGN_OR_RETURN(bool locked, LockSlab(slab, options.lock));
   PinnedPoolInfo& info = impl->info_;
-  info.backing = BackingName(slab.backing);
+  info.backing = BackingName(slab);
   info.locked = locked;
   info.numa_node = NodeOfSlab(slab, node);
   info.budget = capacity;

@@ -2,8 +2,9 @@
 // handed out in size classes and registered once with aio.
 //
 // How the slab is obtained, best first:
-// - with CUDA in use (`cuda` = true, a GPU present and `lock` not kOff):
-//   cudaHostAlloc, so copies to and from the GPU run at full speed;
+// - from the device's host allocator (`host_allocator`, cudaHostAlloc on a
+//   GPU) when there is one and `lock` is not kOff, so copies to and from
+//   the device run at full speed;
 // - otherwise mmap, backed by explicit huge pages (MAP_HUGETLB) when the
 //   system has them reserved, else transparent huge pages (madvise), else
 //   4 KiB pages; then mlock.
@@ -24,7 +25,7 @@
 // Locking: LockMode::kRequired turns an mlock failure into an error that
 // names RLIMIT_MEMLOCK and how to raise it; kBestEffort prints that advice
 // once per process and runs unlocked; kOff never locks (and so never uses
-// cudaHostAlloc, whose memory is always pinned).
+// the device's host allocator, whose memory is always pinned).
 //
 // Ownership and thread safety: the pool owns the slab; Allocate/Free/stats
 // may be called from any thread. The pool registers the slab with the aio
@@ -49,6 +50,8 @@
 
 namespace strata::tier {
 
+class HostAllocator;  // src/tier/device.h
+
 enum class LockMode { kRequired, kBestEffort, kOff };
 
 struct PinnedPoolOptions {
@@ -57,12 +60,14 @@ struct PinnedPoolOptions {
   int gpu_numa_node = -1;  // the device's node, when the device knows it
   LockMode lock = LockMode::kBestEffort;
   bool huge_pages = true;
-  bool cuda = false;  // allocate with cudaHostAlloc (needs a CUDA device)
+  // The device's (Device::host_allocator()), or null; it must outlive the
+  // pool.
+  HostAllocator* host_allocator = nullptr;
 };
 
 struct PinnedPoolInfo {
-  std::string backing;  // "cudaHostAlloc", "mmap+hugetlb", "mmap+thp" or
-                        // "mmap"
+  std::string backing;  // the host allocator's name ("cudaHostAlloc"),
+                        // "mmap+hugetlb", "mmap+thp" or "mmap"
   bool locked = false;
   bool registered = false;  // registered with aio as fixed buffers
   int numa_node = -1;       // -1 when unknown

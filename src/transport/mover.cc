@@ -7,27 +7,40 @@ namespace strata::transport {
 Mover::Mover(tier::Device* device, tier::NvmeStore* nvme)
     : device_(device), nvme_(nvme) {}
 
+Result<tier::Event> Mover::Issue(const Place& from, const Place& to,
+                                 uint64_t bytes) {
+  if (from.tier == Tier::kHost && to.tier == Tier::kDevice) {
+    return device_->CopyToDevice(to.ptr, from.ptr, bytes);
+  }
+  STRATA_CHECK(from.tier == Tier::kDevice && to.tier == Tier::kHost);
+  return device_->CopyToHost(to.ptr, from.ptr, bytes);
+}
+
+void Mover::Count(const Place& from, const Place& to, uint64_t bytes) {
+  bytes_[static_cast<int>(from.tier)][static_cast<int>(to.tier)] += bytes;
+}
+
 Status Mover::Copy(const Place& from, const Place& to, uint64_t bytes) {
   Status status;
-  if (from.tier == Tier::kHost && to.tier == Tier::kDevice) {
-    Result<tier::Event> event = device_->CopyToDevice(to.ptr, from.ptr, bytes);
-    status = event.ok() ? event->Wait() : event.status();
-  } else if (from.tier == Tier::kDevice && to.tier == Tier::kHost) {
-    Result<tier::Event> event = device_->CopyToHost(to.ptr, from.ptr, bytes);
-    status = event.ok() ? event->Wait() : event.status();
-  } else if (from.tier == Tier::kNvme && to.tier == Tier::kHost) {
+  if (from.tier == Tier::kNvme && to.tier == Tier::kHost) {
     STRATA_CHECK(nvme_ != nullptr && from.extent.bytes == bytes);
     status = nvme_->Read(from.extent, to.ptr);
   } else if (from.tier == Tier::kHost && to.tier == Tier::kNvme) {
     STRATA_CHECK(nvme_ != nullptr && to.extent.bytes == bytes);
     status = nvme_->Write(to.extent, from.ptr);
   } else {
-    STRATA_CHECK(false && "no direct path between these tiers");
+    Result<tier::Event> event = Issue(from, to, bytes);
+    status = event.ok() ? event->Wait() : event.status();
   }
-  if (status.ok()) {
-    bytes_[static_cast<int>(from.tier)][static_cast<int>(to.tier)] += bytes;
-  }
+  if (status.ok()) Count(from, to, bytes);
   return status;
+}
+
+Result<tier::Event> Mover::Start(const Place& from, const Place& to,
+                                 uint64_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(tier::Event event, Issue(from, to, bytes));
+  Count(from, to, bytes);
+  return event;
 }
 
 Status Mover::Zero(const Place& to, uint64_t bytes) {

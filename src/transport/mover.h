@@ -1,8 +1,11 @@
-// How bytes move between tiers: one synchronous call per hop, run by the
-// residency manager without its lock held. Host<->device hops go through the
-// device's copy engine (CUDA streams or the emulated device's workers) and
-// wait for its event; host<->NVMe hops go through the extent store, whose
-// reads are checksum-verified. Counts the bytes moved per tier pair.
+// How bytes move between tiers: every byte the engine moves goes through
+// here, so one counter sees them all (EngineStats::bytes). Copy() is one
+// synchronous call per hop, run by the residency manager without its lock
+// held; Start() issues an asynchronous host<->device copy for a caller that
+// overlaps it with other work (the optimizer's gradient copies).
+// Host<->device hops go through the device's copy engine (CUDA streams or
+// the emulated device's workers); host<->NVMe hops go through the extent
+// store, whose reads are checksum-verified.
 //
 // Thread safety: every method may be called from any thread.
 #ifndef STRATA_SRC_TRANSPORT_MOVER_H_
@@ -21,6 +24,9 @@ namespace strata::transport {
 // Where one copy of a chunk lives: memory for the device and host tiers,
 // an extent for NVMe.
 struct Place {
+  // Memory at the device or host tier.
+  static Place Memory(Tier tier, void* ptr) { return {tier, ptr, {}}; }
+
   Tier tier = Tier::kHost;
   void* ptr = nullptr;
   tier::Extent extent;
@@ -31,8 +37,13 @@ class Mover {
   // `nvme` may be null when there is no NVMe tier.
   Mover(tier::Device* device, tier::NvmeStore* nvme);
 
-  // Copies `bytes` from `from` to `to`, adjacent tiers.
+  // Copies `bytes` from `from` to `to`, adjacent tiers; counts them once
+  // the copy succeeded.
   Status Copy(const Place& from, const Place& to, uint64_t bytes);
+  // Issues a copy of `bytes` between the host and the device (either way)
+  // and returns its event; counts them once issued, as the device does.
+  // Both ranges must stay valid until the event completes.
+  Result<tier::Event> Start(const Place& from, const Place& to, uint64_t bytes);
   // Fills `to` with zeros (a chunk that was never written).
   Status Zero(const Place& to, uint64_t bytes);
 
@@ -40,6 +51,10 @@ class Mover {
   std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes() const;
 
  private:
+  // The device copy between `from` and `to`, uncounted.
+  Result<tier::Event> Issue(const Place& from, const Place& to, uint64_t bytes);
+  void Count(const Place& from, const Place& to, uint64_t bytes);
+
   tier::Device* device_;
   tier::NvmeStore* nvme_;
   std::array<std::array<std::atomic<uint64_t>, kNumTiers>, kNumTiers> bytes_ =

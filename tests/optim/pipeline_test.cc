@@ -320,6 +320,34 @@ TEST_P(PipelineTest, FiftyStepsAreBitIdenticalToInMemoryAdamW) {
   }
 }
 
+// Issue #16: every byte goes through transport/, so EngineStats::bytes sees
+// the optimizer's own copies. The test moves gradients device-to-host only by
+// handing them off (its fetches to the device read; nothing it wrote there is
+// written back), so the counter must grow by exactly the bytes handed off.
+TEST_P(PipelineTest, EngineStatsCountTheGradientCopies) {
+  const int kDevice = static_cast<int>(Tier::kDevice);
+  const int kHost = static_cast<int>(Tier::kHost);
+  ASSERT_TRUE(Step(0).ok());  // the first step's fills are not the point
+  for (int s = 1; s < 3; ++s) {
+    const uint64_t before = engine_->stats().bytes[kDevice][kHost];
+    uint64_t handed_off = 0;
+    ASSERT_TRUE(optimizer_->BeginStep(Hyper(s)).ok());
+    for (int mb = 0; mb < GetParam().micro_batches; ++mb) {
+      for (int g = kGroups - 1; g >= 0; --g) {
+        auto buffer = optimizer_->AcquireGradients(g);
+        ASSERT_TRUE(buffer.ok()) << buffer.status().message();
+        handed_off += buffer->bytes;
+        ASSERT_TRUE(optimizer_->HandOff(*buffer).ok());
+      }
+    }
+    Result<OptimStepReport> report = optimizer_->FinishStep();
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    EXPECT_GT(handed_off, 0u);
+    EXPECT_EQ(engine_->stats().bytes[kDevice][kHost] - before, handed_off)
+        << "step " << s;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Modes, PipelineTest,
     testing::Values(Config{OptimMode::kOverlap, false, 0, 1},

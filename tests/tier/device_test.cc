@@ -197,6 +197,32 @@ TEST_P(DeviceTest, InfoDescribesTheBackend) {
   EXPECT_EQ(device->free_bytes(), 4 * kMiB);
 }
 
+// The CUDA device supplies pinned host memory (the pinned tier's slab); the
+// host-emulated device has nothing better than locked pages.
+TEST_P(DeviceTest, HostAllocatorIsTheDevicesOwn) {
+  std::unique_ptr<Device> device = Open();
+  ASSERT_NE(device, nullptr);
+  HostAllocator* host = device->host_allocator();
+  if (GetParam() == DeviceKind::kHostEmulated) {
+    EXPECT_EQ(host, nullptr);
+    return;
+  }
+  ASSERT_NE(host, nullptr);
+  EXPECT_STREQ(host->name(), "cudaHostAlloc");
+  auto* pinned = static_cast<uint8_t*>(host->Allocate(kMiB));
+  ASSERT_NE(pinned, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pinned) % 4096, 0u);
+  std::vector<uint8_t> want(kMiB);
+  testutil::FillRandom(want.data(), want.size(), 7);
+  std::memcpy(pinned, want.data(), want.size());
+  void* on_device = MustAllocate(*device, kMiB);
+  Result<Event> up = device->CopyToDevice(on_device, pinned, kMiB);
+  ASSERT_TRUE(up.ok() && up->Wait().ok());
+  EXPECT_EQ(ReadBack(*device, on_device, kMiB), want);
+  host->Free(pinned);
+  device->Free(on_device);
+}
+
 TEST_P(DeviceTest, BudgetThatCannotBeReservedFailsAtOpen) {
   constexpr uint64_t kPiB = uint64_t{1} << 50;  // beyond any address space
   Result<std::unique_ptr<Device>> device =

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -19,10 +20,7 @@
 #include <thread>
 #include <vector>
 
-#if STRATA_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
+#include "src/tier/device.h"
 #include "strata/aio.h"
 #include "tests/testutil/testutil.h"
 
@@ -44,16 +42,30 @@ std::unique_ptr<PinnedPool> MakePool(uint64_t budget,
   return pool.ok() ? std::move(*pool) : nullptr;
 }
 
-bool GpuPresent() {
-#if STRATA_HAVE_CUDA
-  int devices = 0;
-  const bool present = cudaGetDeviceCount(&devices) == cudaSuccess && devices;
-  cudaGetLastError();
-  return present;
-#else
-  return false;
-#endif
-}
+// A device's host allocator as the pool sees it: counts its calls and can
+// refuse, as cudaHostAlloc does when pinned memory runs out.
+class FakeHostAllocator : public HostAllocator {
+ public:
+  const char* name() const override { return "fake-device-host"; }
+  void* Allocate(uint64_t bytes) override {
+    ++allocations;
+    if (refuse) return nullptr;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    live[p] = bytes;
+    return p;
+  }
+  void Free(void* ptr) override {
+    ASSERT_EQ(live.count(ptr), 1u) << "freed memory it did not hand out";
+    munmap(ptr, live[ptr]);
+    live.erase(ptr);
+  }
+
+  bool refuse = false;
+  int allocations = 0;
+  std::map<void*, uint64_t> live;
+};
 
 TEST(PinnedPoolSizeClassTest, ClassesAreMonotonePagesWithBoundedWaste) {
   std::vector<uint64_t> sizes;
@@ -224,14 +236,11 @@ TEST(PinnedPoolTest, InfoDescribesTheSlab) {
   options.budget = 3 * kMiB;
   options.huge_pages = true;
   options.lock = LockMode::kBestEffort;
-  options.cuda = true;  // falls back to mmap without a GPU
   auto huge = PinnedPool::Create(options, nullptr);
   ASSERT_TRUE(huge.ok()) << huge.status().ToString();
   const PinnedPoolInfo& info = (*huge)->info();
-  const std::set<std::string> names = {"cudaHostAlloc", "mmap+hugetlb",
-                                       "mmap+thp", "mmap"};
+  const std::set<std::string> names = {"mmap+hugetlb", "mmap+thp", "mmap"};
   EXPECT_TRUE(names.count(info.backing)) << info.backing;
-  EXPECT_EQ(info.backing == "cudaHostAlloc", GpuPresent()) << info.backing;
   if (geteuid() == 0) {
     EXPECT_TRUE(info.locked);
   }
@@ -239,6 +248,58 @@ TEST(PinnedPoolTest, InfoDescribesTheSlab) {
   if (info.backing == "mmap+hugetlb" || info.backing == "mmap+thp") {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % (2 * kMiB), 0u);
   }
+}
+
+// Note [Device host memory]: the device supplies the slab when it can.
+TEST(PinnedPoolTest, TakesItsSlabFromTheDevicesHostAllocator) {
+  FakeHostAllocator device_host;
+  PinnedPoolOptions options;
+  options.budget = 3 * kMiB + 100;
+  options.host_allocator = &device_host;
+  {
+    auto pool = PinnedPool::Create(options, nullptr);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    const PinnedPoolInfo& info = (*pool)->info();
+    EXPECT_EQ(info.backing, "fake-device-host");
+    EXPECT_TRUE(info.locked);  // pinned by the device's driver
+    EXPECT_EQ(info.budget, 3 * kMiB + 4096);
+    ASSERT_EQ(device_host.allocations, 1);
+    ASSERT_EQ(device_host.live.size(), 1u);
+    const auto& [base, bytes] = *device_host.live.begin();
+    EXPECT_EQ(bytes, info.budget);
+    void* p = *(*pool)->Allocate(kMiB);
+    EXPECT_GE(p, base);
+    EXPECT_LE(static_cast<char*>(p) + kMiB, static_cast<char*>(base) + bytes);
+    std::memset(p, 0x5a, kMiB);
+  }
+  EXPECT_TRUE(device_host.live.empty()) << "the pool gave its slab back";
+}
+
+TEST(PinnedPoolTest, FallsBackToPagesWhenTheDeviceHasNoHostMemory) {
+  FakeHostAllocator device_host;
+  device_host.refuse = true;
+  PinnedPoolOptions options;
+  options.budget = kMiB;
+  options.huge_pages = false;
+  options.host_allocator = &device_host;
+  auto pool = PinnedPool::Create(options, nullptr);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ(device_host.allocations, 1);
+  EXPECT_EQ((*pool)->info().backing, "mmap");
+}
+
+TEST(PinnedPoolTest, AnUnlockedPoolDoesNotAskTheDevice) {
+  FakeHostAllocator device_host;
+  PinnedPoolOptions options;
+  options.budget = kMiB;
+  options.lock = LockMode::kOff;  // device host memory is always pinned
+  options.huge_pages = false;
+  options.host_allocator = &device_host;
+  auto pool = PinnedPool::Create(options, nullptr);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ(device_host.allocations, 0);
+  EXPECT_EQ((*pool)->info().backing, "mmap");
+  EXPECT_FALSE((*pool)->info().locked);
 }
 
 TEST(PinnedPoolTest, CreateRejectsBadOptions) {

@@ -134,7 +134,7 @@ Status ProbeCuda(PcieProbe* out) {
   tier::Device* d = device.get();
   tier::PinnedPoolOptions pool_options;
   pool_options.budget = kProbeBytes;
-  pool_options.cuda = true;
+  pool_options.host_allocator = d->host_allocator();
   pool_options.gpu_numa_node = d->info().numa_node;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tier::PinnedPool> pool,
                           tier::PinnedPool::Create(pool_options, nullptr));
