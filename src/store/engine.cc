@@ -8,6 +8,7 @@
 #include <mutex>
 #include <utility>
 
+#include "common/enum_array.h"
 #include "src/ckpt/checkpoint.h"
 #include "src/sched/executor.h"
 #include "src/sched/planner.h"
@@ -86,8 +87,9 @@ Status Engine::Impl::Open(const EngineOptions& options,
   aio_options.fault_injector = hooks.fault_injector;
   STRATA_ASSIGN_OR_RETURN(aio_, aio::Engine::Open(aio_options));
   STRATA_ASSIGN_OR_RETURN(
-      device_, tier::OpenDevice(
-                   {kind, options.device_budget, options.cuda_device, 256}));
+      device_, tier::OpenDevice({.kind = kind,
+                                 .budget = options.device_budget,
+                                 .cuda_device = options.cuda_device}));
   const tier::DeviceInfo& dev = device_->info();
   tier::PinnedPoolOptions pool;
   pool.budget = options.host_budget;
@@ -99,9 +101,10 @@ Status Engine::Impl::Open(const EngineOptions& options,
   STRATA_ASSIGN_OR_RETURN(host_, tier::PinnedPool::Create(pool, aio_.get()));
   if (options.nvme_budget > 0) {
     STRATA_ASSIGN_OR_RETURN(
-        nvme_, tier::NvmeStore::Open(aio_.get(),
-                                     {options.swap_dir, options.nvme_budget,
-                                      options.swap_files}));
+        nvme_,
+        tier::NvmeStore::Open(aio_.get(), {.dir = options.swap_dir,
+                                           .capacity = options.nvme_budget,
+                                           .files = options.swap_files}));
   }
   mover_ = std::make_unique<transport::Mover>(device_.get(), nvme_.get());
   residency_ = std::make_unique<store::Residency>(device_.get(), host_.get(),
@@ -124,9 +127,7 @@ Result<int> Engine::Impl::Register(const GroupSpec& spec) {
 
 Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
                                       const FetchOptions& opt) {
-  STRATA_ASSIGN_OR_RETURN(
-      int position,
-      residency_->Fetch(group, tier, opt.roles, opt.write, opt.record));
+  STRATA_ASSIGN_OR_RETURN(int position, residency_->Fetch(group, tier, opt));
   if (position >= 0 && options_.prefetch) SubmitPrefetches(position);
   const store::GroupLayout& layout = residency_->layout(group);
   GroupView view;
@@ -178,6 +179,8 @@ Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles) {
 }
 
 sched::PlanInput Engine::Impl::MakePlanInput() const {
+  using Homed = store::Residency::Homed;
+  constexpr int kHost = static_cast<int>(Tier::kHost);
   sched::PlanInput in;
   const sched::Trace trace = residency_->TraceSnapshot();
   in.trace = trace.entries();
@@ -185,23 +188,21 @@ sched::PlanInput Engine::Impl::MakePlanInput() const {
   const int groups = residency_->group_count();
   // Roles fetched per tier: a device fetch caches on the device only,
   // except that NVMe-homed chunks pass through the host on their way up.
-  std::vector<std::array<RoleMask, kNumTiers>> used(groups);
-  for (const sched::TraceEntry& e : in.trace) {
-    used[e.group][static_cast<int>(e.tier)] |= e.roles;
-  }
+  std::vector<TierArray<RoleMask>> used(groups);
+  for (const sched::TraceEntry& e : in.trace) used[e.group][e.tier] |= e.roles;
   std::array<uint64_t, kNumTiers> homed = {};
   for (int g = 0; g < groups; ++g) {
     sched::PlanGroup pg;
     pg.name = residency_->layout(g).name;
     for (Tier t : {Tier::kDevice, Tier::kHost}) {
       const int i = static_cast<int>(t);
-      pg.cached[i] = residency_->GroupBytes(g, t, used[g][i], true);
-      homed[i] += residency_->GroupBytes(g, t, kAllRoles, false) -
-                  residency_->GroupBytes(g, t, kAllRoles, true);
+      pg.cached[i] = residency_->GroupBytes(g, t, used[g][t], Homed::kExcluded);
+      homed[i] += residency_->GroupBytes(g, t, kAllRoles, Homed::kIncluded) -
+                  residency_->GroupBytes(g, t, kAllRoles, Homed::kExcluded);
     }
-    const RoleMask dev = used[g][static_cast<int>(Tier::kDevice)];
-    const RoleMask host = used[g][static_cast<int>(Tier::kHost)];
-    pg.cached[1] += residency_->NvmeHomedBytes(g, dev & ~host);
+    const RoleMask dev = used[g][Tier::kDevice];
+    const RoleMask host = used[g][Tier::kHost];
+    pg.cached[kHost] += residency_->NvmeHomedBytes(g, dev & ~host);
     pg.nvme_homed = residency_->NvmeHomedBytes(g, dev | host);
     in.groups.push_back(std::move(pg));
   }
@@ -238,11 +239,14 @@ EngineStats Engine::Impl::Stats() const {
   EngineStats s = residency_->counters();
   const tier::DeviceStats dev = device_->stats();
   const tier::PinnedPoolStats host = host_->stats();
-  s.tiers[0] = {options_.device_budget, dev.used, dev.peak};
-  s.tiers[1] = {options_.host_budget, host.current, host.peak};
+  auto at = [&s](Tier t) -> EngineStats::TierStats& {
+    return s.tiers[static_cast<int>(t)];
+  };
+  at(Tier::kDevice) = {options_.device_budget, dev.used, dev.peak};
+  at(Tier::kHost) = {options_.host_budget, host.current, host.peak};
   if (nvme_ != nullptr) {
     const tier::NvmeStoreStats nvme = nvme_->stats();
-    s.tiers[2] = {nvme.capacity, nvme.used, nvme.peak};
+    at(Tier::kNvme) = {nvme.capacity, nvme.used, nvme.peak};
   }
   s.bytes = mover_->bytes();
   const sched::Trace trace = residency_->TraceSnapshot();
@@ -274,7 +278,8 @@ const std::string& Engine::group_name(int group) const {
 }
 
 uint64_t Engine::group_bytes(int group, Tier tier) const {
-  return impl_->residency_->GroupBytes(group, tier, kAllRoles, false);
+  return impl_->residency_->GroupBytes(group, tier, kAllRoles,
+                                       store::Residency::Homed::kIncluded);
 }
 
 Result<GroupView> Engine::Fetch(int group, Tier tier, const FetchOptions& opt) {

@@ -4,17 +4,11 @@
 #include <limits>
 #include <utility>
 
+#include "common/enum_array.h"
 #include "common/text.h"
 
 namespace strata::store {
 namespace {
-
-int Index(Tier tier) { return static_cast<int>(tier); }
-
-// The tier one step from `tier` toward `home`.
-Tier TowardHome(Tier tier, Tier home) {
-  return static_cast<Tier>(Index(tier) + (Index(home) > Index(tier) ? 1 : -1));
-}
 
 std::string TierLabel(Tier tier) { return std::string(TierName(tier)); }
 
@@ -41,12 +35,12 @@ const GroupLayout& Residency::layout(int group) const {
 }
 
 uint64_t Residency::GroupBytes(int group, Tier tier, RoleMask roles,
-                               bool cached_only) const {
+                               Homed homed) const {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t total = 0;
   for (const ChunkLayout& c : groups_.at(group).layout.chunks) {
     if ((RoleBit(c.role) & roles) == 0) continue;
-    if (cached_only && c.home == tier) continue;
+    if (homed == Homed::kExcluded && c.home == tier) continue;
     total +=
         tier == Tier::kHost ? tier::PinnedPool::SizeClass(c.bytes) : c.bytes;
   }
@@ -69,37 +63,38 @@ uint64_t Residency::NvmeHomedBytes(int group, RoleMask roles) const {
 // home copy. Both are checked against what is free now, so a registration
 // that passes can always be fetched once nothing else is pinned.
 Status Residency::CheckFits(const GroupLayout& layout) const {
-  std::array<uint64_t, kNumTiers> homed = {}, fetched = {};
+  TierArray<uint64_t> homed, fetched, free, budget;
   for (const ChunkLayout& c : layout.chunks) {
     const uint64_t host_bytes = tier::PinnedPool::SizeClass(c.bytes);
-    homed[Index(c.home)] += c.home == Tier::kHost ? host_bytes : c.bytes;
+    homed[c.home] += c.home == Tier::kHost ? host_bytes : c.bytes;
     if (c.home != Tier::kDevice && (layout.device_roles & RoleBit(c.role))) {
-      fetched[Index(Tier::kDevice)] += c.bytes;
+      fetched[Tier::kDevice] += c.bytes;
     }
-    if (c.home != Tier::kHost) fetched[Index(Tier::kHost)] += host_bytes;
+    if (c.home != Tier::kHost) fetched[Tier::kHost] += host_bytes;
   }
-  const std::array<uint64_t, kNumTiers> free = {
-      device_->free_bytes(), host_->free_bytes(),
-      nvme_ == nullptr ? 0 : nvme_->stats().capacity - nvme_->stats().used};
-  const std::array<uint64_t, kNumTiers> budget = {
-      device_->info().budget, host_->info().budget,
-      nvme_ == nullptr ? 0 : nvme_->stats().capacity};
+  free[Tier::kDevice] = device_->free_bytes();
+  free[Tier::kHost] = host_->free_bytes();
+  budget[Tier::kDevice] = device_->info().budget;
+  budget[Tier::kHost] = host_->info().budget;
+  if (nvme_ != nullptr) {
+    budget[Tier::kNvme] = nvme_->stats().capacity;
+    free[Tier::kNvme] = budget[Tier::kNvme] - nvme_->stats().used;
+  }
+  if (homed[Tier::kNvme] > 0 && nvme_ == nullptr) {
+    return Status::FailedPrecondition(
+        "group '" + layout.name +
+        "' places roles on NVMe but the engine has no NVMe "
+        "tier; set nvme_budget and swap_dir "
+        "(--nvme-budget, --swap-dir)");
+  }
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    const int i = Index(t);
-    if (t == Tier::kNvme && homed[i] > 0 && nvme_ == nullptr) {
-      return Status::FailedPrecondition(
-          "group '" + layout.name +
-          "' places roles on NVMe but the engine has no NVMe "
-          "tier; set nvme_budget and swap_dir "
-          "(--nvme-budget, --swap-dir)");
-    }
-    const uint64_t need = homed[i] + (t == Tier::kNvme ? 0 : fetched[i]);
-    if (need <= free[i]) continue;
+    const uint64_t need = homed[t] + (t == Tier::kNvme ? 0 : fetched[t]);
+    if (need <= free[t]) continue;
     std::string msg = "group '" + layout.name + "' needs " + HumanBytes(need) +
                       " on " + TierLabel(t) + "; " + TierLabel(t) +
-                      " budget is " + HumanBytes(budget[i]);
-    if (free[i] < budget[i]) {
-      msg += ", of which " + HumanBytes(budget[i] - free[i]) +
+                      " budget is " + HumanBytes(budget[t]);
+    if (free[t] < budget[t]) {
+      msg += ", of which " + HumanBytes(budget[t] - free[t]) +
              " is homed by earlier groups";
     }
     msg += ". Raise the " + TierLabel(t) +
@@ -140,7 +135,7 @@ Status Residency::AllocateHomes(Group& g, std::vector<int>& ids) {
     c.home = cl.home;
     c.bytes = cl.bytes;
     STRATA_RETURN_IF_ERROR(TryAllocate(c, c.home));
-    Copy& home = c.copy[Index(c.home)];
+    Copy& home = c.copy[c.home];
     if (c.home != Tier::kNvme) {
       // Zero-filled homes are valid from the start; NVMe homes stay
       // invalid until first written, and the chunk reads as zeros.
@@ -184,9 +179,7 @@ sched::Trace Residency::TraceSnapshot() const {
   return trace_;
 }
 
-Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write,
-                             bool record) {
-  Lock lk(mu_);
+Status Residency::CheckFetch(int group, Tier tier, RoleMask roles) const {
   if (group < 0 || group >= static_cast<int>(groups_.size())) {
     return Status::InvalidArgument("no group " + std::to_string(group) + " (" +
                                    std::to_string(groups_.size()) +
@@ -196,71 +189,87 @@ Result<int> Residency::Fetch(int group, Tier tier, RoleMask roles, bool write,
     return Status::InvalidArgument(
         "cannot fetch to NVMe: fetch to the device or the host");
   }
-  const RoleMask allowed = groups_[group].layout.device_roles;
+  const GroupLayout& layout = groups_[group].layout;
   if (tier == Tier::kDevice &&
-      (roles & groups_[group].layout.roles & ~allowed) != 0) {
+      (roles & layout.roles & ~layout.device_roles) != 0) {
     return Status::InvalidArgument(
-        "group '" + groups_[group].layout.name +
+        "group '" + layout.name +
         "': a role asked for is not in its placement's "
         "device_roles; fetch it to the host");
   }
-  const std::vector<int> ids = ChunksOf(group, roles);
-  if (ids.empty()) {
-    return Status::InvalidArgument("group '" + groups_[group].layout.name +
+  if ((roles & layout.roles) == 0) {
+    return Status::InvalidArgument("group '" + layout.name +
                                    "' has none of the requested roles");
   }
-  if (record && trace_.in_step()) {
-    position_ = trace_.OnFetch({group, tier, roles});
+  return Status();
+}
+
+Result<int> Residency::Fetch(int group, Tier tier, const FetchOptions& opt) {
+  Lock lk(mu_);
+  STRATA_RETURN_IF_ERROR(CheckFetch(group, tier, opt.roles));
+  if (opt.record && trace_.in_step()) {
+    position_ = trace_.OnFetch({group, tier, opt.roles});
   }
-  const int position = record ? position_ : -1;
-  std::vector<int> pinned;
-  for (int id : ids) {
-    const Copy& dst = chunks_[id].copy[Index(tier)];
-    const bool prefetched = dst.prefetched;
-    if (record) {
-      ++counters_.fetches;
-      counters_.late_prefetches += dst.busy && prefetched;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    bool hit = false;
-    Status s = Ensure(lk, id, tier, -1, &hit);
-    // A write fetch hands its copy out only once no transfer is still
-    // copying from it; the copy may move meanwhile, so ensure it again.
-    // Such a wait is a stall, not a hit.
-    while (s.ok() && write && dst.readers > 0) {
-      hit = false;
-      changed_.wait(lk);
-      s = Ensure(lk, id, tier, -1, nullptr);
-    }
-    if (record) {
-      counters_.hits += hit;
-      counters_.prefetch_hits += hit && prefetched;
-      if (!hit) {
-        counters_.stall_seconds += std::chrono::duration<double>(
-                                       std::chrono::steady_clock::now() - start)
-                                       .count();
-      }
-    }
-    if (!s.ok()) {
-      for (int p : pinned) {
-        --chunks_[p].copy[Index(tier)].pins;
-        if (write) --chunks_[p].writers;
-      }
-      changed_.notify_all();
+  const int position = opt.record ? position_ : -1;
+  Pin pin{tier, opt.write, {}};
+  for (int id : ChunksOf(group, opt.roles)) {
+    if (Status s = FetchChunk(lk, id, tier, opt); !s.ok()) {
+      Unpin(pin);
       return s;
     }
-    Chunk& c = chunks_[id];
-    Copy& copy = c.copy[Index(tier)];
-    ++copy.pins;
-    copy.last_use = ++clock_;
-    pinned.push_back(id);
-    if (write) {
-      Invalidate(c, tier);
-      ++c.writers;
+    pin.chunks.push_back(id);
+  }
+  groups_[group].pins.push_back(std::move(pin));
+  return position;
+}
+
+// Makes one chunk valid at `tier` for a demand fetch and pins it there,
+// counting the fetch when `opt.record`.
+Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
+                             const FetchOptions& opt) {
+  Chunk& c = chunks_[id];
+  Copy& dst = c.copy[tier];
+  const bool prefetched = dst.prefetched;
+  if (opt.record) {
+    ++counters_.fetches;
+    counters_.late_prefetches += dst.busy && prefetched;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  bool hit = false;
+  Status s = Ensure(lk, id, tier, -1, &hit);
+  // A write fetch hands its copy out only once no transfer is still copying
+  // from it; the copy may move meanwhile, so ensure it again. Such a wait
+  // is a stall, not a hit.
+  while (s.ok() && opt.write && dst.readers > 0) {
+    hit = false;
+    changed_.wait(lk);
+    s = Ensure(lk, id, tier, -1, nullptr);
+  }
+  if (opt.record) {
+    counters_.hits += hit;
+    counters_.prefetch_hits += hit && prefetched;
+    if (!hit) {
+      counters_.stall_seconds += std::chrono::duration<double>(
+                                     std::chrono::steady_clock::now() - start)
+                                     .count();
     }
   }
-  groups_[group].pins.push_back({tier, write, std::move(pinned)});
-  return position;
+  if (!s.ok()) return s;
+  ++dst.pins;
+  dst.last_use = ++clock_;
+  if (opt.write) {
+    Invalidate(c, tier);
+    ++c.writers;
+  }
+  return Status();
+}
+
+void Residency::Unpin(const Pin& pin) {
+  for (int id : pin.chunks) {
+    --chunks_[id].copy[pin.tier].pins;
+    if (pin.write) --chunks_[id].writers;
+  }
+  changed_.notify_all();
 }
 
 Status Residency::Release(int group) {
@@ -271,13 +280,8 @@ Status Residency::Release(int group) {
                                       std::to_string(group) +
                                       " without a matching fetch");
   }
-  Pin pin = std::move(groups_[group].pins.back());
+  Unpin(groups_[group].pins.back());
   groups_[group].pins.pop_back();
-  for (int id : pin.chunks) {
-    --chunks_[id].copy[Index(pin.tier)].pins;
-    if (pin.write) --chunks_[id].writers;
-  }
-  changed_.notify_all();
   return Status();
 }
 
@@ -310,7 +314,7 @@ Status Residency::Evict(int group, Tier tier) {
   }
   for (int id : ChunksOf(group, kAllRoles)) {
     Chunk& c = chunks_[id];
-    Copy& copy = c.copy[Index(tier)];
+    Copy& copy = c.copy[tier];
     while (copy.busy || copy.readers > 0) changed_.wait(lk);
     if (c.home == tier || !copy.allocated) continue;
     if (copy.pins > 0) {
@@ -329,7 +333,7 @@ void* Residency::Address(int group, Role role, Tier tier,
   const Group& g = groups_.at(group);
   const int index = g.layout.chunk_of_role[static_cast<int>(role)];
   STRATA_CHECK(index >= 0);
-  const Copy& copy = chunks_[g.chunks[index]].copy[Index(tier)];
+  const Copy& copy = chunks_[g.chunks[index]].copy[tier];
   STRATA_CHECK(copy.allocated && tier != Tier::kNvme);
   return static_cast<char*>(copy.ptr) + offset;
 }
@@ -350,270 +354,6 @@ int Residency::FirstPinnedGroup() const {
 bool Residency::in_step() const {
   std::lock_guard<std::mutex> lock(mu_);
   return trace_.in_step();
-}
-
-// Makes chunk `id` valid at `tier`. `entry` is -1 for a demand fetch, the
-// trace position for a planned prefetch, -2 for an explicit prefetch.
-// Returns with the lock held; `hit`, when not null, says whether it was
-// valid on arrival.
-Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
-  Chunk& c = chunks_[id];
-  const bool demand = entry == -1;
-  Copy& dst = c.copy[Index(tier)];
-  if (hit != nullptr) *hit = dst.valid && !dst.busy;
-  Status status;
-  for (;;) {
-    if (dst.valid && !dst.busy) break;
-    if (dst.busy) {
-      changed_.wait(lk);
-      continue;
-    }
-    // A write-fetched copy is changing until its release: nothing may be
-    // copied from it. Demand waits; a prefetch gives up.
-    if (c.writers > 0) {
-      if (entry != -1 && entry != -3) break;
-      changed_.wait(lk);
-      continue;
-    }
-    // The source: zeros, the tier below (toward NVMe), or the device.
-    Tier from = tier;
-    const Tier below = static_cast<Tier>(Index(tier) + 1);
-    if (!c.zero) {
-      if (tier == Tier::kDevice) {
-        from = Tier::kHost;
-        if (!c.copy[Index(Tier::kHost)].valid ||
-            c.copy[Index(Tier::kHost)].busy) {
-          status = Ensure(lk, id, Tier::kHost, demand ? -3 : entry, nullptr);
-          if (!status.ok()) break;
-          continue;
-        }
-      } else if (c.copy[Index(Tier::kDevice)].valid) {
-        from = Tier::kDevice;
-      } else {
-        from = below;
-      }
-      Copy& src = c.copy[Index(from)];
-      if (!src.valid && !src.busy) {
-        STRATA_CHECK(false && "a written chunk has no valid copy");
-      }
-      if (src.busy) {
-        changed_.wait(lk);
-        continue;
-      }
-    }
-    status = Fill(lk, id, tier, from, entry);
-    if (!status.ok()) break;
-  }
-  if (status.ok() && demand) dst.prefetched = false;
-  return status;
-}
-
-// One transfer into `tier` from `from` (== tier: zero fill). Allocates the
-// destination first, holding nothing while it may wait (see Note [Eviction
-// order]); if the source went away meanwhile, the caller re-plans. Returns
-// with the lock held.
-Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, int entry) {
-  Chunk& c = chunks_[id];
-  Copy& dst = c.copy[Index(tier)];
-  if (!dst.allocated) {
-    STRATA_RETURN_IF_ERROR(Allocate(lk, id, tier, entry));
-  }
-  Copy* src = from == tier ? nullptr : &c.copy[Index(from)];
-  const bool stale =
-      c.writers > 0 || (src != nullptr && (!src->valid || src->busy));
-  if (dst.busy || dst.valid || stale) return Status();
-  if (src != nullptr) ++src->readers;
-  dst.busy = true;
-  const uint64_t version = c.version;
-  const transport::Place to = PlaceOf(c, tier);
-  lk.unlock();
-  Status status = src == nullptr ? mover_->Zero(to, c.bytes)
-                                 : mover_->Copy(PlaceOf(c, from), to, c.bytes);
-  lk.lock();
-  dst.busy = false;
-  if (src != nullptr) --src->readers;
-  if (status.ok() && version == c.version) {
-    dst.valid = true;
-    dst.prefetched = entry >= 0 || entry == -2;
-    dst.last_use = ++clock_;
-  }
-  changed_.notify_all();
-  return status;
-}
-
-uint64_t Residency::FreeBytes(Tier tier) const {
-  return tier == Tier::kDevice ? device_->free_bytes() : host_->free_bytes();
-}
-
-Status Residency::MakeRoom(Tier tier, uint64_t bytes) {
-  STRATA_CHECK(tier != Tier::kNvme);
-  Lock lk(mu_);
-  while (FreeBytes(tier) < bytes) {
-    const int victim = PickVictim(tier, -1, -1);
-    if (victim < 0) break;
-    STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
-  }
-  return Status();
-}
-
-// Note [Eviction order]. `entry` >= 0 marks a prefetch (see PickVictim).
-Status Residency::Allocate(Lock& lk, int id, Tier tier, int entry) {
-  Chunk& c = chunks_[id];
-  for (;;) {
-    if (c.copy[Index(tier)].allocated) return Status();
-    if (TryAllocate(c, tier).ok()) return Status();
-    const int victim = PickVictim(tier, id, entry);
-    if (victim >= 0) {
-      STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
-      continue;
-    }
-    if (entry >= 0) {
-      return Status::Unavailable("no room for a prefetch");
-    }
-    if (AnyBusy(tier)) {
-      changed_.wait(lk);
-      continue;
-    }
-    const uint64_t free = FreeBytes(tier);
-    return Status::ResourceExhausted(
-        TierLabel(tier) + " tier: cannot fit " + HumanBytes(c.bytes) + " for " +
-        Describe(c) + ": " + HumanBytes(free) +
-        " free and every other copy there is fetched "
-        "(pinned); release groups or raise the " +
-        TierLabel(tier) + " budget");
-  }
-}
-
-Status Residency::TryAllocate(Chunk& c, Tier tier) {
-  Copy& copy = c.copy[Index(tier)];
-  STRATA_CHECK(!copy.allocated);
-  if (tier == Tier::kNvme) {
-    STRATA_ASSIGN_OR_RETURN(copy.extent, nvme_->Allocate(c.bytes));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(copy.ptr, tier == Tier::kDevice
-                                          ? device_->Allocate(c.bytes)
-                                          : host_->Allocate(c.bytes));
-  }
-  copy.allocated = true;
-  return Status();
-}
-
-// Prefetches (entry >= 0) only take copies used after their own position.
-int Residency::PickVictim(Tier tier, int requester, int entry) const {
-  const bool following = trace_.valid() && position_ >= 0;
-  int64_t prefetch_distance = std::numeric_limits<int64_t>::max();
-  if (entry >= 0) {
-    if (!following) return -1;
-    prefetch_distance =
-        trace_.NextUseDistance(chunks_[requester].group, position_);
-  }
-  int best = -1;
-  int64_t best_score = std::numeric_limits<int64_t>::min();
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    const Chunk& c = chunks_[i];
-    const Copy& copy = c.copy[Index(tier)];
-    if (static_cast<int>(i) == requester || c.home == tier || !copy.allocated ||
-        copy.busy || copy.pins > 0 || copy.readers > 0) {
-      continue;
-    }
-    int64_t score;
-    if (!copy.valid) {
-      score = std::numeric_limits<int64_t>::max();
-    } else if (following) {
-      const int64_t next = trace_.NextUseDistance(c.group, position_);
-      score = next < 0 ? std::numeric_limits<int64_t>::max() - 1 : next;
-      if (entry >= 0 && score <= prefetch_distance) continue;
-    } else {
-      score = -static_cast<int64_t>(copy.last_use);
-    }
-    if (score > best_score) best_score = score, best = static_cast<int>(i);
-  }
-  return best;
-}
-
-// Drops the copy at `tier`, writing it one tier toward home first when it
-// holds the only valid bytes. On a failed write the copy stays valid.
-Status Residency::Drop(Lock& lk, int id, Tier tier) {
-  Chunk& c = chunks_[id];
-  Copy& copy = c.copy[Index(tier)];
-  if (copy.valid && !c.zero && !OtherValid(c, tier)) {
-    const Tier to = TowardHome(tier, c.home);
-    Copy& lower = c.copy[Index(to)];
-    copy.busy = true;
-    Status status;
-    while (status.ok() && lower.busy) changed_.wait(lk);
-    if (status.ok() && !lower.allocated) status = Allocate(lk, id, to, -1);
-    if (status.ok()) {
-      lower.busy = true;
-      const uint64_t version = c.version;
-      lk.unlock();
-      status = mover_->Copy(PlaceOf(c, tier), PlaceOf(c, to), c.bytes);
-      lk.lock();
-      lower.busy = false;
-      if (status.ok() && version == c.version) lower.valid = true;
-      if (status.ok()) ++counters_.writebacks;
-    }
-    copy.busy = false;
-    changed_.notify_all();
-    if (!status.ok()) return status;
-  }
-  FreeCopy(c, tier);
-  ++counters_.evictions;
-  changed_.notify_all();
-  return Status();
-}
-
-void Residency::FreeCopy(Chunk& c, Tier tier) {
-  Copy& copy = c.copy[Index(tier)];
-  if (!copy.allocated) return;
-  if (tier == Tier::kNvme) {
-    nvme_->Free(copy.extent);
-  } else if (tier == Tier::kDevice) {
-    device_->Free(copy.ptr);
-  } else {
-    host_->Free(copy.ptr);
-  }
-  copy = Copy();
-}
-
-// A write fetch at `keep`: every other copy is stale from now on.
-void Residency::Invalidate(Chunk& c, Tier keep) {
-  ++c.version;
-  c.zero = false;
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    if (t == keep) continue;
-    Copy& copy = c.copy[Index(t)];
-    copy.valid = false;
-    copy.prefetched = false;
-    const bool idle = !copy.busy && copy.readers == 0 && copy.pins == 0;
-    if (t != c.home && idle) FreeCopy(c, t);
-  }
-}
-
-bool Residency::OtherValid(const Chunk& c, Tier tier) const {
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    const Copy& copy = c.copy[Index(t)];
-    if (t != tier && copy.valid && !copy.busy) return true;
-  }
-  return false;
-}
-
-bool Residency::AnyBusy(Tier tier) const {
-  for (const Chunk& c : chunks_) {
-    const Copy& copy = c.copy[Index(tier)];
-    if (copy.busy || copy.readers > 0) return true;
-  }
-  return false;
-}
-
-transport::Place Residency::PlaceOf(const Chunk& c, Tier tier) const {
-  const Copy& copy = c.copy[Index(tier)];
-  return {tier, copy.ptr, copy.extent};
-}
-
-std::string Residency::Describe(const Chunk& c) const {
-  return "group '" + groups_[c.group].layout.name + "' (" +
-         std::string(RoleName(c.role)) + ")";
 }
 
 }  // namespace strata::store

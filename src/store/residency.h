@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_array.h"
 #include "src/sched/trace.h"
 #include "src/store/layout.h"
 #include "src/tier/device.h"
@@ -62,10 +63,12 @@ class Residency {
   Result<int> AddGroup(GroupLayout layout);
   int group_count() const;
   const GroupLayout& layout(int group) const;
+  // Whether GroupBytes counts the chunks homed at the tier it is asked
+  // about, or only those a fetch would cache there.
+  enum class Homed { kIncluded, kExcluded };
   // Bytes the group's chunks in `roles` take at `tier` (size-class rounded
-  // for the host), counting only chunks not homed there when `cached_only`.
-  uint64_t GroupBytes(int group, Tier tier, RoleMask roles,
-                      bool cached_only) const;
+  // for the host).
+  uint64_t GroupBytes(int group, Tier tier, RoleMask roles, Homed homed) const;
   uint64_t NvmeHomedBytes(int group, RoleMask roles) const;
 
   // Trace bookkeeping, under the residency lock because eviction reads it.
@@ -75,11 +78,11 @@ class Residency {
   bool EndStep(std::string* diverged);
   sched::Trace TraceSnapshot() const;
 
-  // Demand fetch: validates and pins the group's chunks in `roles` at
-  // `tier`. Returns the trace position (-1 when not following a trace, or
-  // when `record` is false: the fetch is then not part of the trace).
-  Result<int> Fetch(int group, Tier tier, RoleMask roles, bool write,
-                    bool record = true);
+  // Demand fetch (Engine::Fetch): validates and pins the group's chunks in
+  // `opt.roles` at `tier`. Returns the trace position (-1 when not following
+  // a trace, or when `opt.record` is false: the fetch is then not part of
+  // the trace).
+  Result<int> Fetch(int group, Tier tier, const FetchOptions& opt);
   // Unpins the most recent unreleased Fetch of the group.
   Status Release(int group);
   // Background fetch for trace position `entry` (-1: a caller's explicit
@@ -123,7 +126,7 @@ class Residency {
     bool zero = true;
     int writers = 0;  // unreleased write fetches
     uint64_t version = 0;
-    std::array<Copy, kNumTiers> copy;
+    TierArray<Copy> copy;
   };
   struct Pin {
     Tier tier;
@@ -138,6 +141,9 @@ class Residency {
   using Lock = std::unique_lock<std::mutex>;
 
   Status CheckFits(const GroupLayout& layout) const;
+  Status CheckFetch(int group, Tier tier, RoleMask roles) const;
+  Status FetchChunk(Lock& lk, int id, Tier tier, const FetchOptions& opt);
+  void Unpin(const Pin& pin);
   Status AllocateHomes(Group& group, std::vector<int>& ids);
   std::vector<int> ChunksOf(int group, RoleMask roles) const;
   Status Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit);

@@ -1,0 +1,287 @@
+// The residency manager's moves: how a copy becomes valid at a tier (Ensure,
+// Fill), how room is made for it (Note [Eviction order]) and how a copy is
+// dropped or written toward its home. The contract is in residency.h; the
+// public entry points are in residency.cc.
+#include <limits>
+
+#include "common/text.h"
+#include "src/store/residency.h"
+
+namespace strata::store {
+namespace {
+
+int Index(Tier tier) { return static_cast<int>(tier); }
+
+// The tier one step from `tier` toward `home`.
+Tier TowardHome(Tier tier, Tier home) {
+  return static_cast<Tier>(Index(tier) + (Index(home) > Index(tier) ? 1 : -1));
+}
+
+std::string TierLabel(Tier tier) { return std::string(TierName(tier)); }
+
+}  // namespace
+
+// Makes chunk `id` valid at `tier`. `entry` is -1 for a demand fetch, the
+// trace position for a planned prefetch, -2 for an explicit prefetch.
+// Returns with the lock held; `hit`, when not null, says whether it was
+// valid on arrival.
+Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
+  Chunk& c = chunks_[id];
+  const bool demand = entry == -1;
+  Copy& dst = c.copy[tier];
+  if (hit != nullptr) *hit = dst.valid && !dst.busy;
+  Status status;
+  for (;;) {
+    if (dst.valid && !dst.busy) break;
+    if (dst.busy) {
+      changed_.wait(lk);
+      continue;
+    }
+    // A write-fetched copy is changing until its release: nothing may be
+    // copied from it. Demand waits; a prefetch gives up.
+    if (c.writers > 0) {
+      if (entry != -1 && entry != -3) break;
+      changed_.wait(lk);
+      continue;
+    }
+    // The source: zeros, the tier below (toward NVMe), or the device.
+    Tier from = tier;
+    const Tier below = TowardHome(tier, Tier::kNvme);
+    if (!c.zero) {
+      if (tier == Tier::kDevice) {
+        from = Tier::kHost;
+        if (!c.copy[Tier::kHost].valid || c.copy[Tier::kHost].busy) {
+          status = Ensure(lk, id, Tier::kHost, demand ? -3 : entry, nullptr);
+          if (!status.ok()) break;
+          continue;
+        }
+      } else if (c.copy[Tier::kDevice].valid) {
+        from = Tier::kDevice;
+      } else {
+        from = below;
+      }
+      Copy& src = c.copy[from];
+      if (!src.valid && !src.busy) {
+        STRATA_CHECK(false && "a written chunk has no valid copy");
+      }
+      if (src.busy) {
+        changed_.wait(lk);
+        continue;
+      }
+    }
+    status = Fill(lk, id, tier, from, entry);
+    if (!status.ok()) break;
+  }
+  if (status.ok() && demand) dst.prefetched = false;
+  return status;
+}
+
+// One transfer into `tier` from `from` (== tier: zero fill). Allocates the
+// destination first, holding nothing while it may wait (see Note [Eviction
+// order]); if the source went away meanwhile, the caller re-plans. Returns
+// with the lock held.
+Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, int entry) {
+  Chunk& c = chunks_[id];
+  Copy& dst = c.copy[tier];
+  if (!dst.allocated) {
+    STRATA_RETURN_IF_ERROR(Allocate(lk, id, tier, entry));
+  }
+  Copy* src = from == tier ? nullptr : &c.copy[from];
+  const bool stale =
+      c.writers > 0 || (src != nullptr && (!src->valid || src->busy));
+  if (dst.busy || dst.valid || stale) return Status();
+  if (src != nullptr) ++src->readers;
+  dst.busy = true;
+  const uint64_t version = c.version;
+  const transport::Place to = PlaceOf(c, tier);
+  lk.unlock();
+  Status status = src == nullptr ? mover_->Zero(to, c.bytes)
+                                 : mover_->Copy(PlaceOf(c, from), to, c.bytes);
+  lk.lock();
+  dst.busy = false;
+  if (src != nullptr) --src->readers;
+  if (status.ok() && version == c.version) {
+    dst.valid = true;
+    dst.prefetched = entry >= 0 || entry == -2;
+    dst.last_use = ++clock_;
+  }
+  changed_.notify_all();
+  return status;
+}
+
+uint64_t Residency::FreeBytes(Tier tier) const {
+  return tier == Tier::kDevice ? device_->free_bytes() : host_->free_bytes();
+}
+
+Status Residency::MakeRoom(Tier tier, uint64_t bytes) {
+  STRATA_CHECK(tier != Tier::kNvme);
+  Lock lk(mu_);
+  while (FreeBytes(tier) < bytes) {
+    const int victim = PickVictim(tier, -1, -1);
+    if (victim < 0) break;
+    STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
+  }
+  return Status();
+}
+
+// Note [Eviction order]. `entry` >= 0 marks a prefetch (see PickVictim).
+Status Residency::Allocate(Lock& lk, int id, Tier tier, int entry) {
+  Chunk& c = chunks_[id];
+  for (;;) {
+    if (c.copy[tier].allocated) return Status();
+    if (TryAllocate(c, tier).ok()) return Status();
+    const int victim = PickVictim(tier, id, entry);
+    if (victim >= 0) {
+      STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
+      continue;
+    }
+    if (entry >= 0) {
+      return Status::Unavailable("no room for a prefetch");
+    }
+    if (AnyBusy(tier)) {
+      changed_.wait(lk);
+      continue;
+    }
+    const uint64_t free = FreeBytes(tier);
+    return Status::ResourceExhausted(
+        TierLabel(tier) + " tier: cannot fit " + HumanBytes(c.bytes) + " for " +
+        Describe(c) + ": " + HumanBytes(free) +
+        " free and every other copy there is fetched "
+        "(pinned); release groups or raise the " +
+        TierLabel(tier) + " budget");
+  }
+}
+
+Status Residency::TryAllocate(Chunk& c, Tier tier) {
+  Copy& copy = c.copy[tier];
+  STRATA_CHECK(!copy.allocated);
+  if (tier == Tier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(copy.extent, nvme_->Allocate(c.bytes));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(copy.ptr, tier == Tier::kDevice
+                                          ? device_->Allocate(c.bytes)
+                                          : host_->Allocate(c.bytes));
+  }
+  copy.allocated = true;
+  return Status();
+}
+
+// Prefetches (entry >= 0) only take copies used after their own position.
+int Residency::PickVictim(Tier tier, int requester, int entry) const {
+  const bool following = trace_.valid() && position_ >= 0;
+  int64_t prefetch_distance = std::numeric_limits<int64_t>::max();
+  if (entry >= 0) {
+    if (!following) return -1;
+    prefetch_distance =
+        trace_.NextUseDistance(chunks_[requester].group, position_);
+  }
+  int best = -1;
+  int64_t best_score = std::numeric_limits<int64_t>::min();
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const Chunk& c = chunks_[i];
+    const Copy& copy = c.copy[tier];
+    if (static_cast<int>(i) == requester || c.home == tier || !copy.allocated ||
+        copy.busy || copy.pins > 0 || copy.readers > 0) {
+      continue;
+    }
+    int64_t score;
+    if (!copy.valid) {
+      score = std::numeric_limits<int64_t>::max();
+    } else if (following) {
+      const int64_t next = trace_.NextUseDistance(c.group, position_);
+      score = next < 0 ? std::numeric_limits<int64_t>::max() - 1 : next;
+      if (entry >= 0 && score <= prefetch_distance) continue;
+    } else {
+      score = -static_cast<int64_t>(copy.last_use);
+    }
+    if (score > best_score) best_score = score, best = static_cast<int>(i);
+  }
+  return best;
+}
+
+// Drops the copy at `tier`, writing it one tier toward home first when it
+// holds the only valid bytes. On a failed write the copy stays valid.
+Status Residency::Drop(Lock& lk, int id, Tier tier) {
+  Chunk& c = chunks_[id];
+  Copy& copy = c.copy[tier];
+  if (copy.valid && !c.zero && !OtherValid(c, tier)) {
+    const Tier to = TowardHome(tier, c.home);
+    Copy& lower = c.copy[to];
+    copy.busy = true;
+    Status status;
+    while (status.ok() && lower.busy) changed_.wait(lk);
+    if (status.ok() && !lower.allocated) status = Allocate(lk, id, to, -1);
+    if (status.ok()) {
+      lower.busy = true;
+      const uint64_t version = c.version;
+      lk.unlock();
+      status = mover_->Copy(PlaceOf(c, tier), PlaceOf(c, to), c.bytes);
+      lk.lock();
+      lower.busy = false;
+      if (status.ok() && version == c.version) lower.valid = true;
+      if (status.ok()) ++counters_.writebacks;
+    }
+    copy.busy = false;
+    changed_.notify_all();
+    if (!status.ok()) return status;
+  }
+  FreeCopy(c, tier);
+  ++counters_.evictions;
+  changed_.notify_all();
+  return Status();
+}
+
+void Residency::FreeCopy(Chunk& c, Tier tier) {
+  Copy& copy = c.copy[tier];
+  if (!copy.allocated) return;
+  if (tier == Tier::kNvme) {
+    nvme_->Free(copy.extent);
+  } else if (tier == Tier::kDevice) {
+    device_->Free(copy.ptr);
+  } else {
+    host_->Free(copy.ptr);
+  }
+  copy = Copy();
+}
+
+// A write fetch at `keep`: every other copy is stale from now on.
+void Residency::Invalidate(Chunk& c, Tier keep) {
+  ++c.version;
+  c.zero = false;
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    if (t == keep) continue;
+    Copy& copy = c.copy[t];
+    copy.valid = false;
+    copy.prefetched = false;
+    const bool idle = !copy.busy && copy.readers == 0 && copy.pins == 0;
+    if (t != c.home && idle) FreeCopy(c, t);
+  }
+}
+
+bool Residency::OtherValid(const Chunk& c, Tier tier) const {
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    const Copy& copy = c.copy[t];
+    if (t != tier && copy.valid && !copy.busy) return true;
+  }
+  return false;
+}
+
+bool Residency::AnyBusy(Tier tier) const {
+  for (const Chunk& c : chunks_) {
+    const Copy& copy = c.copy[tier];
+    if (copy.busy || copy.readers > 0) return true;
+  }
+  return false;
+}
+
+transport::Place Residency::PlaceOf(const Chunk& c, Tier tier) const {
+  const Copy& copy = c.copy[tier];
+  return {tier, copy.ptr, copy.extent};
+}
+
+std::string Residency::Describe(const Chunk& c) const {
+  return "group '" + groups_[c.group].layout.name + "' (" +
+         std::string(RoleName(c.role)) + ")";
+}
+
+}  // namespace strata::store
