@@ -4,17 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <utility>
 
 #include "common/text.h"
-#include "src/optim/accumulate.h"
 
 namespace strata {
 namespace {
-
-constexpr RoleMask kGradBit = RoleBit(Role::kGrad);
 
 FloatType FloatTypeOf(DType dtype) {
   switch (dtype) {
@@ -27,14 +23,6 @@ FloatType FloatTypeOf(DType dtype) {
   }
   STRATA_CHECK(false);
   return FloatType::kF32;
-}
-
-bool UsesState2(OptimAlgo algo) {
-  return algo == OptimAlgo::kAdam || algo == OptimAlgo::kAdamW;
-}
-
-double Seconds(std::chrono::steady_clock::duration d) {
-  return std::chrono::duration<double>(d).count();
 }
 
 }  // namespace
@@ -228,11 +216,7 @@ Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
                     "written at the next eviction): " +
                         late.message());
     }
-    for (Group& g : groups_) {
-      g.handoffs = 0;
-      g.sum_squares = 0;
-      g.finite = true;
-    }
+    this_step_.assign(groups_.size(), GroupStep());
     // A step that ended on an error may leave buffers never handed off.
     for (Slot& slot : slots_) slot.acquired = false;
     hyper_ = hyper;
@@ -260,12 +244,12 @@ Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
   int index = -1;
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (groups_[group].handoffs >= options_.micro_batches) {
+    if (this_step_[group].handoffs >= options_.micro_batches) {
       return Status::FailedPrecondition(
           fmt::format("AcquireGradients: group {} was handed off "
                       "{} times this step (micro_batches); call "
                       "FinishStep",
-                      group, groups_[group].handoffs));
+                      group, this_step_[group].handoffs));
     }
     const Clock::time_point start = Clock::now();
     for (;;) {
@@ -318,8 +302,9 @@ Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer) {
         "HandOff: the buffer is not one AcquireGradients returned "
         "(or it was handed off already)");
   }
-  Group& g = groups_[buffer.group];
-  if (g.handoffs == options_.micro_batches) {
+  const Group& g = groups_[buffer.group];
+  GroupStep& now = this_step_[buffer.group];
+  if (now.handoffs == options_.micro_batches) {
     return Status::FailedPrecondition(fmt::format(
         "group '{}' was already handed off {} times "
         "this step (micro_batches)",
@@ -333,208 +318,12 @@ Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer) {
                           g.compute_bytes));
   s.acquired = false;
   s.pending = true;
-  ++g.handoffs;
-  const bool final = g.handoffs == options_.micro_batches;
+  ++now.handoffs;
+  const bool final = now.handoffs == options_.micro_batches;
   if (final) this_order_.push_back(buffer.group);
-  tasks_.push_back({buffer.group, index, g.handoffs == 1, final});
+  tasks_.push_back({buffer.group, index, now.handoffs == 1, final});
   changed_.notify_all();
   return Status();
-}
-
-void OffloadOptimizer::Impl::WorkerLoop() {
-  std::unique_lock<std::mutex> lk(mu_);
-  for (;;) {
-    changed_.wait(lk, [this] { return stop_ || !tasks_.empty(); });
-    if (tasks_.empty()) return;
-    const Task task = tasks_.front();
-    tasks_.pop_front();
-    ++running_;
-    lk.unlock();
-    const Status status = RunTask(task);
-    lk.lock();
-    --running_;
-    if (!status.ok() && error_.ok()) error_ = status;
-    changed_.notify_all();
-  }
-}
-
-Status OffloadOptimizer::Impl::RunTask(const Task& task) {
-  if (task.slot >= 0) return ConsumeGradients(task);
-  STRATA_RETURN_IF_ERROR(FetchToWrite(task.group, kGradBit));
-  const void* base =
-      parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
-  Status status = StepGroup(task.group, base, FloatType::kF32);
-  Status released = engine_->Release(task.group);
-  return status.ok() ? released : status;
-}
-
-Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
-  Slot& s = slots_[task.slot];
-  Group& g = groups_[task.group];
-  Status status = s.d2h.Wait();
-  auto free_slot = [&] {
-    std::lock_guard<std::mutex> lk(mu_);
-    s.pending = false;
-    changed_.notify_all();
-  };
-  auto record = [&](const SumSquaresResult& r) {
-    std::lock_guard<std::mutex> lk(mu_);
-    g.sum_squares = r.sum;
-    g.finite = r.finite;
-  };
-  if (!status.ok()) {
-    free_slot();
-    return status;
-  }
-  if (task.first && task.final && !Deferred()) {
-    // One micro-batch: the staged gradients feed the step directly.
-    Result<SumSquaresResult> sum = cpu_->SumSquares(s.host, g.compute, g.n);
-    if (sum.ok()) record(*sum);
-    if (sum.ok() && sum->finite) {
-      status = StepGroup(task.group, s.host, g.compute);
-    }
-    free_slot();
-    return sum.ok() ? status : sum.status();
-  }
-  if (Status s = FetchToWrite(task.group, kGradBit); !s.ok()) {
-    free_slot();
-    return s;
-  }
-  auto* acc = static_cast<float*>(
-      parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0));
-  if (task.first) {
-    if (g.compute == FloatType::kF32) {
-      std::memcpy(acc, s.host, g.n * sizeof(float));
-    } else {
-      status = cpu_->Convert(s.host, g.compute, acc, FloatType::kF32, g.n);
-    }
-  } else {
-    optim::Accumulate(acc, s.host, g.compute, g.n);
-  }
-  free_slot();
-  if (status.ok() && task.final) {
-    Result<SumSquaresResult> sum = cpu_->SumSquares(acc, FloatType::kF32, g.n);
-    if (sum.ok()) record(*sum);
-    status = sum.status();
-    if (status.ok() && sum->finite && !Deferred()) {
-      status = StepGroup(task.group, acc, FloatType::kF32);
-    }
-  }
-  Status released = engine_->Release(task.group);
-  return status.ok() ? released : status;
-}
-
-// The pipeline's fetches: to the host, for writing, outside the trace (the
-// pipeline reads ahead on its own); chunks are then reached by Address().
-Status OffloadOptimizer::Impl::FetchToWrite(int group, RoleMask roles) {
-  FetchOptions fetch;
-  fetch.roles = roles;
-  fetch.write = true;
-  fetch.record = false;
-  return engine_->Fetch(group, Tier::kHost, fetch).status();
-}
-
-Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
-                                         FloatType grad_type) {
-  const Group& g = groups_[group];
-  {
-    // Write-behind keeps one group in flight: the previous group's state
-    // goes back to NVMe while this one is updated.
-    std::unique_lock<std::mutex> lk(mu_);
-    changed_.wait(lk,
-                  [this] { return stop_ || writes_.size() + writing_ <= 1; });
-  }
-  ReadAhead(group);
-  const Clock::time_point start = Clock::now();
-  STRATA_RETURN_IF_ERROR(FetchToWrite(group, g.step_roles));
-  store::Residency& residency = *parts_.residency;
-  auto chunk = [&](Role role) {
-    return residency.Address(group, role, Tier::kHost, 0);
-  };
-  OptimBuffers b;
-  b.params = static_cast<float*>(chunk(Role::kMaster));
-  b.grads = grads;
-  b.grad_type = grad_type;
-  b.state1 = chunk(Role::kState1);
-  b.state2 = UsesState2(options_.algo) ? chunk(Role::kState2) : nullptr;
-  b.state_type = FloatType::kF32;
-  b.params_out = g.compute == FloatType::kF32 ? nullptr : chunk(Role::kCompute);
-  b.out_type = g.compute == FloatType::kF32 ? FloatType::kBF16 : g.compute;
-  b.n = g.n;
-  StepOptions step;
-  step.algo = options_.algo;
-  step.hyper = {hyper_.lr,           hyper_.beta1,    hyper_.beta2, hyper_.eps,
-                hyper_.weight_decay, hyper_.lr_decay, step_ + 1};
-  step.prep = {static_cast<float>(1.0 / hyper_.loss_scale), clip_coef_};
-  step.overflow = OverflowPolicy::kStopAtNonFinite;
-  Result<StepReport> report = cpu_->Step(step, b);
-  if (report.ok() && g.compute == FloatType::kF32) {
-    std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
-  }
-  Status released = engine_->Release(group);
-  const Clock::time_point end = Clock::now();
-  if (!report.ok()) return report.status();
-  if (report->overflow()) {
-    return Status::Internal(
-        fmt::format("group '{}': the step overflowed after its "
-                    "gradients checked finite",
-                    residency.layout(group).name));
-  }
-  std::lock_guard<std::mutex> lk(mu_);
-  step_seconds_ += Seconds(end - start);
-  if (!finishing_) hidden_seconds_ += Seconds(end - start);
-  if (g.write_behind) {
-    writes_.push_back(group);
-    changed_.notify_all();
-  }
-  return released;
-}
-
-void OffloadOptimizer::Impl::ReadAhead(int group) {
-  std::vector<int> next;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (const Task& t : tasks_) {
-      if (t.slot < 0 && static_cast<int>(next.size()) < options_.read_ahead) {
-        next.push_back(t.group);
-      }
-    }
-    if (next.empty()) {
-      auto it = order_.begin();
-      if (group >= 0) {
-        it = std::find(order_.begin(), order_.end(), group);
-        if (it != order_.end()) ++it;
-      }
-      for (; it != order_.end() &&
-             static_cast<int>(next.size()) < options_.read_ahead;
-           ++it) {
-        next.push_back(*it);
-      }
-    }
-  }
-  for (int n : next) {
-    // Best effort: a prefetch that fails is retried by the demand fetch.
-    static_cast<void>(engine_->Prefetch(n, Tier::kHost, groups_[n].step_roles));
-  }
-}
-
-void OffloadOptimizer::Impl::WriterLoop() {
-  std::unique_lock<std::mutex> lk(mu_);
-  for (;;) {
-    changed_.wait(lk, [this] { return stop_ || !writes_.empty(); });
-    if (writes_.empty()) return;
-    const int group = writes_.front();
-    writes_.pop_front();
-    ++writing_;
-    lk.unlock();
-    Status status = engine_->Evict(group, Tier::kHost);
-    // Fetched again meanwhile: it stays, and is written when evicted.
-    if (status.code() == StatusCode::kFailedPrecondition) status = Status();
-    lk.lock();
-    --writing_;
-    if (!status.ok() && error_.ok()) error_ = status;
-    changed_.notify_all();
-  }
 }
 
 Status OffloadOptimizer::Impl::Quiesce() {
@@ -548,59 +337,81 @@ Status OffloadOptimizer::Impl::Quiesce() {
   return std::exchange(error_, Status());
 }
 
+// Called with mu_ held: every trained group handed off once per
+// micro-batch, unless an error already ends the step.
+Status OffloadOptimizer::Impl::CheckHandOffs() const {
+  for (size_t id = 0; id < groups_.size() && error_.ok(); ++id) {
+    if (groups_[id].trainable &&
+        this_step_[id].handoffs != options_.micro_batches) {
+      return Status::FailedPrecondition(
+          fmt::format("FinishStep: group '{}' was handed off {} of {} times "
+                      "(micro_batches); hand off every trained group once "
+                      "per micro-batch",
+                      parts_.residency->layout(id).name,
+                      this_step_[id].handoffs, options_.micro_batches));
+    }
+  }
+  return Status();
+}
+
+// Called with mu_ held and the worker idle: the gradient norm over every
+// group in group order (Note [Exact steps under overlap]), and whether the
+// step is skipped; kDataLoss for non-finite gradients without
+// skip_on_overflow.
+Status OffloadOptimizer::Impl::ReduceNorms(OptimStepReport* report) const {
+  double total = 0;
+  int bad = -1;
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    total += this_step_[id].sum_squares;
+    if (!this_step_[id].finite && bad < 0) bad = id;
+  }
+  report->grad_norm = std::sqrt(total) / hyper_.loss_scale;
+  if (bad < 0) return Status();
+  if (options_.skip_on_overflow) {
+    report->skipped = true;
+    return Status();
+  }
+  return Status::DataLoss(fmt::format(
+      "non-finite gradients in group '{}' at step {}; {}. Load "
+      "the last checkpoint, and lower the learning rate or use "
+      "a loss scale with skip_on_overflow",
+      parts_.residency->layout(bad).name, step_ + 1,
+      Deferred() ? "no group was updated"
+                 : "groups whose gradients came earlier were updated"));
+}
+
+// Called with mu_ held (through `lk`): the deferred steps, with the clip
+// coefficient the norm gives.
+Status OffloadOptimizer::Impl::RunDeferredSteps(
+    std::unique_lock<std::mutex>& lk, double grad_norm) {
+  if (options_.clip_norm > 0) {
+    clip_coef_ = static_cast<float>(
+        std::min(1.0, options_.clip_norm / (grad_norm + 1e-6)));
+  }
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    if (groups_[id].trainable) tasks_.push_back({static_cast<int>(id)});
+  }
+  changed_.notify_all();
+  changed_.wait(lk, [this] { return tasks_.empty() && running_ == 0; });
+  return std::exchange(error_, Status());
+}
+
 Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
   if (!in_step_) {
     return Status::FailedPrecondition("FinishStep without BeginStep");
   }
-  const store::Residency& residency = *parts_.residency;
   const Clock::time_point start = Clock::now();
   std::unique_lock<std::mutex> lk(mu_);
   // After an error the step ends with it, hand-offs missing or not.
-  for (size_t id = 0; id < groups_.size() && error_.ok(); ++id) {
-    const Group& g = groups_[id];
-    if (g.trainable && g.handoffs != options_.micro_batches) {
-      return Status::FailedPrecondition(fmt::format(
-          "FinishStep: group '{}' was handed off {} of {} times "
-          "(micro_batches); hand off every trained group once "
-          "per micro-batch",
-          residency.layout(id).name, g.handoffs, options_.micro_batches));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(CheckHandOffs());
   finishing_ = true;
-  auto idle = [this] { return tasks_.empty() && running_ == 0; };
-  changed_.wait(lk, idle);
+  changed_.wait(lk, [this] { return tasks_.empty() && running_ == 0; });
   in_step_ = false;
-  if (!error_.ok()) return std::exchange(error_, Status());
+  STRATA_RETURN_IF_ERROR(std::exchange(error_, Status()));
   OptimStepReport report;
-  double total = 0;
-  int bad = -1;
-  for (size_t id = 0; id < groups_.size(); ++id) {
-    total += groups_[id].sum_squares;
-    if (!groups_[id].finite && bad < 0) bad = id;
-  }
-  report.grad_norm = std::sqrt(total) / hyper_.loss_scale;
-  if (bad >= 0 && options_.skip_on_overflow) {
-    report.skipped = true;
-  } else if (bad >= 0) {
-    return Status::DataLoss(
-        fmt::format("non-finite gradients in group '{}' at step {}; {}. Load "
-                    "the last checkpoint, and lower the learning rate or use "
-                    "a loss scale with skip_on_overflow",
-                    residency.layout(bad).name, step_ + 1,
-                    Deferred() ? "no group was updated"
-                               : "groups whose gradients came earlier were "
-                                 "updated"));
-  } else if (Deferred()) {
-    if (options_.clip_norm > 0) {
-      clip_coef_ = static_cast<float>(
-          std::min(1.0, options_.clip_norm / (report.grad_norm + 1e-6)));
-    }
-    for (size_t id = 0; id < groups_.size(); ++id) {
-      if (groups_[id].trainable) tasks_.push_back({static_cast<int>(id)});
-    }
-    changed_.notify_all();
-    changed_.wait(lk, idle);
-    if (!error_.ok()) return std::exchange(error_, Status());
+  STRATA_RETURN_IF_ERROR(ReduceNorms(&report));
+  if (!report.skipped && Deferred()) {
+    STRATA_RETURN_IF_ERROR(RunDeferredSteps(lk, report.grad_norm));
   }
   report.clip_coef = clip_coef_;
   if (!report.skipped) ++step_;

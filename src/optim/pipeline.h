@@ -77,11 +77,17 @@ class OffloadOptimizer::Impl {
   Engine* engine() const { return engine_; }
   const store::Residency& residency() const { return *parts_.residency; }
 
+  // Fixed after Init.
   OffloadOptimizerOptions options_;
+
+  // Owned by the training thread (OffloadOptimizer's caller); the worker
+  // reads step_ during a step, while only Finish changes it, after the
+  // worker went idle.
   int64_t step_ = 0;
   bool in_step_ = false;
 
  private:
+  // What Init learns about a group.
   struct Group {
     bool trainable = false;
     uint64_t n = 0;  // elements of every role's chunk the step covers
@@ -90,15 +96,17 @@ class OffloadOptimizer::Impl {
     RoleMask step_roles = 0;
     bool write_behind = false;  // has roles homed on NVMe
     uint64_t host_working = 0;  // its step's roles homed off the host
-    // This step:
+  };
+  // What this step learned about a group so far; reset by BeginStep.
+  struct GroupStep {
     int handoffs = 0;
     double sum_squares = 0;
     bool finite = true;
   };
   struct Slot {
-    void* device = nullptr;
+    void* device = nullptr;  // device and host are fixed after Init
     void* host = nullptr;
-    tier::Event d2h;
+    tier::Event d2h;  // set by HandOff, waited for by the worker
     int group = -1;
     bool acquired = false;
     bool pending = false;  // handed off, not yet consumed by the worker
@@ -109,6 +117,14 @@ class OffloadOptimizer::Impl {
     bool first = false;
     bool final = false;
   };
+  static constexpr RoleMask kGradBit = RoleBit(Role::kGrad);
+
+  static bool UsesState2(OptimAlgo algo) {
+    return algo == OptimAlgo::kAdam || algo == OptimAlgo::kAdamW;
+  }
+  static double Seconds(Clock::duration d) {
+    return std::chrono::duration<double>(d).count();
+  }
 
   Status InspectGroups();
   Status AllocateSlots();
@@ -122,23 +138,35 @@ class OffloadOptimizer::Impl {
   // Prefetches the state of the groups that step after `group` (-1: the
   // first), in the last step's order.
   void ReadAhead(int group);
-  void RecordError(const Status& status);
+  // Finish's passes, each called with mu_ held.
+  Status CheckHandOffs() const;
+  Status ReduceNorms(OptimStepReport* report) const;
+  Status RunDeferredSteps(std::unique_lock<std::mutex>& lk, double grad_norm);
 
+  // Fixed after Init.
   Engine* engine_ = nullptr;
   internal::EngineParts parts_;
   std::unique_ptr<CpuOptimizer> cpu_;
   std::vector<Group> groups_;
-  std::vector<Slot> slots_;
-  std::vector<int> order_;       // final hand-offs of the last step
-  std::vector<int> this_order_;  // ... of this step, so far
+  std::thread worker_;
+  std::thread writer_;
+
+  // Fixed during a step: set by BeginStep (hyper_) and Finish (clip_coef_,
+  // before it queues the deferred steps) under mu_, read by the worker
+  // without it.
   StepHyper hyper_;
   float clip_coef_ = 1.0f;
 
+  // Guarded by mu_.
   std::mutex mu_;
-  std::condition_variable changed_;
+  std::condition_variable changed_;  // any of the below changed
+  std::vector<GroupStep> this_step_;
+  std::vector<Slot> slots_;
+  std::vector<int> order_;       // final hand-offs of the last step
+  std::vector<int> this_order_;  // ... of this step, so far
   std::deque<Task> tasks_;
   int running_ = 0;
-  std::deque<int> writes_;
+  std::deque<int> writes_;  // groups whose state goes back to NVMe
   int writing_ = 0;
   bool stop_ = false;
   Status error_;
@@ -146,8 +174,6 @@ class OffloadOptimizer::Impl {
   double hidden_seconds_ = 0;
   double acquire_wait_ = 0;
   bool finishing_ = false;
-  std::thread worker_;
-  std::thread writer_;
 };
 
 }  // namespace strata

@@ -1,0 +1,212 @@
+// The optimizer pipeline's own threads: the worker, which consumes handed-off
+// gradients and steps groups (Note [Exact steps under overlap]), and the
+// writer, which sends updated state back to NVMe behind it. The training
+// thread's side is in pipeline.cc.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "src/optim/accumulate.h"
+#include "src/optim/pipeline.h"
+
+namespace strata {
+
+void OffloadOptimizer::Impl::WorkerLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    changed_.wait(lk, [this] { return stop_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;
+    const Task task = tasks_.front();
+    tasks_.pop_front();
+    ++running_;
+    lk.unlock();
+    const Status status = RunTask(task);
+    lk.lock();
+    --running_;
+    if (!status.ok() && error_.ok()) error_ = status;
+    changed_.notify_all();
+  }
+}
+
+Status OffloadOptimizer::Impl::RunTask(const Task& task) {
+  if (task.slot >= 0) return ConsumeGradients(task);
+  STRATA_RETURN_IF_ERROR(FetchToWrite(task.group, kGradBit));
+  const void* base =
+      parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
+  Status status = StepGroup(task.group, base, FloatType::kF32);
+  Status released = engine_->Release(task.group);
+  return status.ok() ? released : status;
+}
+
+Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
+  Slot& s = slots_[task.slot];
+  const Group& g = groups_[task.group];
+  Status status = s.d2h.Wait();
+  auto free_slot = [&] {
+    std::lock_guard<std::mutex> lk(mu_);
+    s.pending = false;
+    changed_.notify_all();
+  };
+  auto record = [&](const SumSquaresResult& r) {
+    std::lock_guard<std::mutex> lk(mu_);
+    this_step_[task.group].sum_squares = r.sum;
+    this_step_[task.group].finite = r.finite;
+  };
+  if (!status.ok()) {
+    free_slot();
+    return status;
+  }
+  if (task.first && task.final && !Deferred()) {
+    // One micro-batch: the staged gradients feed the step directly.
+    Result<SumSquaresResult> sum = cpu_->SumSquares(s.host, g.compute, g.n);
+    if (sum.ok()) record(*sum);
+    if (sum.ok() && sum->finite) {
+      status = StepGroup(task.group, s.host, g.compute);
+    }
+    free_slot();
+    return sum.ok() ? status : sum.status();
+  }
+  if (Status s = FetchToWrite(task.group, kGradBit); !s.ok()) {
+    free_slot();
+    return s;
+  }
+  auto* acc = static_cast<float*>(
+      parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0));
+  if (task.first) {
+    if (g.compute == FloatType::kF32) {
+      std::memcpy(acc, s.host, g.n * sizeof(float));
+    } else {
+      status = cpu_->Convert(s.host, g.compute, acc, FloatType::kF32, g.n);
+    }
+  } else {
+    optim::Accumulate(acc, s.host, g.compute, g.n);
+  }
+  free_slot();
+  if (status.ok() && task.final) {
+    Result<SumSquaresResult> sum = cpu_->SumSquares(acc, FloatType::kF32, g.n);
+    if (sum.ok()) record(*sum);
+    status = sum.status();
+    if (status.ok() && sum->finite && !Deferred()) {
+      status = StepGroup(task.group, acc, FloatType::kF32);
+    }
+  }
+  Status released = engine_->Release(task.group);
+  return status.ok() ? released : status;
+}
+
+// The pipeline's fetches: to the host, for writing, outside the trace (the
+// pipeline reads ahead on its own); chunks are then reached by Address().
+Status OffloadOptimizer::Impl::FetchToWrite(int group, RoleMask roles) {
+  FetchOptions fetch;
+  fetch.roles = roles;
+  fetch.write = true;
+  fetch.record = false;
+  return engine_->Fetch(group, Tier::kHost, fetch).status();
+}
+
+Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
+                                         FloatType grad_type) {
+  const Group& g = groups_[group];
+  {
+    // Write-behind keeps one group in flight: the previous group's state
+    // goes back to NVMe while this one is updated.
+    std::unique_lock<std::mutex> lk(mu_);
+    changed_.wait(lk,
+                  [this] { return stop_ || writes_.size() + writing_ <= 1; });
+  }
+  ReadAhead(group);
+  const Clock::time_point start = Clock::now();
+  STRATA_RETURN_IF_ERROR(FetchToWrite(group, g.step_roles));
+  store::Residency& residency = *parts_.residency;
+  auto chunk = [&](Role role) {
+    return residency.Address(group, role, Tier::kHost, 0);
+  };
+  OptimBuffers b;
+  b.params = static_cast<float*>(chunk(Role::kMaster));
+  b.grads = grads;
+  b.grad_type = grad_type;
+  b.state1 = chunk(Role::kState1);
+  b.state2 = UsesState2(options_.algo) ? chunk(Role::kState2) : nullptr;
+  b.state_type = FloatType::kF32;
+  b.params_out = g.compute == FloatType::kF32 ? nullptr : chunk(Role::kCompute);
+  b.out_type = g.compute == FloatType::kF32 ? FloatType::kBF16 : g.compute;
+  b.n = g.n;
+  StepOptions step;
+  step.algo = options_.algo;
+  step.hyper = {hyper_.lr,           hyper_.beta1,    hyper_.beta2, hyper_.eps,
+                hyper_.weight_decay, hyper_.lr_decay, step_ + 1};
+  step.prep = {static_cast<float>(1.0 / hyper_.loss_scale), clip_coef_};
+  step.overflow = OverflowPolicy::kStopAtNonFinite;
+  Result<StepReport> report = cpu_->Step(step, b);
+  if (report.ok() && g.compute == FloatType::kF32) {
+    std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
+  }
+  Status released = engine_->Release(group);
+  const Clock::time_point end = Clock::now();
+  if (!report.ok()) return report.status();
+  if (report->overflow()) {
+    return Status::Internal(
+        fmt::format("group '{}': the step overflowed after its "
+                    "gradients checked finite",
+                    residency.layout(group).name));
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  step_seconds_ += Seconds(end - start);
+  if (!finishing_) hidden_seconds_ += Seconds(end - start);
+  if (g.write_behind) {
+    writes_.push_back(group);
+    changed_.notify_all();
+  }
+  return released;
+}
+
+void OffloadOptimizer::Impl::ReadAhead(int group) {
+  std::vector<int> next;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const Task& t : tasks_) {
+      if (t.slot < 0 && static_cast<int>(next.size()) < options_.read_ahead) {
+        next.push_back(t.group);
+      }
+    }
+    if (next.empty()) {
+      auto it = order_.begin();
+      if (group >= 0) {
+        it = std::find(order_.begin(), order_.end(), group);
+        if (it != order_.end()) ++it;
+      }
+      for (; it != order_.end() &&
+             static_cast<int>(next.size()) < options_.read_ahead;
+           ++it) {
+        next.push_back(*it);
+      }
+    }
+  }
+  for (int n : next) {
+    // Best effort: a prefetch that fails is retried by the demand fetch.
+    static_cast<void>(engine_->Prefetch(n, Tier::kHost, groups_[n].step_roles));
+  }
+}
+
+void OffloadOptimizer::Impl::WriterLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    changed_.wait(lk, [this] { return stop_ || !writes_.empty(); });
+    if (writes_.empty()) return;
+    const int group = writes_.front();
+    writes_.pop_front();
+    ++writing_;
+    lk.unlock();
+    Status status = engine_->Evict(group, Tier::kHost);
+    // Fetched again meanwhile: it stays, and is written when evicted.
+    if (status.code() == StatusCode::kFailedPrecondition) status = Status();
+    lk.lock();
+    --writing_;
+    if (!status.ok() && error_.ok()) error_ = status;
+    changed_.notify_all();
+  }
+}
+
+}  // namespace strata
