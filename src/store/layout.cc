@@ -32,6 +32,91 @@ uint64_t ShapeElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+namespace {
+
+// The element width of each role (its widest dtype) and the element index
+// just past its last tensor (0: no tensor has the role).
+struct RoleExtents {
+  std::array<uint64_t, kNumRoles> width = {};
+  std::array<uint64_t, kNumRoles> end = {};
+};
+
+Status CheckTensor(const GroupSpec& spec, const TensorSpec& t,
+                   std::set<std::string>& names) {
+  const std::string where = "tensor '" + t.name + "' ";
+  if (t.name.empty()) return Invalid(spec, "a tensor has no name");
+  if (!names.insert(t.name).second) {
+    return Invalid(spec, where + "is registered twice");
+  }
+  if (t.roles == 0 || (t.roles & ~kAllRoles) != 0) {
+    return Invalid(spec, where + "has no valid role (mask " +
+                             std::to_string(t.roles) + ")");
+  }
+  if (t.dtype != DType::kFloat32 && t.dtype != DType::kBFloat16 &&
+      t.dtype != DType::kFloat16) {
+    return Invalid(spec, where + "has an unknown dtype");
+  }
+  if (ShapeElements(t.shape) == 0) {
+    return Invalid(spec, where + "has an empty, negative or overflowing shape");
+  }
+  return Status();
+}
+
+// Pass 1: checks every tensor and gives it its first element, aligned, in
+// the order registered; every role of a tensor starts at the same element.
+Result<RoleExtents> PlaceTensors(const GroupSpec& spec, GroupLayout& layout) {
+  std::set<std::string> names;
+  RoleExtents extents;
+  uint64_t element = 0;
+  for (const TensorSpec& t : spec.tensors) {
+    STRATA_RETURN_IF_ERROR(CheckTensor(spec, t, names));
+    TensorLayout& tl = layout.tensors.emplace_back();
+    tl.name = t.name;
+    tl.shape = t.shape;
+    tl.dtype = t.dtype;
+    tl.roles = t.roles;
+    tl.elements = ShapeElements(t.shape);
+    tl.element = element;
+    element = AlignUp(element + tl.elements, kTensorAlignElements);
+    for (int r = 0; r < kNumRoles; ++r) {
+      if ((t.roles & (1u << r)) == 0) continue;
+      extents.width[r] = std::max<uint64_t>(
+          extents.width[r],
+          DTypeSize(RoleDType(static_cast<Role>(r), t.dtype)));
+      extents.end[r] = tl.element + tl.elements;
+    }
+    layout.roles |= t.roles;
+  }
+  return extents;
+}
+
+// Pass 3: one chunk per role, at the role's home tier.
+Status AddChunks(const GroupSpec& spec, const Placement& placement,
+                 const RoleExtents& extents, GroupLayout& layout) {
+  for (int r = 0; r < kNumRoles; ++r) {
+    if (extents.end[r] == 0) continue;
+    const std::string role(RoleName(static_cast<Role>(r)));
+    const Tier home = placement.home[r];
+    if (!ValidTier(home)) {
+      return Invalid(spec, "role '" + role + "' has an invalid home tier");
+    }
+    if (home == Tier::kDevice && (placement.device_roles & (1u << r)) == 0) {
+      return Invalid(spec, "role '" + role +
+                               "' is homed on the device but not in "
+                               "device_roles");
+    }
+    layout.chunk_of_role[r] = static_cast<int>(layout.chunks.size());
+    layout.chunks.push_back(
+        {.role = static_cast<Role>(r),
+         .home = home,
+         .bytes = AlignUp(extents.end[r] * extents.width[r], kChunkAlign),
+         .width = extents.width[r]});
+  }
+  return Status();
+}
+
+}  // namespace
+
 Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
                                      const Placement& defaults) {
   if (spec.name.empty()) {
@@ -42,68 +127,18 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
       spec.use_default_placement ? defaults : spec.placement;
   GroupLayout layout;
   layout.name = spec.name;
-  std::set<std::string> names;
-  // Pass 1: validate, give each tensor its element offset, and find each
-  // role's widest dtype; pass 2 turns element offsets into byte offsets.
-  uint64_t element = 0;
-  std::array<uint64_t, kNumRoles> width = {};
-  std::array<uint64_t, kNumRoles> end = {};  // elements through the last user
-  for (const TensorSpec& t : spec.tensors) {
-    const std::string where = "tensor '" + t.name + "' ";
-    if (t.name.empty()) return Invalid(spec, "a tensor has no name");
-    if (!names.insert(t.name).second) {
-      return Invalid(spec, where + "is registered twice");
-    }
-    if (t.roles == 0 || (t.roles & ~kAllRoles) != 0) {
-      return Invalid(spec, where + "has no valid role (mask " +
-                               std::to_string(t.roles) + ")");
-    }
-    if (t.dtype != DType::kFloat32 && t.dtype != DType::kBFloat16 &&
-        t.dtype != DType::kFloat16) {
-      return Invalid(spec, where + "has an unknown dtype");
-    }
-    TensorLayout tl{t.name, t.shape, t.dtype, t.roles, ShapeElements(t.shape),
-                    0,      {}};
-    if (tl.elements == 0) {
-      return Invalid(spec,
-                     where + "has an empty, negative or overflowing shape");
-    }
-    tl.element = element;
-    element = AlignUp(element + tl.elements, kTensorAlignElements);
-    for (int r = 0; r < kNumRoles; ++r) {
-      if ((t.roles & (1u << r)) == 0) continue;
-      width[r] = std::max<uint64_t>(
-          width[r], DTypeSize(RoleDType(static_cast<Role>(r), t.dtype)));
-      end[r] = tl.element + tl.elements;
-    }
-    layout.roles |= t.roles;
-    layout.tensors.push_back(std::move(tl));
-  }
+  STRATA_ASSIGN_OR_RETURN(const RoleExtents extents,
+                          PlaceTensors(spec, layout));
+  // Pass 2: element offsets become byte offsets at each role's width.
   for (TensorLayout& tl : layout.tensors) {
     for (int r = 0; r < kNumRoles; ++r) {
-      if ((tl.roles & (1u << r)) != 0) tl.offset[r] = tl.element * width[r];
+      if ((tl.roles & (1u << r)) != 0) {
+        tl.offset[r] = tl.element * extents.width[r];
+      }
     }
   }
-  for (int r = 0; r < kNumRoles; ++r) {
-    if (end[r] == 0) continue;
-    const Tier home = placement.home[r];
-    if (!ValidTier(home)) {
-      return Invalid(spec, "role '" +
-                               std::string(RoleName(static_cast<Role>(r))) +
-                               "' has an invalid home tier");
-    }
-    if (home == Tier::kDevice && (placement.device_roles & (1u << r)) == 0) {
-      return Invalid(spec, "role '" +
-                               std::string(RoleName(static_cast<Role>(r))) +
-                               "' is homed on the device but not in "
-                               "device_roles");
-    }
-    layout.chunk_of_role[r] = static_cast<int>(layout.chunks.size());
-    layout.chunks.push_back({static_cast<Role>(r), home,
-                             AlignUp(end[r] * width[r], kChunkAlign),
-                             width[r]});
-  }
-  layout.elements = end;
+  STRATA_RETURN_IF_ERROR(AddChunks(spec, placement, extents, layout));
+  layout.elements = extents.end;
   layout.device_roles = placement.device_roles;
   return layout;
 }
