@@ -41,13 +41,17 @@ class Executor {
  private:
   void Run();
 
+  // Guarded by mu_.
   std::mutex mu_;
-  std::condition_variable work_, idle_;
+  std::condition_variable work_;  // a job was queued, or stop_
+  std::condition_variable idle_;  // running_ or queue_ shrank
   std::deque<std::pair<uint64_t, Job>> queue_;
-  std::set<uint64_t> queued_;
+  std::set<uint64_t> queued_;  // keys of queue_
   int running_ = 0;
   bool stop_ = false;
   Status first_error_;
+
+  // Fixed after construction.
   std::vector<std::thread> threads_;
 };
 

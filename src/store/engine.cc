@@ -44,9 +44,10 @@ class Engine::Impl {
   std::string Explain() const;
   EngineStats Stats() const;
 
+  // Fixed after Open. The parts are declared in construction order and
+  // destroyed in reverse; each locks for itself.
   EngineOptions options_;
   EngineInfo info_;
-  // Declared in construction order; destroyed in reverse.
   std::unique_ptr<aio::Engine> aio_;
   std::unique_ptr<tier::Device> device_;
   std::unique_ptr<tier::PinnedPool> host_;
@@ -59,6 +60,8 @@ class Engine::Impl {
   sched::PlanInput MakePlanInput() const;
   void SubmitPrefetches(int position);
 
+  // Guarded by plan_mu_: the plan of the last trace adopted, replaced at
+  // EndStep while prefetches read it.
   mutable std::mutex plan_mu_;
   sched::PlanInput plan_input_;
   std::shared_ptr<const sched::Plan> plan_;

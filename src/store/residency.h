@@ -160,11 +160,14 @@ class Residency {
   transport::Place PlaceOf(const Chunk& c, Tier tier) const;
   std::string Describe(const Chunk& c) const;
 
-  tier::Device* device_;
-  tier::PinnedPool* host_;
-  tier::NvmeStore* nvme_;
-  transport::Mover* mover_;
+  // Fixed after construction (the tiers lock for themselves).
+  tier::Device* const device_;
+  tier::PinnedPool* const host_;
+  tier::NvmeStore* const nvme_;
+  transport::Mover* const mover_;
 
+  // Guarded by mu_. A transfer runs without it and marks its copies busy
+  // (or counts a reader) instead; changed_ wakes every waiter on any change.
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::deque<Group> groups_;  // deques: references survive growth

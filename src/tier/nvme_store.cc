@@ -216,14 +216,17 @@ class NvmeStore::Impl {
   Status FinishIo(PendingIo& io);
   std::string Describe(const Extent& extent) const;
 
+  // Fixed after Open (ProbeAlignment and CreateFiles run before any use).
   aio::Engine* const engine_;
   const std::string dir_;
   std::vector<std::string> paths_;  // by file index
   uint64_t alignment_ = kMinAlignment;
+
+  // Guarded by mu_ (a SwapFile's aio::File* is fixed once created).
   mutable std::mutex mu_;
-  std::vector<SwapFile> files_;  // guarded by mu_ (aio::File* is immutable)
-  int next_file_ = 0;            // guarded by mu_
-  NvmeStoreStats stats_;         // guarded by mu_
+  std::vector<SwapFile> files_;
+  int next_file_ = 0;
+  NvmeStoreStats stats_;
 
  private:
   ExtentMeta& Lookup(const Extent& extent);
