@@ -1,6 +1,49 @@
 // strata/offload_optimizer.h: the offloaded optimizer pipeline. Library
 // `strata`.
 //
+// Example: one training step; tests/store/example_test.cc runs this code.
+// ```c++ example
+//  EngineOptions o;    // compute copies homed on the host, the rest on NVMe
+//  o.device = "host";  // "cuda" on a GPU (the default "auto" picks it)
+//  o.device_budget = 16 << 20;
+//  o.host_budget = 64 << 20;
+//  o.nvme_budget = 256 << 20;
+//  o.swap_dir = swap_dir;
+//  o.placement.home = {Tier::kHost, Tier::kNvme, Tier::kNvme, Tier::kNvme,
+//                      Tier::kNvme};  // compute, master, m, v, grad
+//  o.placement.device_roles = RoleBit(Role::kCompute);  // the GPU's
+//  STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Open(o));
+//  for (int l = 0; l < layers; ++l) {  // one group per layer
+//    GroupSpec layer;
+//    layer.name = "layer." + std::to_string(l);
+//    layer.tensors = {{"w", {1024, 1024}, DType::kBFloat16, kAllRoles}};
+//    STRATA_RETURN_IF_ERROR(engine->RegisterGroup(layer).status());
+//  }
+//  STRATA_ASSIGN_OR_RETURN(
+//      auto opt,
+//      OffloadOptimizer::Create(engine.get(), {.algo = OptimAlgo::kAdamW}));
+//
+//  engine->BeginStep();
+//  STRATA_RETURN_IF_ERROR(opt->BeginStep({.lr = 1e-4}));
+//  const FetchOptions compute{.roles = RoleBit(Role::kCompute)};
+//  for (int l = 0; l < layers; ++l) {
+//    STRATA_ASSIGN_OR_RETURN(GroupView w,
+//                            engine->Fetch(l, Tier::kDevice, compute));
+//    Forward(l, w);  // your kernels read w.tensors[0].data
+//    STRATA_RETURN_IF_ERROR(engine->Release(l));
+//  }
+//  for (int l = layers - 1; l >= 0; --l) {
+//    STRATA_ASSIGN_OR_RETURN(GroupView w,
+//                            engine->Fetch(l, Tier::kDevice, compute));
+//    STRATA_ASSIGN_OR_RETURN(GradientBuffer g, opt->AcquireGradients(l));
+//    Backward(l, w, g);  // your kernels write g.tensors[0].data
+//    STRATA_RETURN_IF_ERROR(engine->Release(l));
+//    STRATA_RETURN_IF_ERROR(opt->HandOff(g));  // the CPU steps layer l now
+//  }
+//  STRATA_ASSIGN_OR_RETURN(OptimStepReport report, opt->FinishStep());
+//  STRATA_RETURN_IF_ERROR(engine->EndStep());
+// ```
+//
 // What it does
 // - Runs a CPU optimizer (cpu_adam: Adam, AdamW, Adagrad, Lion) over the
 //   groups of an Engine, one group at a time, as soon as the group's
