@@ -25,7 +25,8 @@ constexpr int kStateVersion = 1;
 // `algo`: its step count and the caller's part.
 Status ParseState(const std::string& text, OptimAlgo algo, int64_t* step,
                   std::string* user_state) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  const nlohmann::json j =
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains(kStateKey)) {
     return Status::FailedPrecondition(
         "it holds no optimizer state (it was written by "

@@ -25,10 +25,14 @@ namespace strata {
 
 namespace {
 
+// Who asked for a prefetch: the plan, or the caller (Engine::Prefetch).
+enum class PrefetchBy { kPlan = 0, kCaller = 1 };
+
 // The executor's de-duplication key for a prefetch; planned and explicit
 // prefetches of the same group are queued separately.
-uint64_t PrefetchKey(int group, Tier tier, RoleMask roles, bool explicit_call) {
-  return (uint64_t{explicit_call} << 63) | (static_cast<uint64_t>(group) << 8) |
+uint64_t PrefetchKey(int group, Tier tier, RoleMask roles, PrefetchBy by) {
+  return (static_cast<uint64_t>(by) << 63) |
+         (static_cast<uint64_t>(group) << 8) |
          (static_cast<uint64_t>(tier) << 5) | roles;
 }
 
@@ -160,10 +164,11 @@ void Engine::Impl::SubmitPrefetches(int position) {
   store::Residency* residency = residency_.get();
   for (const sched::PlanAction& a : plan_->steps[position].prefetch) {
     const RoleMask roles = plan_input_.trace[a.entry].roles;
-    executor_->Submit(
-        PrefetchKey(a.group, a.tier, roles, false), [residency, a, roles] {
-          return residency->Prefetch(a.group, a.tier, roles, a.entry);
-        });
+    executor_->Submit(PrefetchKey(a.group, a.tier, roles, PrefetchBy::kPlan),
+                      [residency, a, roles] {
+                        return residency->Prefetch(a.group, a.tier, roles,
+                                                   a.entry);
+                      });
   }
 }
 
@@ -174,7 +179,7 @@ Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles) {
         std::string(TierName(tier)) + " is not possible");
   }
   store::Residency* residency = residency_.get();
-  const uint64_t key = PrefetchKey(group, tier, roles, true);
+  const uint64_t key = PrefetchKey(group, tier, roles, PrefetchBy::kCaller);
   executor_->Submit(key, [residency, group, tier, roles] {
     return residency->Prefetch(group, tier, roles, -2);
   });
