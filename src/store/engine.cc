@@ -181,7 +181,7 @@ Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles) {
   store::Residency* residency = residency_.get();
   const uint64_t key = PrefetchKey(group, tier, roles, PrefetchBy::kCaller);
   executor_->Submit(key, [residency, group, tier, roles] {
-    return residency->Prefetch(group, tier, roles, -2);
+    return residency->Prefetch(group, tier, roles, -1);
   });
   return Status();
 }

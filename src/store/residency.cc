@@ -140,7 +140,7 @@ Status Residency::AllocateHomes(Group& g, std::vector<int>& ids) {
       // Zero-filled homes are valid from the start; NVMe homes stay
       // invalid until first written, and the chunk reads as zeros.
       STRATA_RETURN_IF_ERROR(mover_->Zero(PlaceOf(c, c.home), c.bytes));
-      home.valid = true;
+      home.state = CopyState::kValid;
     }
   }
   return Status();
@@ -232,18 +232,18 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
   const bool prefetched = dst.prefetched;
   if (opt.record) {
     ++counters_.fetches;
-    counters_.late_prefetches += dst.busy && prefetched;
+    counters_.late_prefetches += dst.busy() && prefetched;
   }
   const auto start = std::chrono::steady_clock::now();
   bool hit = false;
-  Status s = Ensure(lk, id, tier, -1, &hit);
+  Status s = Ensure(lk, id, tier, Reason::Demand(), &hit);
   // A write fetch hands its copy out only once no transfer is still copying
   // from it; the copy may move meanwhile, so ensure it again. Such a wait
   // is a stall, not a hit.
   while (s.ok() && opt.write && dst.readers > 0) {
     hit = false;
     changed_.wait(lk);
-    s = Ensure(lk, id, tier, -1, nullptr);
+    s = Ensure(lk, id, tier, Reason::Demand(), nullptr);
   }
   if (opt.record) {
     counters_.hits += hit;
@@ -285,7 +285,7 @@ Status Residency::Release(int group) {
   return Status();
 }
 
-Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int entry) {
+Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int position) {
   Lock lk(mu_);
   if (group < 0 || group >= static_cast<int>(groups_.size()) ||
       tier == Tier::kNvme) {
@@ -294,9 +294,11 @@ Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int entry) {
                                    TierLabel(tier) + " is not possible");
   }
   if (tier == Tier::kDevice) roles &= groups_[group].layout.device_roles;
+  const Reason why = position < 0 ? Reason{Reason::Kind::kPrefetch}
+                                  : Reason::Planned(position);
   for (int id : ChunksOf(group, roles)) {
     bool hit = false;
-    Status s = Ensure(lk, id, tier, entry < 0 ? -2 : entry, &hit);
+    Status s = Ensure(lk, id, tier, why, &hit);
     if (s.code() == StatusCode::kUnavailable) {
       ++counters_.abandoned_prefetches;
       return Status();
@@ -315,8 +317,8 @@ Status Residency::Evict(int group, Tier tier) {
   for (int id : ChunksOf(group, kAllRoles)) {
     Chunk& c = chunks_[id];
     Copy& copy = c.copy[tier];
-    while (copy.busy || copy.readers > 0) changed_.wait(lk);
-    if (c.home == tier || !copy.allocated) continue;
+    while (copy.busy() || copy.readers > 0) changed_.wait(lk);
+    if (c.home == tier || !copy.allocated()) continue;
     if (copy.pins > 0) {
       return Status::FailedPrecondition("group '" + groups_[group].layout.name +
                                         "' is fetched on " + TierLabel(tier) +
@@ -334,7 +336,7 @@ void* Residency::Address(int group, Role role, Tier tier,
   const int index = g.layout.chunk_of_role[static_cast<int>(role)];
   STRATA_CHECK(index >= 0);
   const Copy& copy = chunks_[g.chunks[index]].copy[tier];
-  STRATA_CHECK(copy.allocated && tier != Tier::kNvme);
+  STRATA_CHECK(copy.allocated() && tier != Tier::kNvme);
   return static_cast<char*>(copy.ptr) + offset;
 }
 

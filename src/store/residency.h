@@ -13,8 +13,8 @@
 // - Every transfer records the chunk's version when it starts and only
 //   validates its destination if no write fetch intervened.
 // - Pins (Fetch) keep a copy in place; readers (a transfer in flight from
-//   it) do too, and a write fetch waits for them to finish; busy marks a
-//   copy being filled or being written down.
+//   it) do too, and a write fetch waits for them to finish. Each copy's
+//   state and its transitions: Note [Copy states] below.
 // - A write fetch's copy changes until its release, so no copy is made from
 //   it meanwhile: demand fetches of the chunk at other tiers wait for the
 //   release, prefetches skip it.
@@ -85,9 +85,9 @@ class Residency {
   Result<int> Fetch(int group, Tier tier, const FetchOptions& opt);
   // Unpins the most recent unreleased Fetch of the group.
   Status Release(int group);
-  // Background fetch for trace position `entry` (-1: a caller's explicit
-  // prefetch, which may evict by LRU). Pins nothing.
-  Status Prefetch(int group, Tier tier, RoleMask roles, int entry);
+  // Background fetch for trace position `position` (-1: a caller's
+  // explicit prefetch, which may evict like a demand fetch). Pins nothing.
+  Status Prefetch(int group, Tier tier, RoleMask roles, int position);
   Status Evict(int group, Tier tier);
   // Evicts unpinned cached copies at `tier` (device or host) in the order
   // eviction picks them, until `bytes` are free there or none is left,
@@ -107,26 +107,89 @@ class Residency {
   bool in_step() const;
 
  private:
+  // Note [Copy states]
+  // One copy of a chunk at one tier is in exactly one state, changed only by
+  // the moves in residency_moves.cc (and by AllocateHomes):
+  //
+  //   state      its memory                 transitions
+  //   kAbsent    none                       -> kStale     Allocate
+  //   kStale     allocated, bytes invalid   -> kFilling   Fill starts
+  //                                         -> kAbsent    FreeCopy
+  //   kFilling   being written by a fill    -> kValid     the fill succeeded
+  //                                                       and no write fetch
+  //                                                       intervened
+  //                                         -> kStale     otherwise
+  //   kValid     valid, at rest             -> kFlushing  Drop writes it one
+  //                                                       tier toward home
+  //                                         -> kStale     Invalidate (a write
+  //                                                       fetch elsewhere)
+  //                                         -> kAbsent    FreeCopy
+  //   kFlushing  valid, being copied down   -> kAbsent    the write-down
+  //                                                       succeeded
+  //                                         -> kValid     it failed (kStale
+  //                                                       if a write fetch
+  //                                                       intervened)
+  //
+  // Beside the state, on a kValid copy: `pins` counts unreleased fetches and
+  // `readers` the fills copying from it; a copy with either is not dropped,
+  // and a write fetch waits for its readers. `prefetched` marks a kValid copy
+  // that a prefetch made and no fetch used yet. A home copy is never
+  // kAbsent. Every write fetch bumps the chunk's version, and a transfer
+  // validates its destination only if the version it started with still
+  // holds; version 0 means never written: the chunk reads as zeros.
+  enum class CopyState { kAbsent, kStale, kFilling, kValid, kFlushing };
   struct Copy {
+    CopyState state = CopyState::kAbsent;
     void* ptr = nullptr;
     tier::Extent extent;
-    bool allocated = false;
-    bool valid = false;
-    bool busy = false;
-    bool prefetched = false;
     int pins = 0;
     int readers = 0;
+    bool prefetched = false;
     uint64_t last_use = 0;
+
+    bool allocated() const { return state != CopyState::kAbsent; }
+    bool busy() const {
+      return state == CopyState::kFilling || state == CopyState::kFlushing;
+    }
+    // Valid and at rest: may be pinned, read or used as a source.
+    bool usable() const { return state == CopyState::kValid; }
+    // Holds the chunk's current bytes, moving or not.
+    bool holds_data() const {
+      return state == CopyState::kValid || state == CopyState::kFlushing;
+    }
   };
   struct Chunk {
     int group = -1;
     Role role = Role::kCompute;
     Tier home = Tier::kHost;
     uint64_t bytes = 0;
-    bool zero = true;
     int writers = 0;  // unreleased write fetches
     uint64_t version = 0;
     TierArray<Copy> copy;
+
+    bool never_written() const { return version == 0; }
+  };
+  // Why a copy is being made valid; it decides what the move may evict
+  // (Note [Eviction order]), whether it waits or gives up, and what the
+  // statistics count.
+  struct Reason {
+    enum class Kind {
+      kDemand,    // Fetch
+      kHop,       // the host copy a demand fetch to the device passes through
+      kPrefetch,  // Engine::Prefetch, a caller's explicit prefetch
+      kPlanned,   // a prefetch of the plan for trace `position`
+    };
+    Kind kind = Kind::kDemand;
+    int position = -1;  // for kPlanned
+
+    static Reason Demand() { return {Kind::kDemand, -1}; }
+    static Reason Planned(int position) { return {Kind::kPlanned, position}; }
+    // Demands wait for writers and for room; prefetches give up.
+    bool demand() const { return kind == Kind::kDemand || kind == Kind::kHop; }
+    bool prefetch() const {
+      return kind == Kind::kPrefetch || kind == Kind::kPlanned;
+    }
+    bool planned() const { return kind == Kind::kPlanned; }
   };
   struct Pin {
     Tier tier;
@@ -146,13 +209,17 @@ class Residency {
   void Unpin(const Pin& pin);
   Status AllocateHomes(Group& group, std::vector<int>& ids);
   std::vector<int> ChunksOf(int group, RoleMask roles) const;
-  Status Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit);
-  Status Fill(Lock& lk, int id, Tier tier, Tier from, int entry);
-  Status Allocate(Lock& lk, int id, Tier tier, int entry);
+  Status Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit);
+  // The tier to fill chunk `c` at `tier` from (`tier` itself: zeros).
+  Tier SourceOf(const Chunk& c, Tier tier) const;
+  Status Fill(Lock& lk, int id, Tier tier, Tier from, Reason why);
+  Status Allocate(Lock& lk, int id, Tier tier, Reason why);
   Status TryAllocate(Chunk& c, Tier tier);
-  int PickVictim(Tier tier, int requester, int entry) const;
+  // The copy at `tier` to evict for chunk `requester` (-1: none), or -1.
+  int PickVictim(Tier tier, int requester, Reason why) const;
   uint64_t FreeBytes(Tier tier) const;  // device or host
   Status Drop(Lock& lk, int id, Tier tier);
+  Status WriteDown(Lock& lk, int id, Tier tier);
   void FreeCopy(Chunk& c, Tier tier);
   void Invalidate(Chunk& c, Tier keep);
   bool OtherValid(const Chunk& c, Tier tier) const;

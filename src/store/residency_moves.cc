@@ -21,88 +21,82 @@ std::string TierLabel(Tier tier) { return std::string(TierName(tier)); }
 
 }  // namespace
 
-// Makes chunk `id` valid at `tier`. `entry` is -1 for a demand fetch, the
-// trace position for a planned prefetch, -2 for an explicit prefetch.
-// Returns with the lock held; `hit`, when not null, says whether it was
-// valid on arrival.
-Status Residency::Ensure(Lock& lk, int id, Tier tier, int entry, bool* hit) {
+// Makes chunk `id` valid at `tier` for `why`. Returns with the lock held;
+// `hit`, when not null, says whether it was valid on arrival.
+Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
   Chunk& c = chunks_[id];
-  const bool demand = entry == -1;
   Copy& dst = c.copy[tier];
-  if (hit != nullptr) *hit = dst.valid && !dst.busy;
+  if (hit != nullptr) *hit = dst.usable();
   Status status;
-  for (;;) {
-    if (dst.valid && !dst.busy) break;
-    if (dst.busy) {
+  while (!dst.usable()) {
+    if (dst.busy()) {
       changed_.wait(lk);
       continue;
     }
     // A write-fetched copy is changing until its release: nothing may be
-    // copied from it. Demand waits; a prefetch gives up.
+    // copied from it. A demand waits; a prefetch gives up.
     if (c.writers > 0) {
-      if (entry != -1 && entry != -3) break;
+      if (!why.demand()) break;
       changed_.wait(lk);
       continue;
     }
-    // The source: zeros, the tier below (toward NVMe), or the device.
-    Tier from = tier;
-    const Tier below = TowardHome(tier, Tier::kNvme);
-    if (!c.zero) {
-      if (tier == Tier::kDevice) {
-        from = Tier::kHost;
-        if (!c.copy[Tier::kHost].valid || c.copy[Tier::kHost].busy) {
-          status = Ensure(lk, id, Tier::kHost, demand ? -3 : entry, nullptr);
-          if (!status.ok()) break;
-          continue;
-        }
-      } else if (c.copy[Tier::kDevice].valid) {
-        from = Tier::kDevice;
-      } else {
-        from = below;
-      }
-      Copy& src = c.copy[from];
-      if (!src.valid && !src.busy) {
-        STRATA_CHECK(false && "a written chunk has no valid copy");
-      }
-      if (src.busy) {
-        changed_.wait(lk);
-        continue;
-      }
+    const Tier from = SourceOf(c, tier);
+    const Copy& src = c.copy[from];
+    if (from != tier && src.busy()) {
+      changed_.wait(lk);
+      continue;
     }
-    status = Fill(lk, id, tier, from, entry);
+    if (from != tier && !src.usable()) {
+      // The device fills from the host: its copy comes first.
+      STRATA_CHECK(tier == Tier::kDevice &&
+                   "a written chunk has no valid copy");
+      const Reason hop = why.demand() ? Reason{Reason::Kind::kHop} : why;
+      status = Ensure(lk, id, Tier::kHost, hop, nullptr);
+      if (!status.ok()) break;
+      continue;
+    }
+    status = Fill(lk, id, tier, from, why);
     if (!status.ok()) break;
   }
-  if (status.ok() && demand) dst.prefetched = false;
+  if (status.ok() && why.kind == Reason::Kind::kDemand) dst.prefetched = false;
   return status;
+}
+
+// Zeros for a chunk never written; for the device, the host; for the host,
+// the device while it holds the bytes, else NVMe.
+Tier Residency::SourceOf(const Chunk& c, Tier tier) const {
+  if (c.never_written()) return tier;
+  if (tier == Tier::kDevice) return Tier::kHost;
+  if (c.copy[Tier::kDevice].holds_data()) return Tier::kDevice;
+  return TowardHome(tier, Tier::kNvme);
 }
 
 // One transfer into `tier` from `from` (== tier: zero fill). Allocates the
 // destination first, holding nothing while it may wait (see Note [Eviction
 // order]); if the source went away meanwhile, the caller re-plans. Returns
 // with the lock held.
-Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, int entry) {
+Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, Reason why) {
   Chunk& c = chunks_[id];
   Copy& dst = c.copy[tier];
-  if (!dst.allocated) {
-    STRATA_RETURN_IF_ERROR(Allocate(lk, id, tier, entry));
+  if (!dst.allocated()) {
+    STRATA_RETURN_IF_ERROR(Allocate(lk, id, tier, why));
   }
   Copy* src = from == tier ? nullptr : &c.copy[from];
-  const bool stale =
-      c.writers > 0 || (src != nullptr && (!src->valid || src->busy));
-  if (dst.busy || dst.valid || stale) return Status();
+  const bool stale = c.writers > 0 || (src != nullptr && !src->usable());
+  if (dst.state != CopyState::kStale || stale) return Status();
   if (src != nullptr) ++src->readers;
-  dst.busy = true;
+  dst.state = CopyState::kFilling;
   const uint64_t version = c.version;
   const transport::Place to = PlaceOf(c, tier);
   lk.unlock();
   Status status = src == nullptr ? mover_->Zero(to, c.bytes)
                                  : mover_->Copy(PlaceOf(c, from), to, c.bytes);
   lk.lock();
-  dst.busy = false;
   if (src != nullptr) --src->readers;
-  if (status.ok() && version == c.version) {
-    dst.valid = true;
-    dst.prefetched = entry >= 0 || entry == -2;
+  const bool valid = status.ok() && version == c.version;
+  dst.state = valid ? CopyState::kValid : CopyState::kStale;
+  if (valid) {
+    dst.prefetched = why.prefetch();
     dst.last_use = ++clock_;
   }
   changed_.notify_all();
@@ -117,25 +111,25 @@ Status Residency::MakeRoom(Tier tier, uint64_t bytes) {
   STRATA_CHECK(tier != Tier::kNvme);
   Lock lk(mu_);
   while (FreeBytes(tier) < bytes) {
-    const int victim = PickVictim(tier, -1, -1);
+    const int victim = PickVictim(tier, -1, Reason::Demand());
     if (victim < 0) break;
     STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
   }
   return Status();
 }
 
-// Note [Eviction order]. `entry` >= 0 marks a prefetch (see PickVictim).
-Status Residency::Allocate(Lock& lk, int id, Tier tier, int entry) {
+// Note [Eviction order].
+Status Residency::Allocate(Lock& lk, int id, Tier tier, Reason why) {
   Chunk& c = chunks_[id];
   for (;;) {
-    if (c.copy[tier].allocated) return Status();
+    if (c.copy[tier].allocated()) return Status();
     if (TryAllocate(c, tier).ok()) return Status();
-    const int victim = PickVictim(tier, id, entry);
+    const int victim = PickVictim(tier, id, why);
     if (victim >= 0) {
       STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
       continue;
     }
-    if (entry >= 0) {
+    if (why.planned()) {
       return Status::Unavailable("no room for a prefetch");
     }
     if (AnyBusy(tier)) {
@@ -154,7 +148,7 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, int entry) {
 
 Status Residency::TryAllocate(Chunk& c, Tier tier) {
   Copy& copy = c.copy[tier];
-  STRATA_CHECK(!copy.allocated);
+  STRATA_CHECK(!copy.allocated());
   if (tier == Tier::kNvme) {
     STRATA_ASSIGN_OR_RETURN(copy.extent, nvme_->Allocate(c.bytes));
   } else {
@@ -162,15 +156,15 @@ Status Residency::TryAllocate(Chunk& c, Tier tier) {
                                           ? device_->Allocate(c.bytes)
                                           : host_->Allocate(c.bytes));
   }
-  copy.allocated = true;
+  copy.state = CopyState::kStale;
   return Status();
 }
 
-// Prefetches (entry >= 0) only take copies used after their own position.
-int Residency::PickVictim(Tier tier, int requester, int entry) const {
+// Planned prefetches only take copies used after their own position.
+int Residency::PickVictim(Tier tier, int requester, Reason why) const {
   const bool following = trace_.valid() && position_ >= 0;
   int64_t prefetch_distance = std::numeric_limits<int64_t>::max();
-  if (entry >= 0) {
+  if (why.planned()) {
     if (!following) return -1;
     prefetch_distance =
         trace_.NextUseDistance(chunks_[requester].group, position_);
@@ -180,17 +174,17 @@ int Residency::PickVictim(Tier tier, int requester, int entry) const {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const Chunk& c = chunks_[i];
     const Copy& copy = c.copy[tier];
-    if (static_cast<int>(i) == requester || c.home == tier || !copy.allocated ||
-        copy.busy || copy.pins > 0 || copy.readers > 0) {
+    if (static_cast<int>(i) == requester || c.home == tier ||
+        !copy.allocated() || copy.busy() || copy.pins > 0 || copy.readers > 0) {
       continue;
     }
     int64_t score;
-    if (!copy.valid) {
+    if (copy.state == CopyState::kStale) {
       score = std::numeric_limits<int64_t>::max();
     } else if (following) {
       const int64_t next = trace_.NextUseDistance(c.group, position_);
       score = next < 0 ? std::numeric_limits<int64_t>::max() - 1 : next;
-      if (entry >= 0 && score <= prefetch_distance) continue;
+      if (why.planned() && score <= prefetch_distance) continue;
     } else {
       score = -static_cast<int64_t>(copy.last_use);
     }
@@ -203,27 +197,8 @@ int Residency::PickVictim(Tier tier, int requester, int entry) const {
 // holds the only valid bytes. On a failed write the copy stays valid.
 Status Residency::Drop(Lock& lk, int id, Tier tier) {
   Chunk& c = chunks_[id];
-  Copy& copy = c.copy[tier];
-  if (copy.valid && !c.zero && !OtherValid(c, tier)) {
-    const Tier to = TowardHome(tier, c.home);
-    Copy& lower = c.copy[to];
-    copy.busy = true;
-    Status status;
-    while (status.ok() && lower.busy) changed_.wait(lk);
-    if (status.ok() && !lower.allocated) status = Allocate(lk, id, to, -1);
-    if (status.ok()) {
-      lower.busy = true;
-      const uint64_t version = c.version;
-      lk.unlock();
-      status = mover_->Copy(PlaceOf(c, tier), PlaceOf(c, to), c.bytes);
-      lk.lock();
-      lower.busy = false;
-      if (status.ok() && version == c.version) lower.valid = true;
-      if (status.ok()) ++counters_.writebacks;
-    }
-    copy.busy = false;
-    changed_.notify_all();
-    if (!status.ok()) return status;
+  if (c.copy[tier].usable() && !c.never_written() && !OtherValid(c, tier)) {
+    STRATA_RETURN_IF_ERROR(WriteDown(lk, id, tier));
   }
   FreeCopy(c, tier);
   ++counters_.evictions;
@@ -231,9 +206,35 @@ Status Residency::Drop(Lock& lk, int id, Tier tier) {
   return Status();
 }
 
+// Copies the only valid copy at `tier` one tier toward home (kFlushing
+// meanwhile). Returns with the lock held and the copy back at rest.
+Status Residency::WriteDown(Lock& lk, int id, Tier tier) {
+  Chunk& c = chunks_[id];
+  Copy& copy = c.copy[tier];
+  const Tier to = TowardHome(tier, c.home);
+  Copy& lower = c.copy[to];
+  const uint64_t version = c.version;
+  copy.state = CopyState::kFlushing;
+  Status status;
+  while (lower.busy()) changed_.wait(lk);
+  if (!lower.allocated()) status = Allocate(lk, id, to, Reason::Demand());
+  if (status.ok()) {
+    lower.state = CopyState::kFilling;
+    lk.unlock();
+    status = mover_->Copy(PlaceOf(c, tier), PlaceOf(c, to), c.bytes);
+    lk.lock();
+    const bool valid = status.ok() && version == c.version;
+    lower.state = valid ? CopyState::kValid : CopyState::kStale;
+    if (status.ok()) ++counters_.writebacks;
+  }
+  copy.state = version == c.version ? CopyState::kValid : CopyState::kStale;
+  changed_.notify_all();
+  return status;
+}
+
 void Residency::FreeCopy(Chunk& c, Tier tier) {
   Copy& copy = c.copy[tier];
-  if (!copy.allocated) return;
+  if (!copy.allocated()) return;
   if (tier == Tier::kNvme) {
     nvme_->Free(copy.extent);
   } else if (tier == Tier::kDevice) {
@@ -244,24 +245,23 @@ void Residency::FreeCopy(Chunk& c, Tier tier) {
   copy = Copy();
 }
 
-// A write fetch at `keep`: every other copy is stale from now on.
+// A write fetch at `keep`: every other copy is stale from now on (a moving
+// one becomes stale when its move ends, by the version).
 void Residency::Invalidate(Chunk& c, Tier keep) {
   ++c.version;
-  c.zero = false;
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     if (t == keep) continue;
     Copy& copy = c.copy[t];
-    copy.valid = false;
     copy.prefetched = false;
-    const bool idle = !copy.busy && copy.readers == 0 && copy.pins == 0;
+    if (copy.state == CopyState::kValid) copy.state = CopyState::kStale;
+    const bool idle = !copy.busy() && copy.readers == 0 && copy.pins == 0;
     if (t != c.home && idle) FreeCopy(c, t);
   }
 }
 
 bool Residency::OtherValid(const Chunk& c, Tier tier) const {
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    const Copy& copy = c.copy[t];
-    if (t != tier && copy.valid && !copy.busy) return true;
+    if (t != tier && c.copy[t].usable()) return true;
   }
   return false;
 }
@@ -269,7 +269,7 @@ bool Residency::OtherValid(const Chunk& c, Tier tier) const {
 bool Residency::AnyBusy(Tier tier) const {
   for (const Chunk& c : chunks_) {
     const Copy& copy = c.copy[tier];
-    if (copy.busy || copy.readers > 0) return true;
+    if (copy.busy() || copy.readers > 0) return true;
   }
   return false;
 }
