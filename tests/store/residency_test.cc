@@ -1,0 +1,184 @@
+// The residency manager on its own (src/store/residency.h), with a device
+// whose copies run late (testutil::GatedDevice): eviction order, pins, a
+// write fetch against a transfer in flight, and chunks never written.
+#include "src/store/residency.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/store/layout.h"
+#include "tests/testutil/gated_device.h"
+
+namespace strata::store {
+namespace {
+
+constexpr uint64_t kKiB = 1024;
+constexpr RoleMask kCompute = RoleBit(Role::kCompute);
+constexpr Tier kDevice = Tier::kDevice;
+constexpr Tier kHost = Tier::kHost;
+
+// The tiers a Residency runs over: a gated host-emulated device of
+// `device_chunks` 64 KiB chunks, a pinned pool, no NVMe.
+class ResidencyTest : public testing::Test {
+ protected:
+  void Open(int device_chunks) {
+    device_ = std::make_unique<testutil::GatedDevice>(
+        testutil::HostDevice(device_chunks * 64 * kKiB));
+    auto host = tier::PinnedPool::Create(
+        {.budget = 4096 * kKiB, .lock = tier::LockMode::kOff}, nullptr);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    host_ = std::move(*host);
+    mover_ = std::make_unique<transport::Mover>(device_.get(), nullptr);
+    residency_ = std::make_unique<Residency>(device_.get(), host_.get(),
+                                             nullptr, mover_.get());
+  }
+
+  // A group of one bf16 tensor whose compute chunk is 64 KiB, homed on the
+  // host, fetched to the device.
+  int AddGroup(const std::string& name) {
+    GroupSpec spec;
+    spec.name = name;
+    spec.tensors.push_back({"w", {32 * 1024}, DType::kBFloat16, kCompute});
+    Placement placement;
+    placement.device_roles = kCompute;
+    auto layout = BuildGroupLayout(spec, placement);
+    EXPECT_TRUE(layout.ok()) << layout.status().ToString();
+    auto id = residency_->AddGroup(std::move(*layout));
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : -1;
+  }
+
+  Status FetchAndRelease(int group, Tier tier) {
+    STRATA_RETURN_IF_ERROR(
+        residency_->Fetch(group, tier, {.roles = kCompute}).status());
+    return residency_->Release(group);
+  }
+
+  // Whether the group's compute copy is valid at the device now: a fetch
+  // there counts a hit.
+  bool OnDevice(int group) {
+    const uint64_t hits = residency_->counters().hits;
+    EXPECT_TRUE(FetchAndRelease(group, kDevice).ok());
+    return residency_->counters().hits == hits + 1;
+  }
+
+  char* HostBytes(int group) {
+    return static_cast<char*>(
+        residency_->Address(group, Role::kCompute, kHost, 0));
+  }
+
+  std::unique_ptr<testutil::GatedDevice> device_;
+  std::unique_ptr<tier::PinnedPool> host_;
+  std::unique_ptr<transport::Mover> mover_;
+  std::unique_ptr<Residency> residency_;
+};
+
+TEST_F(ResidencyTest, ChunksNeverWrittenReadAsZerosWithoutATransfer) {
+  Open(2);
+  const int g = AddGroup("g");
+  auto view = residency_->Fetch(g, kDevice, {.roles = kCompute});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const auto moved = mover_->bytes();
+  EXPECT_EQ(moved[static_cast<int>(kHost)][static_cast<int>(kDevice)], 0u)
+      << "a zero chunk was copied instead of filled";
+  ASSERT_TRUE(residency_->Release(g).ok());
+}
+
+// Note [Eviction order], without a trace: least recently used first.
+TEST_F(ResidencyTest, LeastRecentlyUsedCopyIsEvictedWithoutATrace) {
+  Open(2);
+  const int a = AddGroup("a"), b = AddGroup("b"), c = AddGroup("c");
+  ASSERT_TRUE(FetchAndRelease(a, kDevice).ok());
+  ASSERT_TRUE(FetchAndRelease(b, kDevice).ok());
+  ASSERT_TRUE(FetchAndRelease(a, kDevice).ok());  // a is newer than b now
+  ASSERT_TRUE(FetchAndRelease(c, kDevice).ok());  // evicts one
+  EXPECT_EQ(residency_->counters().evictions, 1u);
+  EXPECT_TRUE(OnDevice(a));
+  EXPECT_TRUE(OnDevice(c));
+  EXPECT_FALSE(OnDevice(b));
+}
+
+// With a trace the copy used furthest ahead goes (Belady), though LRU would
+// pick the other.
+TEST_F(ResidencyTest, CopyUsedFurthestAheadIsEvictedWhenFollowingATrace) {
+  Open(2);
+  const int a = AddGroup("a"), b = AddGroup("b"), c = AddGroup("c");
+  for (int step = 0; step < 2; ++step) {
+    residency_->BeginStep();
+    for (int g : {a, b, c, a}) ASSERT_TRUE(FetchAndRelease(g, kDevice).ok());
+    residency_->EndStep(nullptr);
+  }
+  residency_->BeginStep();
+  ASSERT_TRUE(FetchAndRelease(a, kDevice).ok());
+  ASSERT_TRUE(FetchAndRelease(b, kDevice).ok());
+  const uint64_t evictions = residency_->counters().evictions;
+  ASSERT_TRUE(FetchAndRelease(c, kDevice).ok());  // a is used next, b later
+  EXPECT_EQ(residency_->counters().evictions, evictions + 1);
+  const uint64_t hits = residency_->counters().hits;
+  ASSERT_TRUE(FetchAndRelease(a, kDevice).ok());
+  EXPECT_EQ(residency_->counters().hits, hits + 1) << "a was evicted, not b";
+  residency_->EndStep(nullptr);
+}
+
+TEST_F(ResidencyTest, PinnedCopiesAreNeverEvicted) {
+  Open(2);
+  const int a = AddGroup("a"), b = AddGroup("b"), c = AddGroup("c");
+  ASSERT_TRUE(residency_->Fetch(a, kDevice, {.roles = kCompute}).ok());
+  ASSERT_TRUE(residency_->Fetch(b, kDevice, {.roles = kCompute}).ok());
+  auto full = residency_->Fetch(c, kDevice, {.roles = kCompute});
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(full.status().message().find("fetched (pinned)"), std::string::npos)
+      << full.status().message();
+  ASSERT_TRUE(residency_->Release(b).ok());
+  ASSERT_TRUE(FetchAndRelease(c, kDevice).ok());
+  EXPECT_TRUE(OnDevice(a)) << "the pinned group was evicted";
+  ASSERT_TRUE(residency_->Release(a).ok());
+}
+
+// A write fetch hands out its copy only once no transfer reads it: here a
+// prefetch to the device whose copy runs late. The write then invalidates
+// the device copy the prefetch made, so the next device fetch copies the
+// new bytes.
+TEST_F(ResidencyTest, WriteFetchWaitsForTheTransferReadingItsCopy) {
+  Open(2);
+  const int g = AddGroup("g");
+  FetchOptions write{.roles = kCompute, .write = true};
+  ASSERT_TRUE(residency_->Fetch(g, kHost, write).ok());
+  std::memset(HostBytes(g), 1, 64 * kKiB);
+  ASSERT_TRUE(residency_->Release(g).ok());
+
+  device_->Hold();
+  std::future<Status> prefetch = std::async(std::launch::async, [&] {
+    return residency_->Prefetch(g, kDevice, kCompute, -1);
+  });
+  while (device_->held() == 0) std::this_thread::yield();
+  std::future<Status> writer = std::async(std::launch::async, [&] {
+    STRATA_RETURN_IF_ERROR(residency_->Fetch(g, kHost, write).status());
+    std::memset(HostBytes(g), 2, 64 * kKiB);
+    return residency_->Release(g);
+  });
+  EXPECT_EQ(writer.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout)
+      << "the write fetch did not wait for the copy reading its bytes";
+  device_->Release();
+  ASSERT_TRUE(prefetch.get().ok());
+  ASSERT_TRUE(writer.get().ok());
+
+  auto view = residency_->Fetch(g, kDevice, {.roles = kCompute});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const char* on_device = static_cast<const char*>(
+      residency_->Address(g, Role::kCompute, kDevice, 0));
+  EXPECT_EQ(on_device[0], 2);
+  EXPECT_EQ(on_device[64 * kKiB - 1], 2);
+  ASSERT_TRUE(residency_->Release(g).ok());
+}
+
+}  // namespace
+}  // namespace strata::store
