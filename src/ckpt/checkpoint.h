@@ -51,6 +51,7 @@
 #include <functional>
 #include <string>
 
+#include "src/ckpt/env.h"
 #include "src/store/residency.h"
 #include "strata/engine.h"
 
@@ -61,17 +62,19 @@ inline constexpr int kFormatVersion = 2;
 
 // Engine::Save: `engine` and `residency` are the same engine's; `options`
 // are the options it was opened with (written as its configuration).
+// Every file-system call goes through `env` (tests pass one that fails).
 Status Save(Engine& engine, const store::Residency& residency,
             const EngineOptions& options, const std::string& dir,
-            const SaveOptions& save);
+            const SaveOptions& save, Env& env = Env::Default());
 // Checks a checkpoint's user_state before Load changes any data (the
 // optimizer's: its step count and algorithm); an error stops the load.
 using UserStateCheck = std::function<Status(const std::string& user_state)>;
 // Engine::Load. `result` may be null; `check`, when set, runs once the
-// manifest matches the engine and before the files are verified.
+// manifest matches the engine and before the files are verified. Every
+// file-system call goes through `env`.
 Status Load(Engine& engine, const store::Residency& residency,
             const std::string& dir, LoadResult* result,
-            const UserStateCheck& check = {});
+            const UserStateCheck& check = {}, Env& env = Env::Default());
 
 // Testing hook: the points of Note [Checkpoint crash safety] that a crash
 // test kills the process at. kDataFileWritten is reached once per group.
