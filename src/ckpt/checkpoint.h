@@ -35,6 +35,9 @@
 //   new checkpoint is in place.
 // - <dir> (new) and "<dir>.old": the old one is stale; the next Save
 //   removes it.
+// Every file-system call goes through an Env (src/ckpt/env.h), so that
+// tests cut a save off before any one of them
+// (tests/ckpt/checkpoint_crash_test.cc).
 // Save replaces a directory only if it is empty or holds nothing but a
 // checkpoint's own files (manifest.json, group-*.bin), so neither a wrong
 // path nor a file put into a checkpoint gets deleted. Two Saves or a Save

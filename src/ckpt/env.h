@@ -1,7 +1,7 @@
 // The file system as the checkpoint code (src/ckpt/checkpoint.cc) sees it,
 // as leveldb's Env: exactly the operations Save and Load make, behind an
 // interface. Env::Default() is the real one (POSIX); a test passes its own
-// to fail or cut off one operation directly.
+// (tests/ckpt/fault_env.h) to fail or cut off one operation directly.
 //
 // Contract
 // - Paths are used as spelled: nothing is resolved or created on the way.
