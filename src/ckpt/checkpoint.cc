@@ -218,9 +218,7 @@ Status WriteTemp(Env& env, Engine& engine, const EngineOptions& options,
   STRATA_ASSIGN_OR_RETURN(std::string text,
                           ManifestText(manifest, options, engine.info()));
   STRATA_RETURN_IF_ERROR(WriteManifest(env, p.tmp + "/" + kManifestName, text));
-  STRATA_RETURN_IF_ERROR(env.SyncDir(p.tmp));
-  Reached(SaveStage::kTempComplete);
-  return Status();
+  return env.SyncDir(p.tmp);
 }
 
 // The failure `s` of a save, saying what became of the previous one.
@@ -247,7 +245,6 @@ Status Replace(Env& env, const Paths& p) {
     if (env.Exists(p.old)) (void)env.Rename(p.old, p.dir);
     return Kept(env, s, p);
   }
-  Reached(SaveStage::kNewInPlace);
   if (Status s = env.SyncDir(p.parent); !s.ok()) {
     return Status(s.code(), s.message() + "; the new checkpoint is at '" +
                                 p.dir +

@@ -79,13 +79,13 @@ Status Load(Engine& engine, const store::Residency& residency,
             const std::string& dir, LoadResult* result,
             const UserStateCheck& check = {}, Env& env = Env::Default());
 
-// Testing hook: the points of Note [Checkpoint crash safety] that a crash
-// test kills the process at. kDataFileWritten is reached once per group.
+// Testing hook, for a crash test that cannot pass Save an Env (one that
+// saves through OffloadOptimizer::Save): points of Note [Checkpoint crash
+// safety] to kill the process at. kDataFileWritten is reached once per
+// group. A test that can should fail or cut off a call of the Env instead.
 enum class SaveStage {
   kDataFileWritten,
-  kTempComplete,
   kOldMovedAside,
-  kNewInPlace,
 };
 using SaveStageHook = void (*)(SaveStage stage);
 // Every Save in the process calls `hook` at each stage; null (the default)
