@@ -35,6 +35,9 @@
 //   new checkpoint is in place.
 // - <dir> (new) and "<dir>.old": the old one is stale; the next Save
 //   removes it.
+// Every file-system call goes through an Env (src/ckpt/env.h), so that
+// tests cut a save off before any one of them
+// (tests/ckpt/checkpoint_crash_test.cc).
 // Save replaces a directory only if it is empty or holds nothing but a
 // checkpoint's own files (manifest.json, group-*.bin), so neither a wrong
 // path nor a file put into a checkpoint gets deleted. Two Saves or a Save
@@ -51,6 +54,7 @@
 #include <functional>
 #include <string>
 
+#include "src/ckpt/env.h"
 #include "src/store/residency.h"
 #include "strata/engine.h"
 
@@ -61,25 +65,27 @@ inline constexpr int kFormatVersion = 2;
 
 // Engine::Save: `engine` and `residency` are the same engine's; `options`
 // are the options it was opened with (written as its configuration).
+// Every file-system call goes through `env` (tests pass one that fails).
 Status Save(Engine& engine, const store::Residency& residency,
             const EngineOptions& options, const std::string& dir,
-            const SaveOptions& save);
+            const SaveOptions& save, Env& env = Env::Default());
 // Checks a checkpoint's user_state before Load changes any data (the
 // optimizer's: its step count and algorithm); an error stops the load.
 using UserStateCheck = std::function<Status(const std::string& user_state)>;
 // Engine::Load. `result` may be null; `check`, when set, runs once the
-// manifest matches the engine and before the files are verified.
+// manifest matches the engine and before the files are verified. Every
+// file-system call goes through `env`.
 Status Load(Engine& engine, const store::Residency& residency,
             const std::string& dir, LoadResult* result,
-            const UserStateCheck& check = {});
+            const UserStateCheck& check = {}, Env& env = Env::Default());
 
-// Testing hook: the points of Note [Checkpoint crash safety] that a crash
-// test kills the process at. kDataFileWritten is reached once per group.
+// Testing hook, for a crash test that cannot pass Save an Env (one that
+// saves through OffloadOptimizer::Save): points of Note [Checkpoint crash
+// safety] to kill the process at. kDataFileWritten is reached once per
+// group. A test that can should fail or cut off a call of the Env instead.
 enum class SaveStage {
   kDataFileWritten,
-  kTempComplete,
   kOldMovedAside,
-  kNewInPlace,
 };
 using SaveStageHook = void (*)(SaveStage stage);
 // Every Save in the process calls `hook` at each stage; null (the default)

@@ -30,34 +30,14 @@ namespace {
 namespace fs = std::filesystem;
 using store_test::kKiB;
 
+using ckpt_test::Check;
+using ckpt_test::Fill;
+
 class CheckpointEdgeTest : public ::testing::Test {
  protected:
   // A host-only engine with `model` registered.
   static std::unique_ptr<Engine> Open(const std::vector<GroupSpec>& model) {
-    EngineOptions o;
-    o.device = "host";
-    o.device_budget = 4096 * kKiB;
-    o.host_budget = 8192 * kKiB;
-    o.placement.home.fill(Tier::kHost);
-    return ckpt_test::OpenWithModel(o, model);
-  }
-  // store_test::Fill(seed + g) into every role of every group g.
-  static void Fill(Engine& engine, uint64_t seed) {
-    for (int g = 0; g < engine.group_count(); ++g) {
-      auto view = engine.Fetch(g, Tier::kHost, {kAllRoles, true});
-      ASSERT_TRUE(view.ok()) << view.status().ToString();
-      store_test::Fill(*view, seed + g);
-      ASSERT_TRUE(engine.Release(g).ok());
-    }
-  }
-  // Expects what Fill(engine, seed) wrote.
-  static void Check(Engine& engine, uint64_t seed) {
-    for (int g = 0; g < engine.group_count(); ++g) {
-      auto view = engine.Fetch(g, Tier::kHost);
-      ASSERT_TRUE(view.ok()) << view.status().ToString();
-      store_test::Check(*view, seed + g);
-      ASSERT_TRUE(engine.Release(g).ok());
-    }
+    return ckpt_test::OpenWithModel(ckpt_test::HostOnly(), model);
   }
   std::vector<std::string> Entries() const {
     std::vector<std::string> out;

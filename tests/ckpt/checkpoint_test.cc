@@ -1,13 +1,10 @@
 // Engine::Save and Engine::Load (src/ckpt/checkpoint.h) through the public C++
 // API, on the host-emulated device: round trips into another placement,
-// replacement, a crash at every stage of the save protocol, damaged
-// checkpoints, mismatched engines, preconditions, the host budget and a
-// full disk.
+// replacement, damaged checkpoints, mismatched engines, preconditions, the
+// host budget and a full disk. Crashes: checkpoint_crash_test.cc.
 #include "src/ckpt/checkpoint.h"
 
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -223,66 +220,6 @@ TEST_F(CheckpointTest, SaveReplacesAnExistingCheckpoint) {
   ASSERT_TRUE(target->Load(Ckpt(), &result).ok());
   EXPECT_EQ(result.user_state, "two");
   EXPECT_EQ(Differs(*target, 2), "");
-}
-
-TEST_F(CheckpointTest, CrashDuringSaveKeepsACheckpoint) {
-  struct Case {
-    ckpt::SaveStage stage;
-    int count;
-    std::vector<std::string> left;  // "tmp" stands for "ckpt.tmp-<pid>"
-    uint64_t survivor;              // the seed of the checkpoint Load finds
-  };
-  const Case cases[] = {
-      {ckpt::SaveStage::kDataFileWritten, 2, {"ckpt", "tmp"}, 1},
-      {ckpt::SaveStage::kTempComplete, 1, {"ckpt", "tmp"}, 1},
-      {ckpt::SaveStage::kOldMovedAside, 1, {"ckpt.old", "tmp"}, 1},
-      {ckpt::SaveStage::kNewInPlace, 1, {"ckpt", "ckpt.old"}, 2}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE("crash at stage " + std::to_string(static_cast<int>(c.stage)));
-    {
-      auto source = Source();
-      ASSERT_NE(source, nullptr);
-      Write(*source, 1);
-      ASSERT_TRUE(source->Save(Ckpt()).ok());
-    }
-    int wstatus = 0;
-    const pid_t child = ckpt_test::RunInChild(
-        [&] {
-          ckpt_test::KillAtSaveStage(c.stage, c.count);
-          auto source = Source();
-          if (source == nullptr) _exit(2);
-          Write(*source, 2);
-          (void)source->Save(Ckpt());
-        },
-        &wstatus);
-    ASSERT_GE(child, 0);
-    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
-        << "child exited with " << wstatus;
-    std::vector<std::string> left = c.left;
-    for (std::string& name : left) {
-      if (name == "tmp") name = "ckpt.tmp-" + std::to_string(child);
-    }
-    EXPECT_EQ(Siblings(dir_.path(), "ckpt"), left);
-
-    auto target = Target();
-    ASSERT_NE(target, nullptr);
-    LoadResult result;
-    Status s = Status(StatusCode::kInternal, "unset");
-    const std::string log =
-        testutil::CaptureStderr([&] { s = target->Load(Ckpt(), &result); });
-    ASSERT_TRUE(s.ok()) << s.ToString();
-    EXPECT_EQ(Differs(*target, c.survivor), "");
-    const bool moved_aside = c.stage == ckpt::SaveStage::kOldMovedAside;
-    EXPECT_EQ(result.recovered, moved_aside);
-    EXPECT_EQ(log.find("ckpt.old") != std::string::npos, moved_aside) << log;
-
-    // The next save cleans up whatever the crash left.
-    Write(*target, 3);
-    ASSERT_TRUE(target->Save(Ckpt()).ok());
-    EXPECT_EQ(Siblings(dir_.path(), "ckpt"), std::vector<std::string>{"ckpt"});
-    ASSERT_TRUE(target->Load(Ckpt()).ok());
-    EXPECT_EQ(Differs(*target, 3), "");
-  }
 }
 
 TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {

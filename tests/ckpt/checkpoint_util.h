@@ -1,7 +1,8 @@
-// Helpers shared by the checkpoint tests (tests/ckpt/checkpoint_test.cc,
-// checkpoint_edge_test.cc, tests/optim/resume_test.cc): a save killed at a
-// stage of Note [Checkpoint crash safety] in a child process, an engine
-// with a model registered, damage to a file, and edits of a manifest.
+// Helpers shared by the checkpoint tests (tests/ckpt/*_test.cc,
+// tests/optim/resume_test.cc): a save killed at a stage of Note
+// [Checkpoint crash safety] in a child process, Save and Load through an
+// Env of the test's, an engine with a model registered and seeded data in
+// it, damage to a file, and edits of a manifest.
 #ifndef STRATA_TESTS_CKPT_CHECKPOINT_UTIL_H_
 #define STRATA_TESTS_CKPT_CHECKPOINT_UTIL_H_
 
@@ -23,7 +24,9 @@
 #include <vector>
 
 #include "src/ckpt/checkpoint.h"
+#include "src/store/engine_internal.h"
 #include "strata/engine.h"
+#include "tests/store/store_util.h"
 
 namespace strata::ckpt_test {
 
@@ -33,7 +36,8 @@ inline int kill_countdown = 0;
 }  // namespace internal
 
 // Every later Save in this process kills it (SIGKILL) the `count`th time it
-// reaches `stage`. For a forked child only.
+// reaches `stage`. For a forked child only, and only where the save cannot
+// take an Env (FaultEnv::CrashAt in tests/ckpt/fault_env.h can).
 inline void KillAtSaveStage(ckpt::SaveStage stage, int count) {
   internal::kill_stage = stage;
   internal::kill_countdown = count;
@@ -58,6 +62,22 @@ inline pid_t RunInChild(const std::function<void()>& body, int* wstatus) {
   return child;
 }
 
+// Engine::Save of `engine`, opened with `options`, through `env`.
+inline Status SaveThrough(ckpt::Env& env, Engine& engine,
+                          const EngineOptions& options, const std::string& dir,
+                          const SaveOptions& save = {}) {
+  return ckpt::Save(engine, *strata::internal::PartsOf(engine).residency,
+                    options, dir, save, env);
+}
+
+// Engine::Load into `engine` through `env`.
+inline Status LoadThrough(ckpt::Env& env, Engine& engine,
+                          const std::string& dir,
+                          LoadResult* result = nullptr) {
+  return ckpt::Load(engine, *strata::internal::PartsOf(engine).residency, dir,
+                    result, {}, env);
+}
+
 // Flips one bit of the byte at `offset` of the file at `path`.
 inline void FlipByte(const std::string& path, uint64_t offset) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -80,6 +100,37 @@ inline std::unique_ptr<Engine> OpenWithModel(
     if (!id.ok()) return nullptr;
   }
   return std::move(*engine);
+}
+
+// A host-only engine's options: every role on the host, 4 MiB of device
+// and 8 MiB of host budget.
+inline EngineOptions HostOnly() {
+  EngineOptions o;
+  o.device = "host";
+  o.device_budget = 4096 * store_test::kKiB;
+  o.host_budget = 8192 * store_test::kKiB;
+  o.placement.home.fill(Tier::kHost);
+  return o;
+}
+
+// store_test::Fill(seed + g) into every role of every group g.
+inline void Fill(Engine& engine, uint64_t seed) {
+  for (int g = 0; g < engine.group_count(); ++g) {
+    auto view = engine.Fetch(g, Tier::kHost, {kAllRoles, true});
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    store_test::Fill(*view, seed + g);
+    ASSERT_TRUE(engine.Release(g).ok());
+  }
+}
+
+// Expects what Fill(engine, seed) wrote.
+inline void Check(Engine& engine, uint64_t seed) {
+  for (int g = 0; g < engine.group_count(); ++g) {
+    auto view = engine.Fetch(g, Tier::kHost);
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    store_test::Check(*view, seed + g);
+    ASSERT_TRUE(engine.Release(g).ok());
+  }
 }
 
 // Rewrites dir's manifest.json through `edit`. With `reseal` it then gets
