@@ -18,6 +18,12 @@ namespace strata {
 template <typename Enum, typename T, size_t N>
 class EnumArray {
  public:
+  constexpr EnumArray() = default;
+  // The values in enum order: RoleArray<int> chunk = {-1, -1, -1, -1, -1}.
+  template <typename... V>
+  requires(sizeof...(V) == N) constexpr EnumArray(V... values)
+      : values_{static_cast<T>(values)...} {}
+
   constexpr T& operator[](Enum e) { return values_[static_cast<size_t>(e)]; }
   constexpr const T& operator[](Enum e) const {
     return values_[static_cast<size_t>(e)];
@@ -30,6 +36,12 @@ class EnumArray {
  private:
   std::array<T, N> values_{};
 };
+
+// Every enumerator, in order: for (Role role : kRoles) ...
+inline constexpr std::array<Tier, kNumTiers> kTiers = {
+    Tier::kDevice, Tier::kHost, Tier::kNvme};
+inline constexpr std::array<Role, kNumRoles> kRoles = {
+    Role::kCompute, Role::kMaster, Role::kState1, Role::kState2, Role::kGrad};
 
 template <typename T>
 using TierArray = EnumArray<Tier, T, kNumTiers>;

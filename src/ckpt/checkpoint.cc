@@ -167,7 +167,9 @@ Status ForEachRole(Engine& engine, int g, RoleMask roles, bool write, Use use) {
     if ((roles & RoleBit(role)) == 0) continue;
     STRATA_ASSIGN_OR_RETURN(
         GroupView view,
-        engine.Fetch(g, Tier::kHost, {RoleBit(role), write, false}));
+        engine.Fetch(
+            g, Tier::kHost,
+            {.roles = RoleBit(role), .write = write, .record = false}));
     const Status s = use(role, view);
     const Status released = engine.Release(g);
     if (!s.ok()) return s;
@@ -188,8 +190,8 @@ Status WriteGroup(Env& env, Engine& engine, int g, const std::string& path,
           if ((t.roles & RoleBit(role)) == 0) continue;
           const TensorView* data = view.Find(t.name, role);
           STRATA_CHECK(data != nullptr && data->bytes == RoleBytes(t, role));
-          STRATA_RETURN_IF_ERROR(file->Write(t.offset[static_cast<int>(role)],
-                                             data->data, data->bytes));
+          STRATA_RETURN_IF_ERROR(
+              file->Write(t.offset[role], data->data, data->bytes));
           XXH3_64bits_update(hasher.get(), data->data, data->bytes);
         }
         return Status();
@@ -339,8 +341,8 @@ Status LoadGroup(Env& env, Engine& engine, int g, const std::string& path,
         for (const TensorView& t : view.tensors) {
           const TensorEntry* saved = entry.Find(t.name);
           STRATA_CHECK(saved != nullptr && t.bytes == RoleBytes(*saved, role));
-          STRATA_RETURN_IF_ERROR(file->Read(
-              saved->offset[static_cast<int>(role)], t.data, t.bytes));
+          STRATA_RETURN_IF_ERROR(
+              file->Read(saved->offset[role], t.data, t.bytes));
           *bytes += t.bytes;
         }
         return Status();

@@ -59,9 +59,9 @@ Json GroupJson(const GroupEntry& g) {
   Json tensors = Json::array();
   for (const TensorEntry& t : g.tensors) {
     Json roles = Json::object();
-    for (int r = 0; r < kNumRoles; ++r) {
-      if ((t.roles & RoleBit(Role(r))) == 0) continue;
-      roles[std::string(RoleName(Role(r)))] = t.offset[r];
+    for (Role role : kRoles) {
+      if ((t.roles & RoleBit(role)) == 0) continue;
+      roles[std::string(RoleName(role))] = t.offset[role];
     }
     tensors.push_back({{"name", t.name},
                        {"shape", t.shape},
@@ -158,7 +158,7 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
     STRATA_ASSIGN_OR_RETURN(Role role, ParseRole(name));
     t.roles |= RoleBit(role);
     const uint64_t at_byte = Integer<uint64_t>(offset);
-    t.offset[static_cast<int>(role)] = at_byte;
+    t.offset[role] = at_byte;
     const uint64_t bytes = RoleBytes(t, role);
     if (bytes > file_bytes || at_byte > file_bytes - bytes) {
       return Status::DataLoss("the tensor lies beyond the file");
@@ -173,11 +173,11 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
 // file's bytes.
 uint64_t Pack(std::vector<TensorEntry>& tensors) {
   uint64_t bytes = 0;
-  for (int r = 0; r < kNumRoles; ++r) {
+  for (Role role : kRoles) {
     for (TensorEntry& t : tensors) {
-      if ((t.roles & RoleBit(Role(r))) == 0) continue;
-      t.offset[r] = bytes;
-      bytes += RoleBytes(t, Role(r));
+      if ((t.roles & RoleBit(role)) == 0) continue;
+      t.offset[role] = bytes;
+      bytes += RoleBytes(t, role);
     }
   }
   return bytes;
@@ -190,18 +190,18 @@ Status CheckPacking(const GroupEntry& g, const std::string& at,
                     std::string& where) {
   std::vector<TensorEntry> packed = g.tensors;
   const uint64_t bytes = Pack(packed);
-  for (int r = 0; r < kNumRoles; ++r) {
+  for (Role role : kRoles) {
     for (size_t k = 0; k < g.tensors.size(); ++k) {
-      const uint64_t offset = g.tensors[k].offset[r];
-      if ((g.tensors[k].roles & RoleBit(Role(r))) == 0 ||
-          offset == packed[k].offset[r]) {
+      const uint64_t offset = g.tensors[k].offset[role];
+      if ((g.tensors[k].roles & RoleBit(role)) == 0 ||
+          offset == packed[k].offset[role]) {
         continue;
       }
       where = at + ".tensors[" + std::to_string(k) + "].roles." +
-              std::string(RoleName(Role(r)));
+              std::string(RoleName(role));
       return Status::DataLoss("offset " + std::to_string(offset) +
                               ", but the tensors packed in order put it at " +
-                              std::to_string(packed[k].offset[r]));
+                              std::to_string(packed[k].offset[role]));
     }
   }
   if (bytes != g.bytes) {

@@ -120,7 +120,7 @@ Status OffloadOptimizer::Impl::InspectGroups() {
     }
     g.trainable = true;
     ++trainable;
-    g.n = layout.elements[static_cast<int>(Role::kMaster)];
+    g.n = layout.elements[Role::kMaster];
     g.compute = FloatTypeOf(layout.tensors[0].dtype);
     g.compute_bytes = g.n * FloatTypeSize(g.compute);
     g.step_roles = needed & ~kGradBit;
@@ -281,7 +281,7 @@ Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
   buffer.bytes = g.compute_bytes;
   buffer.on_cuda = parts_.device->info().kind == tier::DeviceKind::kCuda;
   for (const store::TensorLayout& t : parts_.residency->layout(group).tensors) {
-    const uint64_t offset = t.offset[static_cast<int>(Role::kCompute)];
+    const uint64_t offset = t.offset[Role::kCompute];
     buffer.tensors.push_back({t.name, Role::kCompute, t.dtype, t.shape,
                               static_cast<char*>(s.device) + offset,
                               t.elements * DTypeSize(t.dtype), Tier::kDevice,

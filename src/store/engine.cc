@@ -143,13 +143,12 @@ Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
   const bool cuda =
       tier == Tier::kDevice && device_->info().kind == tier::DeviceKind::kCuda;
   for (const store::TensorLayout& t : layout.tensors) {
-    for (int r = 0; r < kNumRoles; ++r) {
-      const Role role = static_cast<Role>(r);
+    for (Role role : kRoles) {
       if ((t.roles & RoleBit(role) & opt.roles) == 0) continue;
       const DType dtype = RoleDType(role, t.dtype);
       view.tensors.push_back(
           {t.name, role, dtype, t.shape,
-           residency_->Address(group, role, tier, t.offset[r]),
+           residency_->Address(group, role, tier, t.offset[role]),
            t.elements * DTypeSize(dtype), tier, cuda});
     }
   }

@@ -37,8 +37,8 @@ namespace {
 // The element width of each role (its widest dtype) and the element index
 // just past its last tensor (0: no tensor has the role).
 struct RoleExtents {
-  std::array<uint64_t, kNumRoles> width = {};
-  std::array<uint64_t, kNumRoles> end = {};
+  RoleArray<uint64_t> width;
+  RoleArray<uint64_t> end;
 };
 
 Status CheckTensor(const GroupSpec& spec, const TensorSpec& t,
@@ -78,12 +78,11 @@ Result<RoleExtents> PlaceTensors(const GroupSpec& spec, GroupLayout& layout) {
     tl.elements = ShapeElements(t.shape);
     tl.element = element;
     element = AlignUp(element + tl.elements, kTensorAlignElements);
-    for (int r = 0; r < kNumRoles; ++r) {
-      if ((t.roles & (1u << r)) == 0) continue;
-      extents.width[r] = std::max<uint64_t>(
-          extents.width[r],
-          DTypeSize(RoleDType(static_cast<Role>(r), t.dtype)));
-      extents.end[r] = tl.element + tl.elements;
+    for (Role role : kRoles) {
+      if ((t.roles & RoleBit(role)) == 0) continue;
+      extents.width[role] = std::max<uint64_t>(
+          extents.width[role], DTypeSize(RoleDType(role, t.dtype)));
+      extents.end[role] = tl.element + tl.elements;
     }
     layout.roles |= t.roles;
   }
@@ -93,21 +92,21 @@ Result<RoleExtents> PlaceTensors(const GroupSpec& spec, GroupLayout& layout) {
 // Pass 3: one chunk per role, at the role's home tier.
 Status AddChunks(const GroupSpec& spec, const Placement& placement,
                  const RoleExtents& extents, GroupLayout& layout) {
-  for (int r = 0; r < kNumRoles; ++r) {
+  for (Role r : kRoles) {
     if (extents.end[r] == 0) continue;
-    const std::string role(RoleName(static_cast<Role>(r)));
-    const Tier home = placement.home[r];
+    const std::string role(RoleName(r));
+    const Tier home = placement.home[static_cast<int>(r)];
     if (!ValidTier(home)) {
       return Invalid(spec, "role '" + role + "' has an invalid home tier");
     }
-    if (home == Tier::kDevice && (placement.device_roles & (1u << r)) == 0) {
+    if (home == Tier::kDevice && (placement.device_roles & RoleBit(r)) == 0) {
       return Invalid(spec, "role '" + role +
                                "' is homed on the device but not in "
                                "device_roles");
     }
     layout.chunk_of_role[r] = static_cast<int>(layout.chunks.size());
     layout.chunks.push_back(
-        {.role = static_cast<Role>(r),
+        {.role = r,
          .home = home,
          .bytes = AlignUp(extents.end[r] * extents.width[r], kChunkAlign),
          .width = extents.width[r]});
@@ -131,9 +130,9 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
                           PlaceTensors(spec, layout));
   // Pass 2: element offsets become byte offsets at each role's width.
   for (TensorLayout& tl : layout.tensors) {
-    for (int r = 0; r < kNumRoles; ++r) {
-      if ((tl.roles & (1u << r)) != 0) {
-        tl.offset[r] = tl.element * extents.width[r];
+    for (Role role : kRoles) {
+      if ((tl.roles & RoleBit(role)) != 0) {
+        tl.offset[role] = tl.element * extents.width[role];
       }
     }
   }

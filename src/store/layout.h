@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_array.h"
 #include "strata/engine.h"
 
 namespace strata::store {
@@ -32,7 +33,7 @@ struct TensorLayout {
   RoleMask roles = 0;
   uint64_t elements = 0;
   uint64_t element = 0;                         // first element index
-  std::array<uint64_t, kNumRoles> offset = {};  // bytes, within the chunk
+  RoleArray<uint64_t> offset;  // bytes, within the chunk
 };
 
 struct ChunkLayout {
@@ -46,11 +47,11 @@ struct GroupLayout {
   std::string name;
   std::vector<TensorLayout> tensors;
   std::vector<ChunkLayout> chunks;
-  std::array<int, kNumRoles> chunk_of_role = {-1, -1, -1, -1, -1};
+  RoleArray<int> chunk_of_role = {-1, -1, -1, -1, -1};
   RoleMask roles = 0;
   RoleMask device_roles = kAllRoles;  // Placement::device_roles
   // Per role: the element index just past its last tensor (0: unused).
-  std::array<uint64_t, kNumRoles> elements = {};
+  RoleArray<uint64_t> elements;
 };
 
 // Element count of `shape`, or 0 when a dimension is zero or negative or

@@ -333,7 +333,7 @@ void* Residency::Address(int group, Role role, Tier tier,
                          uint64_t offset) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Group& g = groups_.at(group);
-  const int index = g.layout.chunk_of_role[static_cast<int>(role)];
+  const int index = g.layout.chunk_of_role[role];
   STRATA_CHECK(index >= 0);
   const Copy& copy = chunks_[g.chunks[index]].copy[tier];
   STRATA_CHECK(copy.allocated() && tier != Tier::kNvme);
