@@ -144,7 +144,7 @@ struct Placement {
 
 struct TensorSpec {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // each extent >= 1 (an empty tensor is refused)
   DType dtype = DType::kBFloat16;
   RoleMask roles = RoleBit(Role::kCompute);
 };
@@ -237,7 +237,7 @@ struct EngineStats {
 };
 
 struct EngineInfo {
-  std::string device;         // "cuda" or "host-emulated"
+  std::string device;         // "cuda" or "host" (as EngineOptions::device)
   std::string device_name;    // GPU name, or "host-emulated"
   std::string device_reason;  // why --device auto chose it
   std::string host_backing;   // how the host tier was allocated
@@ -293,7 +293,7 @@ class STRATA_EXPORT Engine {
   void BeginStep();
   Status EndStep();
   // The current plan, printable: trace, windows, prefetch and eviction
-  // schedule (empty before the first step ends).
+  // schedule ("no trace yet: ..." before the first step ends).
   std::string Explain() const;
 
   EngineStats stats() const;

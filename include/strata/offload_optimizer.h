@@ -68,7 +68,9 @@
 // - Global-norm clipping and skip-on-overflow need every group's gradients
 //   before any group may be updated. With either on, the steps wait for the
 //   end of backward (FinishStep) instead of overlapping with it; the
-//   gradients are kept in kGrad meanwhile. A skipped step changes no byte.
+//   gradients are kept in kGrad meanwhile. A skipped step changes no byte
+//   of the model: no master weight, optimizer state or compute copy (the
+//   kGrad chunks, scratch, hold its gradients).
 // - The step counter is the pipeline's: a step that is skipped does not
 //   advance it. It is part of the state Save() writes.
 //

@@ -163,7 +163,7 @@ typedef struct strata_engine_info {
   int32_t cuda_device;  /* the CUDA device used when on_cuda */
   int32_t host_locked;  /* 1: the host tier is mlocked */
   /* Owned by the engine, valid until strata_engine_close. */
-  const char* device;        /* "cuda" or "host-emulated" */
+  const char* device;        /* "cuda" or "host" (as options.device) */
   const char* device_name;   /* GPU name, or "host-emulated" */
   const char* device_reason; /* why STRATA_DEVICE_AUTO chose it */
   const char* host_backing;  /* how the host tier was allocated */
@@ -200,7 +200,8 @@ typedef struct strata_engine_stats {
 STRATA_EXPORT strata_status strata_engine_get_stats(const strata_engine* engine,
                                                     strata_engine_stats* stats);
 
-/* Copies the printable plan (empty before the first step ends) into
+/* Copies the printable plan ("no trace yet: ..." before the first step
+ * ends) into
  * buffer, like snprintf: at most capacity bytes, always NUL-terminated when
  * capacity > 0. *required is set to the full length + 1; the text was cut
  * when *required > capacity. buffer may be NULL when capacity is 0. */
@@ -221,7 +222,8 @@ STRATA_EXPORT strata_status strata_step_end(strata_engine* engine);
 /* Fixed layout: a new field would come with a new registration function. */
 typedef struct strata_tensor_spec {
   const char* name;
-  const int64_t* shape; /* ndim extents, each >= 0; NULL only if ndim == 0 */
+  const int64_t* shape; /* ndim extents, each >= 1 (an empty tensor is
+                           refused); NULL only if ndim == 0 */
   int32_t ndim;
   int32_t dtype;     /* strata_dtype of the compute copy */
   uint32_t roles;    /* mask of STRATA_ROLE_BIT(role); must not be 0 */

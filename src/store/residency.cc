@@ -314,16 +314,24 @@ Status Residency::Evict(int group, Tier tier) {
   if (group < 0 || group >= static_cast<int>(groups_.size())) {
     return Status::InvalidArgument("no group " + std::to_string(group));
   }
-  for (int id : ChunksOf(group, kAllRoles)) {
+  const std::vector<int> ids = ChunksOf(group, kAllRoles);
+  auto fetched = [&] {
+    for (int id : ids) {
+      if (chunks_[id].copy[tier].pins > 0) return true;
+    }
+    return false;
+  };
+  for (int id : ids) {
     Chunk& c = chunks_[id];
     Copy& copy = c.copy[tier];
     while (copy.busy() || copy.readers > 0) changed_.wait(lk);
-    if (c.home == tier || !copy.allocated()) continue;
-    if (copy.pins > 0) {
+    // Checked before any copy goes, homed ones included (they stay).
+    if (fetched()) {
       return Status::FailedPrecondition("group '" + groups_[group].layout.name +
                                         "' is fetched on " + TierLabel(tier) +
                                         "; release it before evicting");
     }
+    if (c.home == tier || !copy.allocated()) continue;
     STRATA_RETURN_IF_ERROR(Drop(lk, id, tier));
   }
   return Status();

@@ -142,6 +142,23 @@ TEST_F(ResidencyTest, PinnedCopiesAreNeverEvicted) {
   ASSERT_TRUE(residency_->Release(a).ok());
 }
 
+// engine.h: Evict is kFailedPrecondition while the group is fetched at the
+// tier, whether its copies there are cached or homed there.
+TEST_F(ResidencyTest, EvictingAFetchedGroupFailsAtItsHomeTierToo) {
+  Open(2);
+  const int g = AddGroup("g");
+  for (Tier tier : {kHost, kDevice}) {
+    ASSERT_TRUE(residency_->Fetch(g, tier, {.roles = kCompute}).ok());
+    const Status evict = residency_->Evict(g, tier);
+    EXPECT_EQ(evict.code(), StatusCode::kFailedPrecondition)
+        << TierName(tier) << ": " << evict.ToString();
+    EXPECT_NE(evict.message().find("release it before evicting"),
+              std::string::npos);
+    ASSERT_TRUE(residency_->Release(g).ok());
+    EXPECT_TRUE(residency_->Evict(g, tier).ok());
+  }
+}
+
 // A write fetch hands out its copy only once no transfer reads it: here a
 // prefetch to the device whose copy runs late. The write then invalidates
 // the device copy the prefetch made, so the next device fetch copies the

@@ -43,6 +43,23 @@ class StoreTest : public ::testing::Test {
   testutil::ScratchDir dir_;
 };
 
+// What engine.h and strata.h say of info(), Explain() and shapes, held to
+// the code (issue #17 found them disagreeing).
+TEST_F(StoreTest, InfoExplainAndShapesAreAsTheHeadersSay) {
+  auto engine = Open(256 * kKiB, 512 * kKiB, 0, Tier::kHost);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->info().device, "host");
+  EXPECT_EQ(engine->info().device_name, "host-emulated");
+  EXPECT_EQ(engine->Explain().rfind("no trace yet", 0), 0u)
+      << engine->Explain();
+  GroupSpec empty = Layer("empty", 10);
+  empty.tensors[0].shape = {4, 0};
+  auto refused = engine->RegisterGroup(empty);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("empty"), std::string::npos)
+      << refused.status().message();
+}
+
 TEST_F(StoreTest, NewChunksReadAsZeros) {
   auto engine = Open(256 * kKiB, 512 * kKiB, 1024 * kKiB);
   ASSERT_NE(engine, nullptr);
