@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/cli.h"
 #include "common/text.h"
