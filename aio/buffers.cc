@@ -42,34 +42,45 @@ Status BufferRegistry::Register(void* data, size_t bytes) {
     return Status::InvalidArgument("RegisterBuffer: null or empty buffer");
   }
   const uintptr_t owner = reinterpret_cast<uintptr_t>(data);
-  std::vector<Registered> chunks;
-  {
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    for (const Registered& r : ranges_) {
-      if (owner < r.start + r.bytes && r.start < owner + bytes) {
-        return Status::InvalidArgument(
-            "RegisterBuffer: range overlaps a registered buffer");
-      }
-    }
-    for (size_t at = 0; at < bytes; at += kMaxChunk) {
-      Registered reg{owner, owner + at, std::min(kMaxChunk, bytes - at), -1,
-                     false};
-      if (fixed_) {
-        auto free = std::find(slot_taken_.begin(), slot_taken_.end(), false);
-        if (free != slot_taken_.end()) {
-          *free = true;
-          reg.slot = static_cast<int>(free - slot_taken_.begin());
-        }
-      }
-      chunks.push_back(reg);
-      ranges_.insert(
-          std::lower_bound(ranges_.begin(), ranges_.end(), reg,
-                           [](const Registered& a, const Registered& b) {
-                             return a.start < b.start;
-                           }),
-          reg);
+  STRATA_ASSIGN_OR_RETURN(std::vector<Registered> chunks,
+                          Reserve(owner, bytes));
+  if (Publish(owner, AddToBackend(chunks))) WarnUnregisteredOnce();
+  return Status::Ok();
+}
+
+Result<std::vector<BufferRegistry::Registered>> BufferRegistry::Reserve(
+    uintptr_t owner, size_t bytes) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  for (const Registered& r : ranges_) {
+    if (owner < r.start + r.bytes && r.start < owner + bytes) {
+      return Status::InvalidArgument(
+          "RegisterBuffer: range overlaps a registered buffer");
     }
   }
+  std::vector<Registered> chunks;
+  for (size_t at = 0; at < bytes; at += kMaxChunk) {
+    Registered reg{owner, owner + at, std::min(kMaxChunk, bytes - at), -1,
+                   false};
+    if (fixed_) {
+      auto free = std::find(slot_taken_.begin(), slot_taken_.end(), false);
+      if (free != slot_taken_.end()) {
+        *free = true;
+        reg.slot = static_cast<int>(free - slot_taken_.begin());
+      }
+    }
+    chunks.push_back(reg);
+    ranges_.insert(
+        std::lower_bound(ranges_.begin(), ranges_.end(), reg,
+                         [](const Registered& a, const Registered& b) {
+                           return a.start < b.start;
+                         }),
+        reg);
+  }
+  return chunks;
+}
+
+std::vector<bool> BufferRegistry::AddToBackend(
+    const std::vector<Registered>& chunks) {
   std::vector<bool> accepted(chunks.size(), false);
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Registered& c = chunks[i];
@@ -77,26 +88,28 @@ Status BufferRegistry::Register(void* data, size_t bytes) {
         c.slot >= 0 &&
         backend_->AddBuffer(c.slot, reinterpret_cast<void*>(c.start), c.bytes);
   }
+  return accepted;
+}
+
+bool BufferRegistry::Publish(uintptr_t owner,
+                             const std::vector<bool>& accepted) {
   bool refused = false;
-  {
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    for (Registered& r : ranges_) {
-      if (r.owner != owner) continue;
-      const size_t i = (r.start - owner) / kMaxChunk;
-      if (accepted[i]) {
-        r.live = true;
-        continue;
-      }
-      if (r.slot >= 0) {
-        slot_taken_[r.slot] = false;
-        r.slot = -1;
-        refused = true;
-      }
-      r.live = true;  // served without a fixed buffer
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  for (Registered& r : ranges_) {
+    if (r.owner != owner) continue;
+    const size_t i = (r.start - owner) / kMaxChunk;
+    if (accepted[i]) {
+      r.live = true;
+      continue;
     }
+    if (r.slot >= 0) {
+      slot_taken_[r.slot] = false;
+      r.slot = -1;
+      refused = true;
+    }
+    r.live = true;  // served without a fixed buffer
   }
-  if (refused) WarnUnregisteredOnce();
-  return Status::Ok();
+  return refused;
 }
 
 Status BufferRegistry::Unregister(void* data) {

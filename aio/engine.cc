@@ -160,6 +160,10 @@ class Engine::Impl {
 
  private:
   Status Validate(const Request& r, FileImpl* file) const;
+  // The passes of Submit() after Validate(): split the request into
+  // `count` pieces, then hand them to the rings.
+  Op* NewOp(Request& r, FileImpl* file, uint32_t count);
+  void Spread(Op* op, uint32_t count, int ring);
 
   std::unique_ptr<internal::Backend> backend_;
   std::mutex files_mu_;
@@ -345,9 +349,21 @@ Result<Handle> Engine::Impl::Submit(Request r) {
   auto* f = static_cast<FileImpl*>(r.file);
   STRATA_RETURN_IF_ERROR(Validate(r, f));
   if (r.write) f->GrowTo(r.offset + r.len);
+  const auto count =
+      static_cast<uint32_t>((r.len - 1) / options_.block_size + 1);
+  Op* op = NewOp(r, f, count);
+  Handle handle = internal::MakeHandle(op);
+  internal::RefOp(op);  // the handle's reference; the engine holds the first
+  f->inflight.fetch_add(1, std::memory_order_relaxed);
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  Spread(op, count, r.ring);
+  return handle;
+}
 
+// Pieces of block_size bytes (the last one shorter), each with its
+// fixed-buffer slot: a request may straddle registrations.
+Op* Engine::Impl::NewOp(Request& r, FileImpl* f, uint32_t count) {
   const size_t bs = options_.block_size;
-  const auto count = static_cast<uint32_t>((r.len - 1) / bs + 1);
   auto* op = new Op;
   op->engine = this;
   op->file = f;
@@ -367,25 +383,25 @@ Result<Handle> Engine::Impl::Submit(Request r) {
     p.offset = r.offset + at;
     p.len = static_cast<uint32_t>(std::min(bs, r.len - at));
   }
-  // Fixed-buffer lookup per piece: a request may straddle registrations.
   for (uint32_t i = 0; i < count; ++i) {
     op->pieces[i].buf_index =
         buffers_->Acquire(op->pieces[i].buf, op->pieces[i].len);
   }
-  Handle handle = internal::MakeHandle(op);
-  internal::RefOp(op);  // the handle's reference; the engine holds the first
-  f->inflight.fetch_add(1, std::memory_order_relaxed);
-  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  return op;
+}
 
+// All pieces to one ring when the request names one, or when there is one
+// ring or one piece; else round robin over the rings, one batch per ring.
+void Engine::Impl::Spread(Op* op, uint32_t count, int ring) {
   const int rings = options_.rings;
-  if (r.ring >= 0 || rings == 1 || count == 1) {
-    const int ring = r.ring >= 0
-                         ? r.ring % rings
-                         : static_cast<int>(next_ring_.fetch_add(1) % rings);
+  if (ring >= 0 || rings == 1 || count == 1) {
+    const int to = ring >= 0
+                       ? ring % rings
+                       : static_cast<int>(next_ring_.fetch_add(1) % rings);
     std::vector<Piece*> all(count);
     for (uint32_t i = 0; i < count; ++i) all[i] = &op->pieces[i];
-    backend_->Submit(ring, all.data(), count);
-    return handle;
+    backend_->Submit(to, all.data(), count);
+    return;
   }
   const uint32_t first = next_ring_.fetch_add(count);
   std::vector<Piece*> batch;
@@ -399,7 +415,6 @@ Result<Handle> Engine::Impl::Submit(Request r) {
     }
     if (!batch.empty()) backend_->Submit(k, batch.data(), batch.size());
   }
-  return handle;
 }
 
 void Engine::Impl::Finish(Op* op) {

@@ -160,6 +160,14 @@ class BufferRegistry {
     bool live;  // registration finished; requests may use it
   };
 
+  // The passes of Register() (Note [Buffer registration]): reserve the
+  // chunks and their slots under the lock, hand them to the backend without
+  // it, publish them under it again. Publish returns whether the backend
+  // refused any chunk, which is then served unregistered.
+  Result<std::vector<Registered>> Reserve(uintptr_t owner, size_t bytes);
+  std::vector<bool> AddToBackend(const std::vector<Registered>& chunks);
+  bool Publish(uintptr_t owner, const std::vector<bool>& accepted);
+
   Backend* backend_;
   bool fixed_;
   std::shared_mutex mu_;

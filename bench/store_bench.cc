@@ -26,6 +26,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "strata/engine.h"
@@ -100,120 +102,137 @@ void BusyWait(double ms) {
   }
 }
 
-}  // namespace
+constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-int main(int argc, char** argv) {
-  CLI::App app{"strata tiered-store benchmark (forward/reverse passes)"};
+// The command line, with its defaults.
+struct Options {
   int groups = 64, passes = 20;
   uint64_t group_mib = 32, device_mib = 256, host_mib = 1024, nvme_mib = 0;
-  double compute_ms = 0;
+  double compute_ms = 0;  // synthetic compute per fetch
   std::string swap_dir = "strata-swap", device = "host";
-  app.add_option("--groups", groups)->check(CLI::Range(1, 100000));
-  app.add_option("--group-mib", group_mib)->check(CLI::Range(1, 4096));
-  app.add_option("--device-budget-mib", device_mib);
-  app.add_option("--host-budget-mib", host_mib);
-  app.add_option("--nvme-budget-mib", nvme_mib,
-                 "default: groups x group size plus 1/8");
-  app.add_option("--passes", passes)->check(CLI::Range(2, 100000));
-  app.add_option("--compute-ms", compute_ms, "synthetic compute per fetch");
-  app.add_option("--swap-dir", swap_dir);
-  app.add_option("--device", device, "auto, cuda or host");
-  CLI11_PARSE(app, argc, argv);
 
-  const uint64_t mib = uint64_t{1} << 20;
-  const uint64_t bytes = group_mib * mib;
-  std::filesystem::create_directories(swap_dir);
-  strata::EngineOptions o;
-  o.device = device;
-  o.device_budget = device_mib * mib;
-  o.host_budget = host_mib * mib;
-  o.nvme_budget =
-      nvme_mib > 0 ? nvme_mib * mib : groups * bytes + groups * bytes / 8;
-  o.swap_dir = swap_dir;
-  o.placement.home.fill(strata::Tier::kNvme);
-  auto opened = strata::Engine::Open(o);
-  if (!opened.ok()) {
-    std::fprintf(stderr, "store_bench: %s\n",
-                 opened.status().ToString().c_str());
-    return 1;
-  }
-  strata::Engine& engine = **opened;
-  std::printf("device: %s (%s); host tier: %s%s; aio: %s\n",
-              engine.info().device.c_str(), engine.info().device_reason.c_str(),
-              engine.info().host_backing.c_str(),
-              engine.info().host_locked ? ", locked" : "",
-              engine.info().aio_backend.c_str());
-  for (int g = 0; g < groups; ++g) {
+  uint64_t group_bytes() const { return group_mib * kMiB; }
+};
+
+void AddOptions(CLI::App& app, Options& o) {
+  app.add_option("--groups", o.groups)->check(CLI::Range(1, 100000));
+  app.add_option("--group-mib", o.group_mib)->check(CLI::Range(1, 4096));
+  app.add_option("--device-budget-mib", o.device_mib);
+  app.add_option("--host-budget-mib", o.host_mib);
+  app.add_option("--nvme-budget-mib", o.nvme_mib,
+                 "default: groups x group size plus 1/8");
+  app.add_option("--passes", o.passes)->check(CLI::Range(2, 100000));
+  app.add_option("--compute-ms", o.compute_ms, "synthetic compute per fetch");
+  app.add_option("--swap-dir", o.swap_dir);
+  app.add_option("--device", o.device, "auto, cuda or host");
+}
+
+// An engine with every role homed on NVMe, within the budgets asked for.
+strata::Result<std::unique_ptr<strata::Engine>> OpenEngine(const Options& o) {
+  const uint64_t bytes = o.group_bytes();
+  std::filesystem::create_directories(o.swap_dir);
+  strata::EngineOptions e;
+  e.device = o.device;
+  e.device_budget = o.device_mib * kMiB;
+  e.host_budget = o.host_mib * kMiB;
+  e.nvme_budget = o.nvme_mib > 0 ? o.nvme_mib * kMiB
+                                 : o.groups * bytes + o.groups * bytes / 8;
+  e.swap_dir = o.swap_dir;
+  e.placement.home.fill(strata::Tier::kNvme);
+  return strata::Engine::Open(e);
+}
+
+// One group per layer, each one fp32 tensor of the group size.
+strata::Status RegisterGroups(strata::Engine& engine, const Options& o) {
+  for (int g = 0; g < o.groups; ++g) {
     strata::GroupSpec spec;
     spec.name = "layer." + std::to_string(g);
     spec.tensors.push_back({"w",
-                            {int64_t(bytes / 4)},
+                            {int64_t(o.group_bytes() / 4)},
                             strata::DType::kFloat32,
                             strata::RoleBit(strata::Role::kCompute)});
-    auto id = engine.RegisterGroup(spec);
-    if (!id.ok()) {
-      std::fprintf(stderr, "store_bench: %s\n", id.status().ToString().c_str());
-      return 1;
-    }
+    STRATA_RETURN_IF_ERROR(engine.RegisterGroup(spec).status());
   }
-  std::vector<int> order;
-  for (int g = 0; g < groups; ++g) order.push_back(g);
-  for (int g = groups - 1; g >= 0; --g) order.push_back(g);
-  std::vector<int> visits(groups, 0);
+  return strata::Status::Ok();
+}
+
+// What the passes did: the visits each group has had, the words found
+// wrong, and the figures the report compares.
+struct Run {
+  std::vector<int> order;   // one pass: forward, then reverse
+  std::vector<int> visits;  // per group
   std::vector<uint64_t> staging;
   uint64_t bad_words = 0;
-  strata::EngineStats after_first;
+  strata::EngineStats after_first;  // the trace is recorded by then
+  double steady_seconds = 0;        // passes 1 to the last
+};
+
+// One step: each group in `run->order` fetched to the device for writing,
+// checked, computed on and rewritten, and released.
+strata::Status Pass(strata::Engine& engine, const Options& o, Run* run) {
+  engine.BeginStep();
+  for (int g : run->order) {
+    STRATA_ASSIGN_OR_RETURN(
+        strata::GroupView view,
+        engine.Fetch(g, strata::Tier::kDevice,
+                     {.roles = strata::kAllRoles, .write = true}));
+    run->bad_words +=
+        CheckAndRewrite(view.tensors[0], g, run->visits[g]++, &run->staging);
+    BusyWait(o.compute_ms);
+    STRATA_RETURN_IF_ERROR(engine.Release(g));
+  }
+  return engine.EndStep();
+}
+
+strata::Status Measure(strata::Engine& engine, const Options& o, Run* run) {
+  for (int g = 0; g < o.groups; ++g) run->order.push_back(g);
+  for (int g = o.groups - 1; g >= 0; --g) run->order.push_back(g);
+  run->visits.assign(o.groups, 0);
   Clock::time_point steady_start;
-  for (int pass = 0; pass < passes; ++pass) {
+  for (int pass = 0; pass < o.passes; ++pass) {
     if (pass == 1) {
-      after_first = engine.stats();
+      run->after_first = engine.stats();
       steady_start = Clock::now();
     }
     const auto pass_start = Clock::now();
-    engine.BeginStep();
-    for (int g : order) {
-      auto view =
-          engine.Fetch(g, strata::Tier::kDevice, {strata::kAllRoles, true});
-      if (!view.ok()) {
-        std::fprintf(stderr, "store_bench: %s\n",
-                     view.status().ToString().c_str());
-        return 1;
-      }
-      bad_words += CheckAndRewrite(view->tensors[0], g, visits[g]++, &staging);
-      BusyWait(compute_ms);
-      if (auto s = engine.Release(g); !s.ok()) return 1;
-    }
-    if (auto s = engine.EndStep(); !s.ok()) return 1;
+    STRATA_RETURN_IF_ERROR(Pass(engine, o, run));
     std::printf("pass %2d: %.2f s\n", pass, Since(pass_start));
     std::fflush(stdout);
   }
-  const double steady = Since(steady_start);
-  for (int g = 0; g < groups; ++g) {  // the last visit's bytes, via the host
-    auto view = engine.Fetch(g, strata::Tier::kHost);
-    if (!view.ok()) {
-      std::fprintf(stderr, "store_bench: %s\n",
-                   view.status().ToString().c_str());
-      return 1;
+  run->steady_seconds = Since(steady_start);
+  return strata::Status::Ok();
+}
+
+// Reads each group's last visit's words back through the host.
+strata::Status VerifyLast(strata::Engine& engine, const Options& o, Run* run) {
+  for (int g = 0; g < o.groups; ++g) {
+    STRATA_ASSIGN_OR_RETURN(strata::GroupView view,
+                            engine.Fetch(g, strata::Tier::kHost));
+    const auto* words = static_cast<const uint64_t*>(view.tensors[0].data);
+    for (uint64_t i = 0; i < view.tensors[0].bytes / 8; ++i) {
+      run->bad_words += words[i] != Word(g, run->visits[g] - 1, i);
     }
-    const auto* words = static_cast<const uint64_t*>(view->tensors[0].data);
-    for (uint64_t i = 0; i < view->tensors[0].bytes / 8; ++i) {
-      bad_words += words[i] != Word(g, visits[g] - 1, i);
-    }
-    if (auto st = engine.Release(g); !st.ok()) return 1;
+    STRATA_RETURN_IF_ERROR(engine.Release(g));
   }
+  return strata::Status::Ok();
+}
+
+void Report(const strata::Engine& engine, const Options& o, const Run& run) {
   const strata::EngineStats s = engine.stats();
-  const uint64_t fetches = s.fetches - after_first.fetches;
-  const double hit_rate = double(s.hits - after_first.hits) / fetches;
-  const double stall = s.stall_seconds - after_first.stall_seconds;
+  const strata::EngineStats& first = run.after_first;
+  const uint64_t fetches = s.fetches - first.fetches;
+  const double hit_rate = double(s.hits - first.hits) / fetches;
+  const double stall = s.stall_seconds - first.stall_seconds;
+  const double steady = run.steady_seconds;
   const std::string plan = engine.Explain();
   std::printf("%s", plan.substr(plan.find("per step:")).c_str());
   std::printf(
       "after pass 0: %llu fetches, hit rate %.1f%% (prefetch hits %.1f%%), "
       "stall %.2f s of %.2f s (%.1f%%), compute %.2f s\n",
       (unsigned long long)fetches, 100 * hit_rate,
-      100.0 * double(s.prefetch_hits - after_first.prefetch_hits) / fetches,
-      stall, steady, 100 * stall / steady,
-      compute_ms * 1e-3 * double(order.size()) * (passes - 1));
+      100.0 * double(s.prefetch_hits - first.prefetch_hits) / fetches, stall,
+      steady, 100 * stall / steady,
+      o.compute_ms * 1e-3 * double(run.order.size()) * (o.passes - 1));
   const char* names[] = {"device", "host", "nvme"};
   for (int a = 0; a < 3; ++a) {
     for (int b = 0; b < 3; ++b) {
@@ -223,9 +242,43 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("peak: device %.0f MiB, host %.0f MiB, nvme %.0f MiB\n",
-              double(s.tiers[0].peak) / mib, double(s.tiers[1].peak) / mib,
-              double(s.tiers[2].peak) / mib);
-  std::printf("verify: %s (%llu bad words)\n", bad_words == 0 ? "OK" : "FAILED",
-              (unsigned long long)bad_words);
-  return bad_words == 0 ? 0 : 2;
+              double(s.tiers[0].peak) / kMiB, double(s.tiers[1].peak) / kMiB,
+              double(s.tiers[2].peak) / kMiB);
+  std::printf("verify: %s (%llu bad words)\n",
+              run.bad_words == 0 ? "OK" : "FAILED",
+              (unsigned long long)run.bad_words);
+}
+
+// Registers the groups, runs the passes and reads the last bytes back.
+strata::Status Bench(strata::Engine& engine, const Options& o, Run* run) {
+  STRATA_RETURN_IF_ERROR(RegisterGroups(engine, o));
+  STRATA_RETURN_IF_ERROR(Measure(engine, o, run));
+  return VerifyLast(engine, o, run);
+}
+
+int Fail(const strata::Status& status) {
+  std::fprintf(stderr, "store_bench: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"strata tiered-store benchmark (forward/reverse passes)"};
+  Options o;
+  AddOptions(app, o);
+  CLI11_PARSE(app, argc, argv);
+
+  auto opened = OpenEngine(o);
+  if (!opened.ok()) return Fail(opened.status());
+  strata::Engine& engine = **opened;
+  const strata::EngineInfo& info = engine.info();
+  std::printf("device: %s (%s); host tier: %s%s; aio: %s\n",
+              info.device.c_str(), info.device_reason.c_str(),
+              info.host_backing.c_str(), info.host_locked ? ", locked" : "",
+              info.aio_backend.c_str());
+  Run run;
+  if (strata::Status st = Bench(engine, o, &run); !st.ok()) return Fail(st);
+  Report(engine, o, run);
+  return run.bad_words == 0 ? 0 : 2;
 }

@@ -2,7 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cctype>
+#include <string_view>
 
 #include "common/cli.h"
 #include "common/text.h"
@@ -61,6 +61,38 @@ Result<std::vector<int>> ParseInts(const std::string& flag,
     out.push_back(static_cast<int>(v));
   }
   if (out.empty()) return Status::InvalidArgument(flag + ": empty list");
+  return out;
+}
+
+// The parsed value, or its error with the flag that gave the text in front.
+template <typename T>
+Result<T> ForFlag(std::string_view flag, Result<T> parsed) {
+  if (parsed.ok()) return parsed;
+  return Status::InvalidArgument(std::string(flag) + ": " +
+                                 parsed.status().message());
+}
+
+Result<std::vector<Rw>> ParseRws(const std::string& text) {
+  std::vector<Rw> out;
+  for (const std::string& item : Split(text)) {
+    STRATA_ASSIGN_OR_RETURN(Rw rw, ParseRw(item));
+    out.push_back(rw);
+  }
+  if (out.empty()) return Status::InvalidArgument("--rw: empty list");
+  return out;
+}
+
+Result<std::vector<size_t>> ParseBlockSizes(const std::string& text) {
+  std::vector<size_t> out;
+  for (const std::string& item : Split(text)) {
+    STRATA_ASSIGN_OR_RETURN(uint64_t bs, ForFlag("--bs", ParseSize(item)));
+    if (bs < 4096 || bs % 4096 != 0 || bs > (1ull << 30)) {
+      return Status::InvalidArgument(
+          "--bs: '" + item + "' must be a multiple of 4K between 4K and 1G");
+    }
+    out.push_back(bs);
+  }
+  if (out.empty()) return Status::InvalidArgument("--bs: empty list");
   return out;
 }
 
@@ -180,38 +212,14 @@ Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
     text.fio_buffers = o.huge_pages ? "huge" : "malloc";
   }
   STRATA_ASSIGN_OR_RETURN(o.fio_buffers, ParseFioBufferKind(text.fio_buffers));
-  o.rw.clear();
-  for (const std::string& item : Split(text.rw)) {
-    STRATA_ASSIGN_OR_RETURN(Rw r, ParseRw(item));
-    o.rw.push_back(r);
-  }
-  if (o.rw.empty()) return Status::InvalidArgument("--rw: empty list");
-  o.bs.clear();
-  for (const std::string& item : Split(text.bs)) {
-    Result<uint64_t> b = ParseSize(item);
-    if (!b.ok()) {
-      return Status::InvalidArgument("--bs: " + b.status().message());
-    }
-    if (*b < 4096 || *b % 4096 != 0 || *b > (1ull << 30)) {
-      return Status::InvalidArgument(
-          "--bs: '" + item + "' must be a multiple of 4K between 4K and 1G");
-    }
-    o.bs.push_back(*b);
-  }
-  if (o.bs.empty()) return Status::InvalidArgument("--bs: empty list");
+  STRATA_ASSIGN_OR_RETURN(o.rw, ParseRws(text.rw));
+  STRATA_ASSIGN_OR_RETURN(o.bs, ParseBlockSizes(text.bs));
   STRATA_ASSIGN_OR_RETURN(o.qd, ParseInts("--qd", text.qd, 1, 4096));
   STRATA_ASSIGN_OR_RETURN(o.threads,
                           ParseInts("--threads", text.threads, 1, 64));
-  Result<uint64_t> sz = ParseSize(text.size);
-  if (!sz.ok()) {
-    return Status::InvalidArgument("--size: " + sz.status().message());
-  }
-  o.size = *sz;
-  Result<uint64_t> vm = ParseSize(text.verify_max);
-  if (!vm.ok()) {
-    return Status::InvalidArgument("--verify-max: " + vm.status().message());
-  }
-  o.verify_max = *vm;
+  STRATA_ASSIGN_OR_RETURN(o.size, ForFlag("--size", ParseSize(text.size)));
+  STRATA_ASSIGN_OR_RETURN(o.verify_max,
+                          ForFlag("--verify-max", ParseSize(text.verify_max)));
   if (o.seconds < 0) return Status::InvalidArgument("--time must be >= 0");
   return CheckSize(o);
 }

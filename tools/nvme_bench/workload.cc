@@ -44,6 +44,11 @@ class Job {
   }
 
  private:
+  // Splits the file into one slice per thread and `buffers` into qd
+  // slots per thread.
+  Status Carve(char* buffers);
+  // Sleeps until the last slot retires, calling `progress` on the way.
+  void WaitForEnd(uint64_t start_ns, const ProgressFn& progress);
   bool Issue(Slot* slot);
   void OnComplete(Slot* slot, const Status& status);
   uint64_t BlockOf(const Worker& w, uint64_t i) const;
@@ -126,7 +131,7 @@ void Job::Retire() {
   }
 }
 
-Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds) {
+Status Job::Carve(char* buffers) {
   const uint64_t total_blocks = spec_.size / spec_.bs;
   const uint64_t per_worker = total_blocks / spec_.threads;
   if (per_worker == 0) {
@@ -149,6 +154,25 @@ Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds) {
       buffers += spec_.bs;
     }
   }
+  return Status::Ok();
+}
+
+void Job::WaitForEnd(uint64_t start_ns, const ProgressFn& progress) {
+  uint64_t last_report = start_ns;
+  while (end_ns_.load(std::memory_order_acquire) == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const uint64_t now = NowNs();
+    if (progress && now - last_report > 500'000'000) {
+      last_report = now;
+      uint64_t bytes = 0;
+      for (const auto& w : workers_) bytes += w->bytes.load();
+      progress(bytes, (now - start_ns) / 1e9);
+    }
+  }
+}
+
+Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds) {
+  STRATA_RETURN_IF_ERROR(Carve(buffers));
   const uint64_t start = NowNs();
   deadline_ns_ = start + static_cast<uint64_t>(spec_.seconds * 1e9);
   // One extra count guards against the run ending while slots are issued.
@@ -157,20 +181,82 @@ Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds) {
     if (!Issue(&s)) Retire();
   }
   Retire();
-  uint64_t last_report = start;
-  while (end_ns_.load(std::memory_order_acquire) == 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const uint64_t now = NowNs();
-    if (progress && now - last_report > 500'000'000) {
-      last_report = now;
-      uint64_t bytes = 0;
-      for (const auto& w : workers_) bytes += w->bytes.load();
-      progress(bytes, (now - start) / 1e9);
-    }
-  }
+  WaitForEnd(start, progress);
   *seconds = (end_ns_.load() - start) / 1e9;
   std::lock_guard<std::mutex> lock(error_mu_);
   return error_;
+}
+
+// The job's own engine and file, with the buffers registered; a read job
+// starts from a cold cache.
+Result<Session> OpenJob(const JobSpec& spec, const Target& target,
+                        void* buffers, size_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(
+      Session session, OpenSession(target, spec.threads, spec.qd, spec.bs, 0));
+  STRATA_RETURN_IF_ERROR(session.engine->RegisterBuffer(buffers, bytes));
+  if (!IsWrite(spec.rw)) {
+    // Time-based reads loop over the file; through the page cache every pass
+    // after the first would be served from memory.
+    if (!session.file->direct() && spec.seconds > 0) {
+      return Status::InvalidArgument(
+          "--time with buffered reads would measure the page "
+          "cache: use --size (one pass) or a file system that "
+          "supports O_DIRECT");
+    }
+    STRATA_RETURN_IF_ERROR(session.file->DropCache());
+  }
+  return session;
+}
+
+// The run's wall time and the process's CPU time over it.
+struct Timed {
+  double seconds = 0;
+  double usr = 0;
+  double sys = 0;
+};
+
+// Runs `job` until every request is back, then unregisters the buffers.
+Result<Timed> TimeJob(Job& job, const JobSpec& spec, const Session& session,
+                      void* buffers, const ProgressFn& progress) {
+  double usr0, sys0, usr1, sys1;
+  CpuTimes(&usr0, &sys0);
+  double seconds = 0;
+  Status st = job.Run(static_cast<char*>(buffers), progress, &seconds);
+  // Buffered writes only count once they are on the device.
+  if (st.ok() && IsWrite(spec.rw) && !session.file->direct()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    st = session.file->Sync();
+    seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+  }
+  CpuTimes(&usr1, &sys1);
+  Status wait = session.engine->WaitAll();
+  if (st.ok()) st = wait;
+  (void)session.engine->UnregisterBuffer(buffers);
+  STRATA_RETURN_IF_ERROR(st);
+  return Timed{seconds, usr1 - usr0, sys1 - sys0};
+}
+
+JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
+                   const Timed& t) {
+  JobResult r;
+  r.spec = spec;
+  r.direct = session.file->direct();
+  r.backend = std::string(aio::BackendName(session.engine->info().backend));
+  r.seconds = t.seconds;
+  LatencyHistogram lat;
+  for (const auto& w : job.workers()) {
+    r.bytes += w->bytes.load();
+    r.ios += w->ios.load();
+    lat.Merge(w->lat);
+  }
+  r.lat_p50_us = lat.Percentile(0.50) / 1e3;
+  r.lat_p99_us = lat.Percentile(0.99) / 1e3;
+  r.lat_p999_us = lat.Percentile(0.999) / 1e3;
+  r.usr_pct = t.seconds > 0 ? t.usr / t.seconds * 100 : 0;
+  r.sys_pct = t.seconds > 0 ? t.sys / t.seconds * 100 : 0;
+  return r;
 }
 
 }  // namespace
@@ -256,59 +342,12 @@ Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
                          const ProgressFn& progress) {
   const size_t need = static_cast<size_t>(spec.threads) * spec.qd * spec.bs;
   STRATA_CHECK(buffer_bytes >= need);
-  STRATA_ASSIGN_OR_RETURN(
-      auto session, OpenSession(target, spec.threads, spec.qd, spec.bs, 0));
-  aio::Engine* engine = session.engine.get();
-  aio::File* file = session.file;
-  STRATA_RETURN_IF_ERROR(engine->RegisterBuffer(buffers, need));
-  if (!IsWrite(spec.rw)) {
-    // Time-based reads loop over the file; through the page cache every pass
-    // after the first would be served from memory.
-    if (!file->direct() && spec.seconds > 0) {
-      return Status::InvalidArgument(
-          "--time with buffered reads would measure the page "
-          "cache: use --size (one pass) or a file system that "
-          "supports O_DIRECT");
-    }
-    STRATA_RETURN_IF_ERROR(file->DropCache());
-  }
-
-  double usr0, sys0, usr1, sys1;
-  CpuTimes(&usr0, &sys0);
-  Job job(spec, engine, file);
-  double seconds = 0;
-  Status st = job.Run(static_cast<char*>(buffers), progress, &seconds);
-  // Buffered writes only count once they are on the device.
-  if (st.ok() && IsWrite(spec.rw) && !file->direct()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    st = file->Sync();
-    seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count();
-  }
-  CpuTimes(&usr1, &sys1);
-  Status wait = engine->WaitAll();
-  if (st.ok()) st = wait;
-  (void)engine->UnregisterBuffer(buffers);
-  if (!st.ok()) return st;
-
-  JobResult r;
-  r.spec = spec;
-  r.direct = file->direct();
-  r.backend = std::string(aio::BackendName(engine->info().backend));
-  r.seconds = seconds;
-  LatencyHistogram lat;
-  for (const auto& w : job.workers()) {
-    r.bytes += w->bytes.load();
-    r.ios += w->ios.load();
-    lat.Merge(w->lat);
-  }
-  r.lat_p50_us = lat.Percentile(0.50) / 1e3;
-  r.lat_p99_us = lat.Percentile(0.99) / 1e3;
-  r.lat_p999_us = lat.Percentile(0.999) / 1e3;
-  r.usr_pct = seconds > 0 ? (usr1 - usr0) / seconds * 100 : 0;
-  r.sys_pct = seconds > 0 ? (sys1 - sys0) / seconds * 100 : 0;
-  return r;
+  STRATA_ASSIGN_OR_RETURN(const Session session,
+                          OpenJob(spec, target, buffers, need));
+  Job job(spec, session.engine.get(), session.file);
+  STRATA_ASSIGN_OR_RETURN(const Timed timed,
+                          TimeJob(job, spec, session, buffers, progress));
+  return ResultOf(spec, session, job, timed);
 }
 
 }  // namespace strata::bench

@@ -1,5 +1,5 @@
-// strata-plan's command line: option parsing, the --measure probes, and the
-// text and JSON reports over a Plan (estimate.h).
+// strata-plan's command line: option parsing, the --measure probes, and
+// Run, which prints the report (report.h) over a Plan (estimate.h).
 //
 // Contract
 // - ParseCommandLine() returns kInvalidArgument with a message naming the
@@ -18,7 +18,6 @@
 
 #include <array>
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
@@ -33,6 +32,10 @@ inline constexpr double kDefaultNvmeReadGbps = 6;   // one PCIe 4.0 x4 drive
 inline constexpr double kDefaultNvmeWriteGbps = 4;  // sustained
 inline constexpr double kDefaultHostMemGbps = 50;   // DRAM read + write
 inline constexpr double kDefaultAdamGparams = 1.8;  // CPU Adam, DESIGN.md §5
+
+// The budget flags, in kTiers order.
+inline constexpr std::array<const char*, kNumTiers> kBudgetFlags = {
+    "--device-budget", "--host-budget", "--nvme-budget"};
 
 enum class Source { kAssumed, kGiven, kMeasured };
 std::string_view SourceName(Source source);  // "assumed", "given", ...
@@ -76,8 +79,6 @@ Result<PlanOptions> ParseCommandLine(int argc, char** argv, bool* exit_now);
 Status Measure(PlanOptions* options);
 
 Bandwidths RatesOf(const PlanOptions& options);
-std::string TextReport(const Plan& plan, const PlanOptions& options);
-nlohmann::ordered_json JsonReport(const Plan& plan, const PlanOptions& options);
 
 // Measures when asked, plans, prints (with the schedule when
 // options.explain); returns the process exit status.

@@ -7,6 +7,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <string_view>
+#include <tuple>
+#include <vector>
 
 #include "common/cli.h"
 #include "common/text.h"
@@ -16,13 +20,161 @@
 namespace strata::sim {
 namespace {
 
-Result<uint64_t> Size(const std::string& flag, const std::string& text) {
-  Result<uint64_t> bytes = ParseSize(text);
-  if (!bytes.ok()) {
-    return Status::InvalidArgument(flag + ": " + bytes.status().message());
-  }
-  return bytes;
+// The parsed value, or its error with the flag that gave the text in front.
+template <typename T>
+Result<T> ForFlag(std::string_view flag, Result<T> parsed) {
+  if (parsed.ok()) return parsed;
+  return Status::InvalidArgument(std::string(flag) + ": " +
+                                 parsed.status().message());
 }
+
+// The options given as text, resolved after parsing so that every error
+// names its flag.
+struct Texts {
+  std::string params = "1G", dtype = "bf16", device_budget = "256M",
+              host_budget = "3G", nvme_budget, params_home = "host",
+              state_home = "nvme";
+  std::vector<std::string> modes = {"overlap"};
+};
+
+// The model, the device, the tiers' budgets and where the roles live.
+void AddModelOptions(CLI::App& app, SimOptions& o, Texts& text) {
+  app.add_option("--params", text.params, "Total parameters (1G, 350M, ...)")
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "Layers (one group each)")->required();
+  app.add_option("--dtype", text.dtype, "Compute dtype: bf16, fp16, fp32")
+      ->capture_default_str();
+  app.add_option("--device", o.device, "auto, cuda or host (emulated)")
+      ->capture_default_str();
+  app.add_option("--device-budget", text.device_budget, "Device bytes")
+      ->capture_default_str();
+  app.add_option("--host-budget", text.host_budget, "Pinned host bytes")
+      ->capture_default_str();
+  app.add_option("--nvme", o.nvme_dir, "Swap directory (NVMe tier)");
+  app.add_option("--nvme-budget", text.nvme_budget,
+                 "Swap bytes (default: what the model needs, plus room)");
+  app.add_option("--params-home", text.params_home,
+                 "Compute copy home: host or nvme")
+      ->capture_default_str();
+  app.add_option("--state-home", text.state_home,
+                 "Master, m, v home: host or nvme (nvme needs --nvme)")
+      ->capture_default_str();
+}
+
+// The steps and their synthetic compute, the optimizer, and the report.
+void AddRunOptions(CLI::App& app, CliOptions& cli, Texts& text) {
+  SimOptions& o = cli.sim;
+  app.add_option("--steps", o.steps, "Steps")->capture_default_str();
+  app.add_option("--tflops", o.tflops,
+                 "Synthetic device speed, TFLOP/s (0: no compute)")
+      ->capture_default_str();
+  app.add_option("--tokens", o.tokens, "Tokens per micro-batch")
+      ->capture_default_str();
+  app.add_option("--mode", text.modes,
+                 "overlap, after_backward, or both comma-separated (each "
+                 "runs in turn against one resident baseline)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--micro-batches", o.optimizer.micro_batches,
+                 "Gradient accumulation steps")
+      ->capture_default_str();
+  app.add_option("--clip-norm", o.optimizer.clip_norm,
+                 "Global-norm clipping (0: off)")
+      ->capture_default_str();
+  app.add_option("--threads", o.optimizer.threads,
+                 "CPU optimizer threads (0: all cores but one)")
+      ->capture_default_str();
+  app.add_flag("--measure", cli.measure,
+               "Measure host memory and NVMe bandwidth for the floor (about "
+               "2 s) instead of assuming strata-plan's defaults");
+  app.add_flag("!--no-baseline", o.resident_baseline,
+               "Skip the resident run (no offload_efficiency)");
+  app.add_option("--json", cli.json_path, "Also write the report as JSON");
+}
+
+Status ResolveModel(const Texts& text, SimOptions* o) {
+  STRATA_ASSIGN_OR_RETURN(
+      o->params, ForFlag("--params", plan::ParseParamCount(text.params)));
+  if (o->layers < 1 || static_cast<uint64_t>(o->layers) > o->params) {
+    return Status::InvalidArgument("--layers must be in 1..params");
+  }
+  STRATA_ASSIGN_OR_RETURN(o->dtype, ForFlag("--dtype", ParseDType(text.dtype)));
+  return Status::Ok();
+}
+
+Status ResolveModes(const Texts& text, SimOptions* o) {
+  o->modes.clear();
+  for (const std::string& name : text.modes) {
+    STRATA_ASSIGN_OR_RETURN(OptimMode mode,
+                            ForFlag("--mode", ParseOptimMode(name)));
+    o->modes.push_back(mode);
+  }
+  if (o->modes.empty()) {
+    return Status::InvalidArgument("--mode: give at least one mode");
+  }
+  return Status::Ok();
+}
+
+// Each role's home is host or nvme; NVMe needs a swap directory.
+Status ResolveHomes(const Texts& text, SimOptions* o) {
+  for (auto [flag, name, home] :
+       {std::tuple{"--params-home", text.params_home, &o->params_home},
+        std::tuple{"--state-home", text.state_home, &o->state_home}}) {
+    Result<Tier> tier = ParseTier(name);
+    if (!tier.ok() || *tier == Tier::kDevice) {
+      return Status::InvalidArgument(std::string(flag) +
+                                     ": host or nvme, not '" + name + "'");
+    }
+    *home = *tier;
+  }
+  const bool uses_nvme =
+      o->params_home == Tier::kNvme || o->state_home == Tier::kNvme;
+  if (uses_nvme && o->nvme_dir.empty()) {
+    return Status::InvalidArgument(
+        "a role is homed on NVMe: give the swap directory with "
+        "--nvme DIR (or --state-home host --params-home host)");
+  }
+  return Status::Ok();
+}
+
+Status ResolveBudgets(const Texts& text, SimOptions* o) {
+  STRATA_ASSIGN_OR_RETURN(
+      o->device_budget,
+      ForFlag("--device-budget", ParseSize(text.device_budget)));
+  STRATA_ASSIGN_OR_RETURN(
+      o->host_budget, ForFlag("--host-budget", ParseSize(text.host_budget)));
+  if (!text.nvme_budget.empty()) {
+    STRATA_ASSIGN_OR_RETURN(
+        o->nvme_budget, ForFlag("--nvme-budget", ParseSize(text.nvme_budget)));
+  } else if (!o->nvme_dir.empty()) {
+    // Everything homed there, gradients included, plus 1/8 for extents.
+    o->nvme_budget = o->params * (16 + DTypeSize(o->dtype)) * 9 / 8;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
+  CliOptions cli;
+  Texts text;
+  CLI::App app(
+      "strata-sim: a training step of a synthetic model through "
+      "the whole engine",
+      "strata-sim");
+  AddModelOptions(app, cli.sim, text);
+  AddRunOptions(app, cli, text);
+  STRATA_RETURN_IF_ERROR(ParseArgs(app, argc, argv, exit_now));
+  if (*exit_now) return cli;
+  STRATA_RETURN_IF_ERROR(ResolveModel(text, &cli.sim));
+  STRATA_RETURN_IF_ERROR(ResolveModes(text, &cli.sim));
+  STRATA_RETURN_IF_ERROR(ResolveHomes(text, &cli.sim));
+  STRATA_RETURN_IF_ERROR(ResolveBudgets(text, &cli.sim));
+  cli.rates.swap_dir = cli.sim.nvme_dir;
+  return cli;
+}
+
+namespace {
 
 // strata-plan's model of the simulated placement: the compute copy and the
 // optimizer state where the simulation homes them, gradients on the device.
@@ -44,123 +196,6 @@ plan::Floor PlanFloor(const CliOptions& cli, double* host_gb) {
   *host_gb = link_bytes[static_cast<int>(plan::Link::kHostMemory)] / 1e9;
   return plan::StepFloor(model, link_bytes, plan::RatesOf(cli.rates));
 }
-
-}  // namespace
-
-Result<CliOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
-  CliOptions cli;
-  SimOptions& o = cli.sim;
-  std::string params = "1G", dtype = "bf16", device_budget = "256M",
-              host_budget = "3G", nvme_budget, params_home = "host",
-              state_home = "nvme";
-  std::vector<std::string> modes = {"overlap"};
-  CLI::App app(
-      "strata-sim: a training step of a synthetic model through "
-      "the whole engine",
-      "strata-sim");
-  app.add_option("--params", params, "Total parameters (1G, 350M, ...)")
-      ->capture_default_str();
-  app.add_option("--layers", o.layers, "Layers (one group each)")->required();
-  app.add_option("--dtype", dtype, "Compute dtype: bf16, fp16, fp32")
-      ->capture_default_str();
-  app.add_option("--device", o.device, "auto, cuda or host (emulated)")
-      ->capture_default_str();
-  app.add_option("--device-budget", device_budget, "Device bytes")
-      ->capture_default_str();
-  app.add_option("--host-budget", host_budget, "Pinned host bytes")
-      ->capture_default_str();
-  app.add_option("--nvme", o.nvme_dir, "Swap directory (NVMe tier)");
-  app.add_option("--nvme-budget", nvme_budget,
-                 "Swap bytes (default: what the model needs, plus room)");
-  app.add_option("--params-home", params_home,
-                 "Compute copy home: host or nvme")
-      ->capture_default_str();
-  app.add_option("--state-home", state_home,
-                 "Master, m, v home: host or nvme (nvme needs --nvme)")
-      ->capture_default_str();
-  app.add_option("--steps", o.steps, "Steps")->capture_default_str();
-  app.add_option("--tflops", o.tflops,
-                 "Synthetic device speed, TFLOP/s (0: no compute)")
-      ->capture_default_str();
-  app.add_option("--tokens", o.tokens, "Tokens per micro-batch")
-      ->capture_default_str();
-  app.add_option("--mode", modes,
-                 "overlap, after_backward, or both comma-separated (each "
-                 "runs in turn against one resident baseline)")
-      ->delimiter(',')
-      ->capture_default_str();
-  app.add_option("--micro-batches", o.optimizer.micro_batches,
-                 "Gradient accumulation steps")
-      ->capture_default_str();
-  app.add_option("--clip-norm", o.optimizer.clip_norm,
-                 "Global-norm clipping (0: off)")
-      ->capture_default_str();
-  app.add_option("--threads", o.optimizer.threads,
-                 "CPU optimizer threads (0: all cores but one)")
-      ->capture_default_str();
-  app.add_flag("--measure", cli.measure,
-               "Measure host memory and NVMe bandwidth for the floor (about "
-               "2 s) instead of assuming strata-plan's defaults");
-  app.add_flag("!--no-baseline", o.resident_baseline,
-               "Skip the resident run (no offload_efficiency)");
-  app.add_option("--json", cli.json_path, "Also write the report as JSON");
-  STRATA_RETURN_IF_ERROR(ParseArgs(app, argc, argv, exit_now));
-  if (*exit_now) return cli;
-  Result<uint64_t> n = plan::ParseParamCount(params);
-  if (!n.ok()) {
-    return Status::InvalidArgument("--params: " + n.status().message());
-  }
-  o.params = *n;
-  if (o.layers < 1 || static_cast<uint64_t>(o.layers) > o.params) {
-    return Status::InvalidArgument("--layers must be in 1..params");
-  }
-  Result<DType> d = ParseDType(dtype);
-  if (!d.ok()) {
-    return Status::InvalidArgument("--dtype: " + d.status().message());
-  }
-  o.dtype = *d;
-  o.modes.clear();
-  for (const std::string& name : modes) {
-    Result<OptimMode> m = ParseOptimMode(name);
-    if (!m.ok()) {
-      return Status::InvalidArgument("--mode: " + m.status().message());
-    }
-    o.modes.push_back(*m);
-  }
-  if (o.modes.empty()) {
-    return Status::InvalidArgument("--mode: give at least one mode");
-  }
-  for (auto [flag, text, tier] :
-       {std::tuple{"--params-home", params_home, &o.params_home},
-        std::tuple{"--state-home", state_home, &o.state_home}}) {
-    Result<Tier> t = ParseTier(text);
-    if (!t.ok() || *t == Tier::kDevice) {
-      return Status::InvalidArgument(std::string(flag) +
-                                     ": host or nvme, not '" + text + "'");
-    }
-    *tier = *t;
-  }
-  const bool uses_nvme =
-      o.params_home == Tier::kNvme || o.state_home == Tier::kNvme;
-  if (uses_nvme && o.nvme_dir.empty()) {
-    return Status::InvalidArgument(
-        "a role is homed on NVMe: give the swap directory with "
-        "--nvme DIR (or --state-home host --params-home host)");
-  }
-  STRATA_ASSIGN_OR_RETURN(o.device_budget,
-                          Size("--device-budget", device_budget));
-  STRATA_ASSIGN_OR_RETURN(o.host_budget, Size("--host-budget", host_budget));
-  if (!nvme_budget.empty()) {
-    STRATA_ASSIGN_OR_RETURN(o.nvme_budget, Size("--nvme-budget", nvme_budget));
-  } else if (!o.nvme_dir.empty()) {
-    // Everything homed there, gradients included, plus 1/8 for extents.
-    o.nvme_budget = o.params * (16 + DTypeSize(o.dtype)) * 9 / 8;
-  }
-  cli.rates.swap_dir = o.nvme_dir;
-  return cli;
-}
-
-namespace {
 
 nlohmann::ordered_json StepJson(const StepFigures& f) {
   nlohmann::ordered_json bytes = nlohmann::ordered_json::object();
@@ -218,6 +253,60 @@ void PrintRun(const ModeRun& run, const std::vector<StepFigures>& resident) {
   }
 }
 
+// strata-plan's floor for the simulated placement, the rates it assumed,
+// and the synthetic compute held against it.
+struct Bounds {
+  plan::Floor floor;
+  double host_gb = 0;  // host memory traffic per step
+  double read_gbps = 0;
+  double write_gbps = 0;
+  double compute = 0;  // seconds of synthetic compute per step
+};
+
+Bounds BoundsOf(const CliOptions& cli) {
+  const SimOptions& o = cli.sim;
+  Bounds b;
+  b.floor = PlanFloor(cli, &b.host_gb);
+  b.read_gbps =
+      cli.rates.links[static_cast<int>(plan::Link::kNvmeToHost)].value;
+  b.write_gbps =
+      cli.rates.links[static_cast<int>(plan::Link::kHostToNvme)].value;
+  b.compute = o.tflops > 0 ? 6.0 * o.params * o.tokens *
+                                 o.optimizer.micro_batches / (o.tflops * 1e12)
+                           : 0.0;
+  return b;
+}
+
+nlohmann::ordered_json ReportJson(const SimOptions& o, const Bounds& b,
+                                  const SimResult& result) {
+  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+  for (const ModeRun& run : result.runs) runs.push_back(RunJson(run));
+  return {{"params", o.params},
+          {"layers", o.layers},
+          {"tflops", o.tflops},
+          {"compute_seconds", b.compute},
+          {"resident_step_seconds", SteadySeconds(result.resident)},
+          {"floor",
+           {{"seconds", b.floor.seconds},
+            {"transfer_seconds", b.floor.transfer_seconds},
+            {"nvme_seconds", b.floor.nvme_seconds},
+            {"binding", plan::BindingName(b.floor)},
+            {"nvme_read_gbps", b.read_gbps},
+            {"nvme_write_gbps", b.write_gbps},
+            {"optimizer_seconds", b.floor.optimizer_seconds},
+            {"host_memory_gb", b.host_gb}}},
+          {"runs", runs}};
+}
+
+Status WriteJson(const std::string& path, const nlohmann::ordered_json& doc) {
+  std::ofstream out(path);
+  out << doc.dump(2) << "\n";
+  if (!out) {
+    return Status::IoError("cannot write --json " + path);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<int> Run(CliOptions cli) {
@@ -225,58 +314,26 @@ Result<int> Run(CliOptions cli) {
     STRATA_RETURN_IF_ERROR(plan::Measure(&cli.rates));
   }
   const SimOptions& o = cli.sim;
-  double host_gb = 0;
-  const plan::Floor floor = PlanFloor(cli, &host_gb);
-  const double read_gbps =
-      cli.rates.links[static_cast<int>(plan::Link::kNvmeToHost)].value;
-  const double write_gbps =
-      cli.rates.links[static_cast<int>(plan::Link::kHostToNvme)].value;
-  const double compute = o.tflops > 0
-                             ? 6.0 * o.params * o.tokens *
-                                   o.optimizer.micro_batches / (o.tflops * 1e12)
-                             : 0.0;
+  const Bounds b = BoundsOf(cli);
   std::fprintf(stderr,
                "strata-sim: %s params, %d layers; strata-plan floor %.2f "
                "s/step (NVMe read %.2f, write %.2f GB/s); compute %.2f "
                "s/step (%.2fx the floor)\n",
-               HumanBytes(o.params).c_str(), o.layers, floor.seconds, read_gbps,
-               write_gbps, compute, compute / floor.seconds);
-  Result<SimResult> result = Simulate(o, [](const std::string& line) {
-    std::fprintf(stderr, "%s\n", line.c_str());
-  });
-  if (!result.ok()) return result.status();
-  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
-  for (const ModeRun& run : result->runs) {
-    runs.push_back(RunJson(run));
-    PrintRun(run, result->resident);
-  }
+               HumanBytes(o.params).c_str(), o.layers, b.floor.seconds,
+               b.read_gbps, b.write_gbps, b.compute,
+               b.compute / b.floor.seconds);
+  STRATA_ASSIGN_OR_RETURN(const SimResult result,
+                          Simulate(o, [](const std::string& line) {
+                            std::fprintf(stderr, "%s\n", line.c_str());
+                          }));
+  for (const ModeRun& run : result.runs) PrintRun(run, result.resident);
   std::printf(
       "\nstrata-plan floor %.2f s/step (bound by %s; NVMe read %.2f, write "
       "%.2f GB/s; optimizer %.2f s); compute %.2f s/step\n",
-      floor.seconds, plan::BindingName(floor).c_str(), read_gbps, write_gbps,
-      floor.optimizer_seconds, compute);
-  const nlohmann::ordered_json doc = {
-      {"params", o.params},
-      {"layers", o.layers},
-      {"tflops", o.tflops},
-      {"compute_seconds", compute},
-      {"resident_step_seconds", SteadySeconds(result->resident)},
-      {"floor",
-       {{"seconds", floor.seconds},
-        {"transfer_seconds", floor.transfer_seconds},
-        {"nvme_seconds", floor.nvme_seconds},
-        {"binding", plan::BindingName(floor)},
-        {"nvme_read_gbps", read_gbps},
-        {"nvme_write_gbps", write_gbps},
-        {"optimizer_seconds", floor.optimizer_seconds},
-        {"host_memory_gb", host_gb}}},
-      {"runs", runs}};
+      b.floor.seconds, plan::BindingName(b.floor).c_str(), b.read_gbps,
+      b.write_gbps, b.floor.optimizer_seconds, b.compute);
   if (!cli.json_path.empty()) {
-    std::ofstream out(cli.json_path);
-    out << doc.dump(2) << "\n";
-    if (!out) {
-      return Status::IoError("cannot write --json " + cli.json_path);
-    }
+    STRATA_RETURN_IF_ERROR(WriteJson(cli.json_path, ReportJson(o, b, result)));
   }
   return 0;
 }

@@ -30,7 +30,8 @@ struct Run {
   bool on_cuda = false;
 };
 
-Result<Run> Build(const SimOptions& o, bool resident) {
+// The budgets and homes of the offloaded run, or of the resident one.
+EngineOptions EngineOptionsFor(const SimOptions& o, bool resident) {
   EngineOptions e;
   e.device = o.device;
   const uint64_t state_bytes = o.params * 12 + o.params * 4;
@@ -49,7 +50,12 @@ Result<Run> Build(const SimOptions& o, bool resident) {
   e.placement.home = {resident ? Tier::kDevice : o.params_home, state, state,
                       state, state};
   e.placement.device_roles = RoleBit(Role::kCompute);
-  STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Open(e));
+  return e;
+}
+
+Result<Run> Build(const SimOptions& o, bool resident) {
+  STRATA_ASSIGN_OR_RETURN(auto engine,
+                          Engine::Open(EngineOptionsFor(o, resident)));
   Run run;
   run.engine = std::move(engine);
   run.on_cuda = run.engine->info().device == "cuda";
@@ -95,7 +101,7 @@ Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
     Result<GradientBuffer> grads = GradientBuffer{};
     if (!forward) {
       grads = run.optimizer->AcquireGradients(l);
-      if (!grads.ok()) return grads.status();
+      STRATA_RETURN_IF_ERROR(grads.status());
     }
     STRATA_RETURN_IF_ERROR(Busy(seconds, run.on_cuda));
     f->compute_seconds += seconds;
@@ -105,7 +111,7 @@ Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
       STRATA_RETURN_IF_ERROR(run.optimizer->HandOff(*grads));
     }
   }
-  return Status();
+  return Status::Ok();
 }
 
 Result<StepFigures> OneStep(const SimOptions& o, Run& run) {
