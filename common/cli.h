@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <string_view>
 
 #include "strata/status.h"
 
@@ -31,6 +32,15 @@ inline Status ParseArgs(CLI::App& app, int argc, char** argv, bool* exit_now) {
                                    std::string("; run with --help for usage"));
   }
   return Status::Ok();
+}
+
+// The parsed value, or its error with the flag that gave the text in front:
+//   STRATA_ASSIGN_OR_RETURN(o.bs, ForFlag("--bs", ParseSize(text)));
+template <typename T>
+Result<T> ForFlag(std::string_view flag, Result<T> parsed) {
+  if (parsed.ok()) return parsed;
+  return Status::InvalidArgument(std::string(flag) + ": " +
+                                 parsed.status().message());
 }
 
 }  // namespace strata

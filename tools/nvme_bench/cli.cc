@@ -64,14 +64,6 @@ Result<std::vector<int>> ParseInts(const std::string& flag,
   return out;
 }
 
-// The parsed value, or its error with the flag that gave the text in front.
-template <typename T>
-Result<T> ForFlag(std::string_view flag, Result<T> parsed) {
-  if (parsed.ok()) return parsed;
-  return Status::InvalidArgument(std::string(flag) + ": " +
-                                 parsed.status().message());
-}
-
 Result<std::vector<Rw>> ParseRws(const std::string& text) {
   std::vector<Rw> out;
   for (const std::string& item : Split(text)) {

@@ -20,14 +20,6 @@
 namespace strata::sim {
 namespace {
 
-// The parsed value, or its error with the flag that gave the text in front.
-template <typename T>
-Result<T> ForFlag(std::string_view flag, Result<T> parsed) {
-  if (parsed.ok()) return parsed;
-  return Status::InvalidArgument(std::string(flag) + ": " +
-                                 parsed.status().message());
-}
-
 // The options given as text, resolved after parsing so that every error
 // names its flag.
 struct Texts {
@@ -180,7 +172,7 @@ namespace {
 // optimizer state where the simulation homes them, gradients on the device.
 plan::Floor PlanFloor(const CliOptions& cli, double* host_gb) {
   const SimOptions& o = cli.sim;
-  plan::Model model{o.params, o.dtype, 12};
+  plan::Model model{.params = o.params, .dtype = o.dtype, .k = 12};
   plan::Placement placement;
   const plan::Tier tiers[] = {static_cast<plan::Tier>(o.params_home),
                               plan::Tier::kDevice,
