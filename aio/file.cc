@@ -34,6 +34,18 @@ Status OpenError(int err, const std::string& path) {
         "cannot open '" + path +
         "': a component of the path is not a directory");
   }
+  if (err == ELOOP) {
+    return Status::InvalidArgument(
+        "cannot open '" + path +
+        "': it is a symbolic link, and strata does not follow links to the "
+        "files it writes; remove it or give the path it points to");
+  }
+  if (err == EEXIST) {
+    return Status::FailedPrecondition(
+        "cannot create '" + path +
+        "': something by that name exists already (a file or a link); "
+        "remove it or choose another directory");
+  }
   if (err == EISDIR) {
     return Status::InvalidArgument(
         "cannot open '" + path + "': it is a directory; name a file inside it");
@@ -86,14 +98,22 @@ Status Preallocate(int fd, const std::string& path, uint64_t size) {
 }
 
 // Opens without O_CREAT first so we know whether we created the file, and
-// may remove it again if preallocation fails.
-int OpenFd(const std::string& path, int flags, bool create, bool* created) {
+// may remove it again if preallocation fails. Never follows a link.
+int OpenFd(const std::string& path, int flags, const FileOptions& options,
+           bool* created) {
   *created = false;
-  int fd = open(path.c_str(), flags);
-  if (fd >= 0 || errno != ENOENT || !create) return fd;
-  fd = open(path.c_str(), flags | O_CREAT | O_EXCL, 0644);
+  flags |= O_NOFOLLOW;
+  const int create = O_CREAT | O_EXCL;
+  int fd = -1;
+  if (!options.exclusive) {
+    fd = open(path.c_str(), flags);
+    if (fd >= 0 || errno != ENOENT || !options.create) return fd;
+  }
+  fd = open(path.c_str(), flags | create, options.mode);
   if (fd >= 0) *created = true;
-  if (fd < 0 && errno == EEXIST) fd = open(path.c_str(), flags);
+  if (fd < 0 && errno == EEXIST && !options.exclusive) {
+    fd = open(path.c_str(), flags);
+  }
   return fd;
 }
 
@@ -139,14 +159,18 @@ Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
   bool direct = options.direct;
   int fd = -1;
   if (direct) {
-    fd = OpenFd(path, base | O_DIRECT, options.create, &created);
+    fd = OpenFd(path, base | O_DIRECT, options, &created);
     if (fd < 0 && errno == EINVAL) {
       // The file system refuses O_DIRECT (ramfs, some FUSE and overlay
       // mounts). Serve the file buffered rather than failing, and say so.
+      // With `exclusive` the path did not exist (that is EEXIST, checked
+      // first), so a file there now is the one this attempt created.
       direct = false;
+      FileOptions again = options;
+      again.exclusive = false;
       bool created_again = false;
-      fd = OpenFd(path, base, options.create, &created_again);
-      created = created || created_again;
+      fd = OpenFd(path, base, again, &created_again);
+      created = created || created_again || options.exclusive;
       if (fd >= 0) {
         std::fprintf(stderr,
                      "strata aio: '%s': file system does not support "
@@ -156,7 +180,7 @@ Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
       }
     }
   } else {
-    fd = OpenFd(path, base, options.create, &created);
+    fd = OpenFd(path, base, options, &created);
   }
   if (fd < 0) return OpenError(errno, path);
 

@@ -131,11 +131,18 @@ struct IoStats {
                               // submitted; one per transfer for threads)
 };
 
+// Every open refuses a symbolic link as the file itself (O_NOFOLLOW) and
+// anything but a regular file, so a link planted in a shared directory
+// cannot send strata's writes elsewhere.
 struct FileOptions {
   uint64_t size = 0;   // preallocate (fallocate) to at least this size
   bool create = true;  // create the file if it does not exist
   bool direct = true;  // O_DIRECT; falls back to buffered if refused
   bool read_only = false;
+  // Only a new file: a path that exists already (a link included) is
+  // kFailedPrecondition naming it (O_CREAT | O_EXCL).
+  bool exclusive = false;
+  uint32_t mode = 0600;  // of a created file, before the umask: private
 };
 
 // An open file. Obtained from Engine::OpenFile; owned by the Engine.

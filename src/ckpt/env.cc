@@ -88,11 +88,12 @@ class PosixFile : public File {
 class PosixEnv : public Env {
  public:
   Result<std::unique_ptr<File>> NewFile(const std::string& path) override {
-    return Open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, "create");
+    return Open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                "create");
   }
 
   Result<std::unique_ptr<File>> OpenFile(const std::string& path) override {
-    return Open(path, O_RDONLY | O_CLOEXEC, "open");
+    return Open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, "open");
   }
 
   Status CreateDir(const std::string& path) override {

@@ -66,6 +66,19 @@ Status ValidateOptions(const NvmeStoreOptions& options) {
   return Status::Ok();
 }
 
+// Note [Files strata creates]
+// Users run strata as root and point it at shared directories (/tmp, a
+// scratch mount), where another user can plant a link under the name of a
+// file strata is about to write: strata would then overwrite whatever the
+// link names. So the lock file and every swap file are opened with
+// O_NOFOLLOW and checked after opening (a regular file of this user; the
+// lock file also with no second name); swap files are created new
+// (O_EXCL, after the stale ones are removed), and all of them 0600, since
+// they hold the model's weights and optimizer state. A directory that
+// other users may write to is refused unless it has the sticky bit, which
+// keeps them from renaming or removing strata's files. Checkpoints
+// (src/ckpt/env.cc) and strata-nvme-bench's file (aio::FileOptions) follow
+// the same rules.
 Status CheckDirectory(const std::string& dir) {
   struct stat st = {};
   if (stat(dir.c_str(), &st) != 0) {
@@ -82,7 +95,34 @@ Status CheckDirectory(const std::string& dir) {
     return Status::InvalidArgument("NVMe tier: swap directory '" + dir +
                                    "' is not a directory; name a directory");
   }
+  // Note [Files strata creates]: in a directory others may write to, only
+  // the sticky bit stops them from replacing strata's files.
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    return Status::PermissionDenied(
+        "NVMe tier: swap directory '" + dir +
+        "' is writable by other users and has no sticky bit, so another "
+        "user could replace strata's swap files (the model's weights and "
+        "optimizer state); use a private directory (chmod 700 " +
+        dir + ") or set the sticky bit (chmod +t " + dir + ")");
+  }
   return Status::Ok();
+}
+
+// The lock file must be a regular file of ours with no other name: not a
+// link planted in a shared directory to make strata write elsewhere.
+Status CheckLockFile(int fd, const std::string& path) {
+  struct stat st = {};
+  if (fstat(fd, &st) != 0) {
+    return aio::ErrnoStatus(errno, "NVMe tier: cannot stat '" + path + "'");
+  }
+  if (S_ISREG(st.st_mode) && st.st_uid == geteuid() && st.st_nlink == 1) {
+    return Status::Ok();
+  }
+  return Status::PermissionDenied(
+      "NVMe tier: lock file '" + path +
+      "' is not a regular file of this user with one name (another user's "
+      "file, or a hard link); strata will not write to it: remove it, or "
+      "use a swap directory only you can write to");
 }
 
 // The pid a lock holder wrote into its lock file, or "unknown" while it
@@ -118,11 +158,23 @@ Status LockBusy(int fd, const std::string& dir, const std::string& path) {
 Result<int> AcquireLock(const std::string& dir) {
   const std::string path = dir + "/" + kLockName;
   for (int attempt = 0; attempt < kLockAttempts; ++attempt) {
-    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const int fd =
+        open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
       const int err = errno;
+      if (err == ELOOP) {
+        return Status::PermissionDenied(
+            "NVMe tier: lock file '" + path +
+            "' is a symbolic link; strata does not follow links to the files "
+            "it writes: remove it, or use a swap directory only you can "
+            "write to");
+      }
       return aio::ErrnoStatus(
           err, "NVMe tier: cannot create lock file '" + path + "'");
+    }
+    if (Status ours = CheckLockFile(fd, path); !ours.ok()) {
+      close(fd);
+      return ours;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
@@ -165,8 +217,13 @@ void ReclaimStaleFiles(const std::string& dir) {
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (!IsSwapFileName(name)) continue;
+    // A link by that name is not ours to follow or remove: creating the
+    // swap file then fails, naming it (Note [Files strata creates]).
     std::error_code entry_ec;
-    if (!entry.is_regular_file(entry_ec)) continue;
+    if (entry.symlink_status(entry_ec).type() !=
+        std::filesystem::file_type::regular) {
+      continue;
+    }
     const uint64_t size = entry.file_size(entry_ec);
     if (unlink(entry.path().c_str()) != 0) continue;
     ++count;
@@ -220,6 +277,7 @@ class NvmeStore::Impl {
   aio::Engine* const engine_;
   const std::string dir_;
   std::vector<std::string> paths_;  // by file index
+  size_t created_ = 0;  // paths_[0, created_) are files this store created
   uint64_t alignment_ = kMinAlignment;
 
   // Guarded by mu_ (a SwapFile's aio::File* is fixed once created).
@@ -245,7 +303,7 @@ NvmeStore::Impl::~Impl() {
     // contract forbids: the buffers it touches may already be gone.
     STRATA_CHECK(engine_->CloseFile(f.file).ok());
   }
-  for (const std::string& path : paths_) unlink(path.c_str());
+  for (size_t i = 0; i < created_; ++i) unlink(paths_[i].c_str());
   unlink((dir_ + "/" + kLockName).c_str());
   close(lock_fd_);
 }
@@ -253,11 +311,15 @@ NvmeStore::Impl::~Impl() {
 // The alignment has to be known before the files are sized, and only an
 // open file can tell it, so file 0 is opened once empty to ask.
 Status NvmeStore::Impl::ProbeAlignment() {
-  Result<aio::File*> probe = engine_->OpenFile(paths_[0], {.size = 0});
+  // Note [Files strata creates]: every swap file is new (the stale ones
+  // are gone), private, and not a link.
+  Result<aio::File*> probe =
+      engine_->OpenFile(paths_[0], {.size = 0, .exclusive = true});
   if (!probe.ok()) {
     return Status(probe.status().code(),
                   "NVMe tier: " + probe.status().message());
   }
+  created_ = 1;
   const uint64_t dio =
       std::max((*probe)->mem_align(), (*probe)->offset_align());
   STRATA_CHECK(engine_->CloseFile(*probe).ok());
@@ -278,7 +340,9 @@ Status NvmeStore::Impl::CreateFiles(uint64_t capacity) {
       ((capacity + n - 1) / n + alignment_ - 1) / alignment_ * alignment_;
   files_.reserve(n);
   for (const std::string& path : paths_) {
-    Result<aio::File*> file = engine_->OpenFile(path, {.size = per_file});
+    // File 0 is the one ProbeAlignment created.
+    Result<aio::File*> file = engine_->OpenFile(
+        path, {.size = per_file, .exclusive = path != paths_[0]});
     if (!file.ok()) {
       const Status& st = file.status();
       std::string msg = "NVMe tier: cannot create " + std::to_string(n) +
@@ -290,6 +354,7 @@ Status NvmeStore::Impl::CreateFiles(uint64_t capacity) {
       }
       return Status(st.code(), std::move(msg));
     }
+    created_ = std::max(created_, files_.size() + 1);
     files_.emplace_back(*file, per_file, alignment_);
   }
   stats_.capacity = per_file * n;
