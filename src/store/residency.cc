@@ -58,50 +58,80 @@ uint64_t Residency::NvmeHomedBytes(int group, RoleMask roles) const {
   return total;
 }
 
-// Setup-time feasibility (DESIGN §3): the group's homes must fit in what is
-// left of each tier, and fetching the whole group must fit next to every
-// home copy. Both are checked against what is free now, so a registration
-// that passes can always be fetched once nothing else is pinned.
-Status Residency::CheckFits(const GroupLayout& layout) const {
-  TierArray<uint64_t> homed, fetched, free, budget;
+Residency::Footprint Residency::FootprintOf(const GroupLayout& layout) {
+  Footprint f;
   for (const ChunkLayout& c : layout.chunks) {
     const uint64_t host_bytes = tier::PinnedPool::SizeClass(c.bytes);
-    homed[c.home] += c.home == Tier::kHost ? host_bytes : c.bytes;
+    f.homed[c.home] += c.home == Tier::kHost ? host_bytes : c.bytes;
     if (c.home != Tier::kDevice && (layout.device_roles & RoleBit(c.role))) {
-      fetched[Tier::kDevice] += c.bytes;
+      f.fetched[Tier::kDevice] += c.bytes;
     }
-    if (c.home != Tier::kHost) fetched[Tier::kHost] += host_bytes;
+    if (c.home != Tier::kHost) f.fetched[Tier::kHost] += host_bytes;
   }
-  free[Tier::kDevice] = device_->free_bytes();
-  free[Tier::kHost] = host_->free_bytes();
-  budget[Tier::kDevice] = device_->info().budget;
-  budget[Tier::kHost] = host_->info().budget;
-  if (nvme_ != nullptr) {
-    budget[Tier::kNvme] = nvme_->stats().capacity;
-    free[Tier::kNvme] = budget[Tier::kNvme] - nvme_->stats().used;
-  }
-  if (homed[Tier::kNvme] > 0 && nvme_ == nullptr) {
+  return f;
+}
+
+// Setup-time feasibility (DESIGN §3), against every group registered: at
+// the device and the host, all homes plus the largest fetch of any one
+// group must fit the budget, so that every group can always be fetched
+// once nothing else is pinned; NVMe must hold the homes.
+Status Residency::CheckFits(const GroupLayout& layout) const {
+  const Footprint mine = FootprintOf(layout);
+  if (mine.homed[Tier::kNvme] > 0 && nvme_ == nullptr) {
     return Status::FailedPrecondition(
         "group '" + layout.name +
         "' places roles on NVMe but the engine has no NVMe "
         "tier; set nvme_budget and swap_dir "
         "(--nvme-budget, --swap-dir)");
   }
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    const uint64_t need = homed[t] + (t == Tier::kNvme ? 0 : fetched[t]);
-    if (need <= free[t]) continue;
-    std::string msg = "group '" + layout.name + "' needs " + HumanBytes(need) +
-                      " on " + TierLabel(t) + "; " + TierLabel(t) +
-                      " budget is " + HumanBytes(budget[t]);
-    if (free[t] < budget[t]) {
-      msg += ", of which " + HumanBytes(budget[t] - free[t]) +
-             " is homed by earlier groups";
+  TierArray<uint64_t> budget;
+  budget[Tier::kDevice] = device_->info().budget;
+  budget[Tier::kHost] = host_->info().budget;
+  budget[Tier::kNvme] = nvme_ == nullptr ? 0 : nvme_->stats().capacity;
+  for (Tier t : kTiers) {
+    const uint64_t homes = homed_[t] + mine.homed[t];
+    int widest = -1;  // the group whose fetch needs most at t; -1: this one
+    uint64_t fetch = t == Tier::kNvme ? 0 : mine.fetched[t];
+    for (size_t g = 0; g < groups_.size() && t != Tier::kNvme; ++g) {
+      if (groups_[g].footprint.fetched[t] > fetch) {
+        fetch = groups_[g].footprint.fetched[t];
+        widest = static_cast<int>(g);
+      }
     }
-    msg += ". Raise the " + TierLabel(t) +
-           " budget or move roles of this group to a lower tier";
-    return Status::ResourceExhausted(std::move(msg));
+    if (homes + fetch <= budget[t]) continue;
+    return widest < 0 ? TooLarge(layout, t, mine.homed[t] + fetch, budget[t])
+                      : Starves(layout, groups_[widest].layout.name, t, homes,
+                                fetch, budget[t]);
   }
   return Status();
+}
+
+Status Residency::TooLarge(const GroupLayout& layout, Tier t, uint64_t need,
+                           uint64_t budget) const {
+  std::string msg = "group '" + layout.name + "' needs " + HumanBytes(need) +
+                    " on " + TierLabel(t) + "; " + TierLabel(t) +
+                    " budget is " + HumanBytes(budget);
+  if (homed_[t] > 0) {
+    msg +=
+        ", of which " + HumanBytes(homed_[t]) + " is homed by earlier groups";
+  }
+  return Status::ResourceExhausted(
+      msg + ". Raise the " + TierLabel(t) +
+      " budget or move roles of this group to a lower tier");
+}
+
+Status Residency::Starves(const GroupLayout& layout, const std::string& other,
+                          Tier t, uint64_t homes, uint64_t fetch,
+                          uint64_t budget) const {
+  return Status::ResourceExhausted(
+      "group '" + layout.name + "' cannot be registered: with its homes, " +
+      HumanBytes(homes) + " would be homed on " + TierLabel(t) +
+      " for good, and group '" + other + "' needs " + HumanBytes(fetch) +
+      " more there to be fetched (" + TierLabel(t) + " budget " +
+      HumanBytes(budget) + "), so '" + other +
+      "' could never be fetched again. Raise the " + TierLabel(t) +
+      " budget or move roles of '" + layout.name + "' or '" + other +
+      "' to a lower tier");
 }
 
 Result<int> Residency::AddGroup(GroupLayout layout) {
@@ -122,6 +152,8 @@ Result<int> Residency::AddGroup(GroupLayout layout) {
     return s;
   }
   g.chunks = std::move(ids);
+  g.footprint = FootprintOf(g.layout);
+  for (Tier t : kTiers) homed_[t] += g.footprint.homed[t];
   return id;
 }
 

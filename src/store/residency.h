@@ -196,14 +196,29 @@ class Residency {
     bool write;
     std::vector<int> chunks;
   };
+  // The bytes a group's chunks take at their homes, and the bytes a fetch
+  // of the whole group needs beside them (at the device, its device roles;
+  // at the host, everything homed below it), per tier.
+  struct Footprint {
+    TierArray<uint64_t> homed;
+    TierArray<uint64_t> fetched;
+  };
   struct Group {
     GroupLayout layout;
+    Footprint footprint;
     std::vector<int> chunks;  // ids, in layout.chunks order
     std::vector<Pin> pins;    // unreleased fetches, oldest first
   };
   using Lock = std::unique_lock<std::mutex>;
 
+  static Footprint FootprintOf(const GroupLayout& layout);
   Status CheckFits(const GroupLayout& layout) const;
+  // CheckFits' errors: the group alone does not fit beside the homes, or
+  // it leaves group `other` no room to be fetched.
+  Status TooLarge(const GroupLayout& layout, Tier t, uint64_t need,
+                  uint64_t budget) const;
+  Status Starves(const GroupLayout& layout, const std::string& other, Tier t,
+                 uint64_t homes, uint64_t fetch, uint64_t budget) const;
   Status CheckFetch(int group, Tier tier, RoleMask roles) const;
   Status FetchChunk(Lock& lk, int id, Tier tier, const FetchOptions& opt);
   void Unpin(const Pin& pin);
@@ -239,6 +254,7 @@ class Residency {
   std::condition_variable changed_;
   std::deque<Group> groups_;  // deques: references survive growth
   std::deque<Chunk> chunks_;
+  TierArray<uint64_t> homed_;  // Footprint::homed over every group
   sched::Trace trace_;
   int position_ = -1;
   uint64_t reported_invalidations_ = 0;

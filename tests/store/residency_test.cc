@@ -42,16 +42,22 @@ class ResidencyTest : public testing::Test {
   // A group of one bf16 tensor whose compute chunk is 64 KiB, homed on the
   // host, fetched to the device.
   int AddGroup(const std::string& name) {
+    auto id = TryAddGroup(name, 64 * kKiB, kHost);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : -1;
+  }
+  // A group whose compute chunk of `bytes` is homed at `home`.
+  Result<int> TryAddGroup(const std::string& name, uint64_t bytes, Tier home) {
     GroupSpec spec;
     spec.name = name;
-    spec.tensors.push_back({"w", {32 * 1024}, DType::kBFloat16, kCompute});
+    spec.tensors.push_back(
+        {"w", {static_cast<int64_t>(bytes / 2)}, DType::kBFloat16, kCompute});
     Placement placement;
+    placement.home[static_cast<int>(Role::kCompute)] = home;
     placement.device_roles = kCompute;
     auto layout = BuildGroupLayout(spec, placement);
     EXPECT_TRUE(layout.ok()) << layout.status().ToString();
-    auto id = residency_->AddGroup(std::move(*layout));
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-    return id.ok() ? *id : -1;
+    return residency_->AddGroup(std::move(*layout));
   }
 
   Status FetchAndRelease(int group, Tier tier) {
@@ -140,6 +146,25 @@ TEST_F(ResidencyTest, PinnedCopiesAreNeverEvicted) {
   ASSERT_TRUE(FetchAndRelease(c, kDevice).ok());
   EXPECT_TRUE(OnDevice(a)) << "the pinned group was evicted";
   ASSERT_TRUE(residency_->Release(a).ok());
+}
+
+// Issue #17: a registration is checked against every group registered. Here
+// g1's homes on the device would leave g0 (96 KiB, homed on the host) no
+// room to be fetched there ever again.
+TEST_F(ResidencyTest, RegistrationThatStarvesAnEarlierGroupIsRefused) {
+  Open(2);  // 128 KiB of device
+  ASSERT_TRUE(TryAddGroup("g0", 96 * kKiB, kHost).ok());
+  auto g1 = TryAddGroup("g1", 64 * kKiB, kDevice);
+  ASSERT_FALSE(g1.ok());
+  EXPECT_EQ(g1.status().code(), StatusCode::kResourceExhausted);
+  const std::string& m = g1.status().message();
+  EXPECT_NE(m.find("group 'g1' cannot be registered"), std::string::npos) << m;
+  EXPECT_NE(m.find("group 'g0' needs 96.0 KiB"), std::string::npos) << m;
+  EXPECT_EQ(residency_->group_count(), 1);
+  ASSERT_TRUE(residency_->Fetch(0, kDevice, {.roles = kCompute}).ok())
+      << "g0 can still be fetched";
+  ASSERT_TRUE(residency_->Release(0).ok());
+  EXPECT_TRUE(TryAddGroup("g2", 32 * kKiB, kDevice).ok()) << "96 + 32 fit";
 }
 
 // engine.h: Evict is kFailedPrecondition while the group is fetched at the
