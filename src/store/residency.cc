@@ -236,6 +236,10 @@ Status Residency::CheckFetch(int group, Tier tier, RoleMask roles) const {
   return Status();
 }
 
+// A write fetch is all or nothing: its chunks are made valid and pinned
+// first, and only once every one is there, with no transfer reading it, do
+// the other copies become stale. A fetch that fails part-way has changed no
+// copy anywhere.
 Result<int> Residency::Fetch(int group, Tier tier, const FetchOptions& opt) {
   Lock lk(mu_);
   STRATA_RETURN_IF_ERROR(CheckFetch(group, tier, opt.roles));
@@ -243,7 +247,7 @@ Result<int> Residency::Fetch(int group, Tier tier, const FetchOptions& opt) {
     position_ = trace_.OnFetch({group, tier, opt.roles});
   }
   const int position = opt.record ? position_ : -1;
-  Pin pin{tier, opt.write, {}};
+  Pin pin{tier, false, {}};
   for (int id : ChunksOf(group, opt.roles)) {
     if (Status s = FetchChunk(lk, id, tier, opt); !s.ok()) {
       Unpin(pin);
@@ -251,16 +255,29 @@ Result<int> Residency::Fetch(int group, Tier tier, const FetchOptions& opt) {
     }
     pin.chunks.push_back(id);
   }
+  if (opt.write) {
+    auto unread = [&] {
+      for (int id : pin.chunks) {
+        if (chunks_[id].copy[tier].readers > 0) return false;
+      }
+      return true;
+    };
+    changed_.wait(lk, unread);
+    for (int id : pin.chunks) {
+      Invalidate(chunks_[id], tier);
+      ++chunks_[id].writers;
+    }
+    pin.write = true;
+  }
   groups_[group].pins.push_back(std::move(pin));
   return position;
 }
 
 // Makes one chunk valid at `tier` for a demand fetch and pins it there,
-// counting the fetch when `opt.record`.
+// counting the fetch when `opt.record`; Fetch makes it writable.
 Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
                              const FetchOptions& opt) {
-  Chunk& c = chunks_[id];
-  Copy& dst = c.copy[tier];
+  Copy& dst = chunks_[id].copy[tier];
   const bool prefetched = dst.prefetched;
   if (opt.record) {
     ++counters_.fetches;
@@ -289,10 +306,6 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
   if (!s.ok()) return s;
   ++dst.pins;
   dst.last_use = ++clock_;
-  if (opt.write) {
-    Invalidate(c, tier);
-    ++c.writers;
-  }
   return Status();
 }
 

@@ -167,6 +167,40 @@ TEST_F(ResidencyTest, RegistrationThatStarvesAnEarlierGroupIsRefused) {
   EXPECT_TRUE(TryAddGroup("g2", 32 * kKiB, kDevice).ok()) << "96 + 32 fit";
 }
 
+// Issue #17: a write fetch that fails part-way has no effect. Here its
+// second chunk finds no room on the device; the host copies, one held by a
+// read view, stay valid, so the next host fetch is a hit with no transfer.
+TEST_F(ResidencyTest, AWriteFetchThatFailsPartWayChangesNoCopy) {
+  Open(3);  // 192 KiB of device
+  GroupSpec spec;
+  spec.name = "g";
+  spec.tensors.push_back({"w",
+                          {32 * 1024},  // compute 64 KiB, master 128 KiB
+                          DType::kBFloat16,
+                          kCompute | RoleBit(Role::kMaster)});
+  auto layout = BuildGroupLayout(spec, Placement());
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  const int g = *residency_->AddGroup(std::move(*layout));
+  const int other = AddGroup("other");
+  const FetchOptions both{.roles = kCompute | RoleBit(Role::kMaster)};
+  ASSERT_TRUE(residency_->Fetch(g, kHost, both).ok());  // a read view
+  ASSERT_TRUE(residency_->Fetch(other, kDevice, {.roles = kCompute}).ok());
+  FetchOptions write = both;
+  write.write = true;
+  auto failed = residency_->Fetch(g, kDevice, write);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(residency_->Release(other).ok());
+  ASSERT_TRUE(residency_->Release(g).ok());
+
+  const uint64_t hits = residency_->counters().hits;
+  const auto moved = mover_->bytes();
+  ASSERT_TRUE(residency_->Fetch(g, kHost, both).ok());
+  EXPECT_EQ(residency_->counters().hits, hits + 2) << "a host copy went stale";
+  EXPECT_EQ(mover_->bytes(), moved);
+  ASSERT_TRUE(residency_->Release(g).ok());
+}
+
 // engine.h: Evict is kFailedPrecondition while the group is fetched at the
 // tier, whether its copies there are cached or homed there.
 TEST_F(ResidencyTest, EvictingAFetchedGroupFailsAtItsHomeTierToo) {
