@@ -38,7 +38,8 @@ struct Fixture {
   Status status;
 
   Fixture() {
-    auto buf = aio::PinnedBuffer::Allocate(kPoolBytes, aio::PinOptions{false});
+    auto buf =
+        aio::PinnedBuffer::Allocate(kPoolBytes, aio::PinOptions{.lock = false});
     if (!buf.ok()) {
       status = buf.status();
       return;
@@ -49,7 +50,7 @@ struct Fixture {
       status = e.status();
       return;
     }
-    auto f = (*e)->OpenFile(path, aio::FileOptions{kFileBytes});
+    auto f = (*e)->OpenFile(path, aio::FileOptions{.size = kFileBytes});
     if (!f.ok()) {
       status = f.status();
       return;
@@ -105,8 +106,12 @@ void BM_Read(benchmark::State& state) {
                      static_cast<int>(state.range(1)), 1, kFileBytes};
   const Target target{fx.path};
   // Correctness first: the blocks the job reads hold what was written.
-  auto check = RunJob(JobSpec{Rw::kRead, spec.bs, 1, 1, spec.bs}, target,
-                      fx.pool.data(), fx.pool.size(), nullptr);
+  auto check = RunJob(JobSpec{.rw = Rw::kRead,
+                              .bs = spec.bs,
+                              .qd = 1,
+                              .threads = 1,
+                              .size = spec.bs},
+                      target, fx.pool.data(), fx.pool.size(), nullptr);
   if (!check.ok() || *static_cast<uint64_t*>(fx.pool.data()) != Mix64(0)) {
     state.SkipWithError("read-back check failed");
     return;

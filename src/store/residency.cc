@@ -244,7 +244,8 @@ Result<int> Residency::Fetch(int group, Tier tier, const FetchOptions& opt) {
   Lock lk(mu_);
   STRATA_RETURN_IF_ERROR(CheckFetch(group, tier, opt.roles));
   if (opt.record && trace_.in_step()) {
-    position_ = trace_.OnFetch({group, tier, opt.roles});
+    position_ =
+        trace_.OnFetch({.group = group, .tier = tier, .roles = opt.roles});
   }
   const int position = opt.record ? position_ : -1;
   Pin pin{tier, false, {}};

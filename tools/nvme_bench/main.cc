@@ -236,7 +236,13 @@ Status Sweep(const BenchOptions& o, const Target& target,
     for (size_t bs : o.bs) {
       for (int qd : o.qd) {
         for (int th : o.threads) {
-          specs.push_back(JobSpec{rw, bs, qd, th, o.size, o.seconds, o.seed});
+          specs.push_back(JobSpec{.rw = rw,
+                                  .bs = bs,
+                                  .qd = qd,
+                                  .threads = th,
+                                  .size = o.size,
+                                  .seconds = o.seconds,
+                                  .seed = o.seed});
         }
       }
     }
