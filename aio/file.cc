@@ -37,8 +37,9 @@ Status OpenError(int err, const std::string& path) {
   if (err == ELOOP) {
     return Status::InvalidArgument(
         "cannot open '" + path +
-        "': it is a symbolic link, and strata does not follow links to the "
-        "files it writes; remove it or give the path it points to");
+        "': it is a symbolic link (or its path has too many), and strata "
+        "does not follow links to the files it opens; remove it or give the "
+        "path it points to");
   }
   if (err == EEXIST) {
     return Status::FailedPrecondition(
@@ -117,6 +118,22 @@ int OpenFd(const std::string& path, int flags, const FileOptions& options,
   return fd;
 }
 
+// Some file systems create the file before refusing O_DIRECT (tmpfs): an
+// exclusive open then finds it. It is taken only if it is that file, empty,
+// this user's and with one name; anything else is EEXIST.
+int OpenRefusedCreation(const std::string& path, int flags) {
+  const int fd = open(path.c_str(), flags | O_NOFOLLOW);
+  if (fd < 0) return fd;
+  struct stat st = {};
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+      st.st_nlink == 1 && st.st_size == 0) {
+    return fd;
+  }
+  close(fd);
+  errno = EEXIST;
+  return -1;
+}
+
 }  // namespace
 
 FileImpl::FileImpl(std::string path, int fd, uint64_t size, bool direct,
@@ -163,14 +180,14 @@ Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
     if (fd < 0 && errno == EINVAL) {
       // The file system refuses O_DIRECT (ramfs, some FUSE and overlay
       // mounts). Serve the file buffered rather than failing, and say so.
-      // With `exclusive` the path did not exist (that is EEXIST, checked
-      // first), so a file there now is the one this attempt created.
       direct = false;
-      FileOptions again = options;
-      again.exclusive = false;
       bool created_again = false;
-      fd = OpenFd(path, base, again, &created_again);
-      created = created || created_again || options.exclusive;
+      fd = OpenFd(path, base, options, &created_again);
+      if (fd < 0 && errno == EEXIST && options.exclusive) {
+        fd = OpenRefusedCreation(path, base);
+        created_again = fd >= 0;
+      }
+      created = created || created_again;
       if (fd >= 0) {
         std::fprintf(stderr,
                      "strata aio: '%s': file system does not support "
@@ -188,6 +205,7 @@ Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
   if (fstat(fd, &st) != 0) {
     const int err = errno;
     close(fd);
+    if (created) unlink(path.c_str());
     return ErrnoStatus(err, "cannot stat '" + path + "'");
   }
   if (!S_ISREG(st.st_mode)) {

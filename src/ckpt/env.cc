@@ -148,7 +148,7 @@ class PosixEnv : public Env {
  private:
   static Result<std::unique_ptr<File>> Open(const std::string& path, int flags,
                                             const char* verb) {
-    const int fd = ::open(path.c_str(), flags, 0644);
+    const int fd = ::open(path.c_str(), flags, 0666);  // the umask decides
     if (fd < 0) return LastError(verb, path);
     return std::unique_ptr<File>(new PosixFile(fd, path));
   }

@@ -58,15 +58,25 @@ uint64_t Residency::NvmeHomedBytes(int group, RoleMask roles) const {
   return total;
 }
 
-Residency::Footprint Residency::FootprintOf(const GroupLayout& layout) {
+// In the bytes each tier's allocator takes: size classes on the host,
+// whole alignment units on the device and NVMe.
+Residency::Footprint Residency::FootprintOf(const GroupLayout& layout) const {
+  auto round = [](uint64_t bytes, uint64_t unit) {
+    return (bytes + unit - 1) / unit * unit;
+  };
+  const uint64_t device_unit = device_->info().alignment;
+  const uint64_t nvme_unit = nvme_ == nullptr ? 1 : nvme_->alignment();
   Footprint f;
   for (const ChunkLayout& c : layout.chunks) {
-    const uint64_t host_bytes = tier::PinnedPool::SizeClass(c.bytes);
-    f.homed[c.home] += c.home == Tier::kHost ? host_bytes : c.bytes;
+    TierArray<uint64_t> bytes;
+    bytes[Tier::kDevice] = round(c.bytes, device_unit);
+    bytes[Tier::kHost] = tier::PinnedPool::SizeClass(c.bytes);
+    bytes[Tier::kNvme] = round(c.bytes, nvme_unit);
+    f.homed[c.home] += bytes[c.home];
     if (c.home != Tier::kDevice && (layout.device_roles & RoleBit(c.role))) {
-      f.fetched[Tier::kDevice] += c.bytes;
+      f.fetched[Tier::kDevice] += bytes[Tier::kDevice];
     }
-    if (c.home != Tier::kHost) f.fetched[Tier::kHost] += host_bytes;
+    if (c.home != Tier::kHost) f.fetched[Tier::kHost] += bytes[Tier::kHost];
   }
   return f;
 }
@@ -355,28 +365,39 @@ Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int position) {
   return Status();
 }
 
+// Refused while the group is fetched at `tier`, checked once every copy is
+// at rest and before the first goes. A fetch that comes in while copies are
+// written down stops the eviction at its chunk (the copies dropped before
+// it were written down first).
 Status Residency::Evict(int group, Tier tier) {
   Lock lk(mu_);
   if (group < 0 || group >= static_cast<int>(groups_.size())) {
     return Status::InvalidArgument("no group " + std::to_string(group));
   }
   const std::vector<int> ids = ChunksOf(group, kAllRoles);
-  auto fetched = [&] {
+  auto at_rest = [&] {
     for (int id : ids) {
+      const Copy& copy = chunks_[id].copy[tier];
+      if (copy.busy() || copy.readers > 0) return false;
+    }
+    return true;
+  };
+  auto fetched = [&](const std::vector<int>& of) {
+    for (int id : of) {
       if (chunks_[id].copy[tier].pins > 0) return true;
     }
     return false;
   };
+  const Status refused = Status::FailedPrecondition(
+      "group '" + groups_[group].layout.name + "' is fetched on " +
+      TierLabel(tier) + "; release it before evicting");
+  changed_.wait(lk, at_rest);
+  if (fetched(ids)) return refused;
   for (int id : ids) {
     Chunk& c = chunks_[id];
     Copy& copy = c.copy[tier];
     while (copy.busy() || copy.readers > 0) changed_.wait(lk);
-    // Checked before any copy goes, homed ones included (they stay).
-    if (fetched()) {
-      return Status::FailedPrecondition("group '" + groups_[group].layout.name +
-                                        "' is fetched on " + TierLabel(tier) +
-                                        "; release it before evicting");
-    }
+    if (fetched({id})) return refused;
     if (c.home == tier || !copy.allocated()) continue;
     STRATA_RETURN_IF_ERROR(Drop(lk, id, tier));
   }

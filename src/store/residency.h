@@ -211,7 +211,7 @@ class Residency {
   };
   using Lock = std::unique_lock<std::mutex>;
 
-  static Footprint FootprintOf(const GroupLayout& layout);
+  Footprint FootprintOf(const GroupLayout& layout) const;
   Status CheckFits(const GroupLayout& layout) const;
   // CheckFits' errors: the group alone does not fit beside the homes, or
   // it leaves group `other` no room to be fetched.

@@ -107,8 +107,19 @@ namespace internal {
 // lookup it does not offer. live_ mirrors the allocator's allocated ranges
 // for that lookup; both change together under mu_.
 
+namespace {
+
+DeviceInfo WithAlignment(DeviceInfo info, uint64_t alignment) {
+  info.alignment = alignment;
+  return info;
+}
+
+}  // namespace
+
 ArenaDevice::ArenaDevice(DeviceInfo info, std::byte* base, uint64_t alignment)
-    : info_(std::move(info)), base_(base), ranges_(info_.budget, alignment) {
+    : info_(WithAlignment(std::move(info), alignment)),
+      base_(base),
+      ranges_(info_.budget, alignment) {
   STRATA_CHECK(base_ != nullptr);
   STRATA_CHECK(ranges_.capacity() == info_.budget);
 }

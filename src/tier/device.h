@@ -64,11 +64,12 @@ struct DeviceOptions {
 
 struct DeviceInfo {
   DeviceKind kind = DeviceKind::kHostEmulated;
-  std::string name;     // "host-emulated" or the GPU's name
-  std::string reason;   // why kAuto chose this backend
-  int numa_node = -1;   // the GPU's NUMA node, -1 when unknown or emulated
-  uint64_t budget = 0;  // usable bytes: options.budget rounded down to the
-                        // alignment
+  std::string name;          // "host-emulated" or the GPU's name
+  std::string reason;        // why kAuto chose this backend
+  int numa_node = -1;        // the GPU's NUMA node, -1 when unknown or emulated
+  uint64_t budget = 0;       // usable bytes: options.budget rounded down to the
+                             // alignment
+  uint64_t alignment = 256;  // every allocation is a multiple of it
 };
 
 struct DeviceStats {

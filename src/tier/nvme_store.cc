@@ -71,14 +71,15 @@ Status ValidateOptions(const NvmeStoreOptions& options) {
 // scratch mount), where another user can plant a link under the name of a
 // file strata is about to write: strata would then overwrite whatever the
 // link names. So the lock file and every swap file are opened with
-// O_NOFOLLOW and checked after opening (a regular file of this user; the
-// lock file also with no second name); swap files are created new
-// (O_EXCL, after the stale ones are removed), and all of them 0600, since
-// they hold the model's weights and optimizer state. A directory that
-// other users may write to is refused unless it has the sticky bit, which
-// keeps them from renaming or removing strata's files. Checkpoints
-// (src/ckpt/env.cc) and strata-nvme-bench's file (aio::FileOptions) follow
-// the same rules.
+// O_NOFOLLOW and checked after opening (a regular file; the lock file also
+// of this user and with no second name); swap files are created new
+// (O_EXCL, after the stale ones are removed, so they are this user's), and
+// all of them 0600, since they hold the model's weights and optimizer
+// state. A directory that other users may write to is refused unless it
+// has the sticky bit, which keeps them from renaming or removing strata's
+// files. Checkpoint files (src/ckpt/env.cc) and strata-nvme-bench's file
+// (aio::FileOptions) are opened without following links too; checkpoints
+// follow the user's umask, like any output.
 Status CheckDirectory(const std::string& dir) {
   struct stat st = {};
   if (stat(dir.c_str(), &st) != 0) {
@@ -97,7 +98,10 @@ Status CheckDirectory(const std::string& dir) {
   }
   // Note [Files strata creates]: in a directory others may write to, only
   // the sticky bit stops them from replacing strata's files.
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+  const bool group_of_others =
+      (st.st_mode & S_IWGRP) != 0 && st.st_gid != getegid();
+  if (((st.st_mode & S_IWOTH) != 0 || group_of_others) &&
+      (st.st_mode & S_ISVTX) == 0) {
     return Status::PermissionDenied(
         "NVMe tier: swap directory '" + dir +
         "' is writable by other users and has no sticky bit, so another "

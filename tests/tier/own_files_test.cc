@@ -126,6 +126,14 @@ TEST_F(OwnFilesTest, SharedSwapDirectoryNeedsTheStickyBit) {
   EXPECT_TRUE(Open().ok());
 }
 
+// A user's private group (umask 002 gives 0775) is no other user.
+TEST_F(OwnFilesTest, GroupWritableDirectoryOfTheUsersOwnGroupIsFine) {
+  ASSERT_EQ(chown(swap_dir_.c_str(), geteuid(), getegid()), 0);
+  ASSERT_EQ(chmod(swap_dir_.c_str(), 0775), 0);
+  auto store = Open();
+  EXPECT_TRUE(store.ok()) << store.status().ToString();
+}
+
 // strata-nvme-bench's file and every other aio file.
 TEST_F(OwnFilesTest, AioOpensNoLink) {
   PlantLink("bench.dat");
