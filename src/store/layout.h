@@ -32,7 +32,7 @@ struct TensorLayout {
   DType dtype = DType::kFloat32;
   RoleMask roles = 0;
   uint64_t elements = 0;
-  uint64_t element = 0;                         // first element index
+  uint64_t element = 0;        // first element index
   RoleArray<uint64_t> offset;  // bytes, within the chunk
 };
 
