@@ -8,11 +8,7 @@
 #include "common/text.h"
 
 namespace strata::store {
-namespace {
-
-std::string TierLabel(Tier tier) { return std::string(TierName(tier)); }
-
-}  // namespace
+namespace {}  // namespace
 
 Residency::Residency(tier::Device* device, tier::PinnedPool* host,
                      tier::NvmeStore* nvme, transport::Mover* mover)
@@ -20,7 +16,7 @@ Residency::Residency(tier::Device* device, tier::PinnedPool* host,
 
 Residency::~Residency() {
   for (Chunk& c : chunks_) {
-    for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) FreeCopy(c, t);
+    for (Tier t : kTiers) FreeCopy(c, t);
   }
 }
 
@@ -153,7 +149,7 @@ Result<int> Residency::AddGroup(GroupLayout layout) {
   std::vector<int> ids;
   if (Status s = AllocateHomes(g, ids); !s.ok()) {
     for (int c : ids) {
-      for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+      for (Tier t : kTiers) {
         FreeCopy(chunks_[c], t);
       }
     }
@@ -382,22 +378,24 @@ Status Residency::Evict(int group, Tier tier) {
     }
     return true;
   };
-  auto fetched = [&](const std::vector<int>& of) {
-    for (int id : of) {
+  auto fetched = [&] {
+    for (int id : ids) {
       if (chunks_[id].copy[tier].pins > 0) return true;
     }
     return false;
   };
-  const Status refused = Status::FailedPrecondition(
-      "group '" + groups_[group].layout.name + "' is fetched on " +
-      TierLabel(tier) + "; release it before evicting");
+  auto refused = [&] {
+    return Status::FailedPrecondition("group '" + groups_[group].layout.name +
+                                      "' is fetched on " + TierLabel(tier) +
+                                      "; release it before evicting");
+  };
   changed_.wait(lk, at_rest);
-  if (fetched(ids)) return refused;
+  if (fetched()) return refused();
   for (int id : ids) {
     Chunk& c = chunks_[id];
     Copy& copy = c.copy[tier];
     while (copy.busy() || copy.readers > 0) changed_.wait(lk);
-    if (fetched({id})) return refused;
+    if (copy.pins > 0) return refused();
     if (c.home == tier || !copy.allocated()) continue;
     STRATA_RETURN_IF_ERROR(Drop(lk, id, tier));
   }

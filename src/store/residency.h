@@ -240,6 +240,9 @@ class Residency {
   bool OtherValid(const Chunk& c, Tier tier) const;
   bool AnyBusy(Tier tier) const;
   transport::Place PlaceOf(const Chunk& c, Tier tier) const;
+  static std::string TierLabel(Tier tier) {  // for messages
+    return std::string(TierName(tier));
+  }
   std::string Describe(const Chunk& c) const;
 
   // Fixed after construction (the tiers lock for themselves).

@@ -17,8 +17,6 @@ Tier TowardHome(Tier tier, Tier home) {
   return static_cast<Tier>(Index(tier) + (Index(home) > Index(tier) ? 1 : -1));
 }
 
-std::string TierLabel(Tier tier) { return std::string(TierName(tier)); }
-
 }  // namespace
 
 // Makes chunk `id` valid at `tier` for `why`. Returns with the lock held;
@@ -249,7 +247,7 @@ void Residency::FreeCopy(Chunk& c, Tier tier) {
 // one becomes stale when its move ends, by the version).
 void Residency::Invalidate(Chunk& c, Tier keep) {
   ++c.version;
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+  for (Tier t : kTiers) {
     if (t == keep) continue;
     Copy& copy = c.copy[t];
     copy.prefetched = false;
@@ -260,7 +258,7 @@ void Residency::Invalidate(Chunk& c, Tier keep) {
 }
 
 bool Residency::OtherValid(const Chunk& c, Tier tier) const {
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+  for (Tier t : kTiers) {
     if (t != tier && c.copy[t].usable()) return true;
   }
   return false;
