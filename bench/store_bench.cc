@@ -179,7 +179,7 @@ strata::Status Pass(strata::Engine& engine, const Options& o, Run* run) {
     run->bad_words +=
         CheckAndRewrite(view.tensors[0], g, run->visits[g]++, &run->staging);
     BusyWait(o.compute_ms);
-    STRATA_RETURN_IF_ERROR(engine.Release(g));
+    STRATA_RETURN_IF_ERROR(view.pin.Release());
   }
   return engine.EndStep();
 }
@@ -212,7 +212,7 @@ strata::Status VerifyLast(strata::Engine& engine, const Options& o, Run* run) {
     for (uint64_t i = 0; i < view.tensors[0].bytes / 8; ++i) {
       run->bad_words += words[i] != Word(g, run->visits[g] - 1, i);
     }
-    STRATA_RETURN_IF_ERROR(engine.Release(g));
+    STRATA_RETURN_IF_ERROR(view.pin.Release());
   }
   return strata::Status::Ok();
 }

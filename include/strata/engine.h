@@ -30,14 +30,14 @@
 //    STRATA_ASSIGN_OR_RETURN(GroupView w,
 //                            engine->Fetch(l, Tier::kDevice, compute));
 //    Forward(l, w);  // your kernels read w.tensors[0].data
-//    STRATA_RETURN_IF_ERROR(engine->Release(l));
+//    STRATA_RETURN_IF_ERROR(w.pin.Release());
 //  }
 //  for (int l = layers - 1; l >= 0; --l) {
 //    STRATA_ASSIGN_OR_RETURN(GroupView w,
 //                            engine->Fetch(l, Tier::kDevice, compute));
 //    STRATA_ASSIGN_OR_RETURN(GradientBuffer g, opt->AcquireGradients(l));
 //    Backward(l, w, g);  // your kernels write g.tensors[0].data
-//    STRATA_RETURN_IF_ERROR(engine->Release(l));
+//    STRATA_RETURN_IF_ERROR(w.pin.Release());
 //    STRATA_RETURN_IF_ERROR(opt->HandOff(g));  // the CPU steps layer l now
 //  }
 //  STRATA_ASSIGN_OR_RETURN(OptimStepReport report, opt->FinishStep());
@@ -53,7 +53,8 @@
 // - A group's tensors of one role are packed into one aligned chunk; chunks
 //   are the unit of transfer. A new chunk reads as zeros.
 // - Fetch(group, tier) makes the group's chunks valid at `tier` and returns
-//   views that stay valid until the matching Release(group). Prefetch() does
+//   views with a Pin that keeps them valid until it is released; each
+//   fetch has its own pin, released in any order. Prefetch() does
 //   the same asynchronously. Data moves NVMe -> host -> device and back, one
 //   tier at a time; the host copy of an NVMe-homed chunk is a cache.
 // - Budgets are hard. When a tier is full, an unpinned copy is evicted: the
@@ -68,15 +69,18 @@
 //   logged once per step on stderr and is not an error.
 //
 // - While a group is fetched with `write`, its bytes are in flux: fetches of
-//   it at another tier wait for the Release, and prefetches skip it. (So a
+//   it at another tier wait for its release, and prefetches skip it. (So a
 //   thread must not fetch, at another tier, a group it holds for writing.)
+//   A read view at another tier keeps the bytes it had, unchanged; a
+//   fetch of the group at that view's tier waits until it is released.
 //   A write fetch itself first waits for any transfer still copying from
 //   the copy it hands out (a prefetch of the group to the device, say),
 //   even when that copy is already resident; the wait counts as a stall.
 //
 // Ownership: the Engine owns every tier. Views point into tier memory and
-// are valid only between Fetch and Release. Release(group) undoes the most
-// recent unreleased Fetch of that group.
+// are valid only while their pin is held. Destroy every view (or release
+// its pin) before the Engine: an Engine destroyed with pins outstanding
+// says so on stderr, its views dangle, and releasing them then fails.
 //
 // Thread safety: every method may be called from any thread. Writing into
 // a view fetched with `write = false`, or writing one group from two
@@ -104,6 +108,7 @@ namespace strata {
 
 namespace internal {
 struct EngineAccess;  // the core's way past this API (src/store/)
+class PinOwner;       // the store's side of a Pin (src/store/residency.h)
 }  // namespace internal
 
 enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
@@ -192,10 +197,44 @@ struct TensorView {
   bool on_cuda = false;  // data is CUDA device memory
 };
 
+// A fetch's hold on the copies it made valid: they stay at their tier, and
+// views into them stay valid, until the pin is released. Pins are
+// independent of each other: release them in any order, from any thread.
+// A pin is move-only and releases itself when destroyed, so an early return
+// cannot leak it.
+//
+//   GroupView w = ...;  // Engine::Fetch
+//   Use(w);
+//   STRATA_RETURN_IF_ERROR(w.pin.Release());  // or let w go out of scope
+class STRATA_EXPORT Pin {
+ public:
+  Pin() = default;  // holds nothing
+  ~Pin();
+  Pin(Pin&& other) noexcept;
+  Pin& operator=(Pin&& other) noexcept;  // releases what *this held first
+  Pin(const Pin&) = delete;
+  Pin& operator=(const Pin&) = delete;
+
+  // Releases exactly what the fetch pinned. kFailedPrecondition when the pin
+  // holds nothing (released already, moved from, default-constructed) or its
+  // engine was destroyed first.
+  Status Release();
+  bool held() const { return owner_ != nullptr; }
+
+ private:
+  friend class internal::PinOwner;
+  Pin(std::shared_ptr<internal::PinOwner> owner, uint64_t id);
+
+  std::shared_ptr<internal::PinOwner> owner_;
+  uint64_t id_ = 0;
+};
+
+// One fetched group: its tensors' views and the pin that keeps them valid.
 struct GroupView {
   int group = -1;
   Tier tier = Tier::kHost;
   std::vector<TensorView> tensors;
+  Pin pin;
   // The view of `name` in `role`, or nullptr.
   const TensorView* Find(std::string_view name,
                          Role role = Role::kCompute) const;
@@ -279,9 +318,10 @@ class STRATA_EXPORT Engine {
   // Bytes the group occupies in `tier` when fully fetched there.
   uint64_t group_bytes(int group, Tier tier) const;
 
+  // Makes the group's chunks of `opt.roles` valid at `tier` (device or
+  // host) and pins them there; the view's pin releases exactly this fetch.
   Result<GroupView> Fetch(int group, Tier tier, const FetchOptions& opt = {});
   Status Prefetch(int group, Tier tier, RoleMask roles = kAllRoles);
-  Status Release(int group);
   // Drops the group's cached copies at `tier` (written down first when
   // dirty); copies homed at `tier` stay. kFailedPrecondition while the
   // group is fetched there.

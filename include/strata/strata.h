@@ -31,15 +31,17 @@
  *   arrays handed out are owned by the object named in their comment.
  *
  * Ownership and lifetime
- * - A strata_view and everything read from it (data, names, shapes) are
- *   valid until strata_view_release(view). The tensor memory belongs to the
- *   engine; a view fetched with write = 0 must not be written.
+ * - A strata_view is one fetch's pin: it and everything read from it (data,
+ *   names, shapes) are valid until strata_view_release(view), which releases
+ *   that fetch only. The tensor memory belongs to the engine; a view fetched
+ *   with write = 0 must not be written.
  * - strata_engine_close fails with STRATA_FAILED_PRECONDITION while views
  *   are unreleased; release them first.
  *
  * Thread safety: every function may be called from any thread, as for
- * strata::Engine. One strata_view must not be released while another thread
- * reads it.
+ * strata::Engine; a view may be released by another thread than the one
+ * that fetched it. Memory read through a view must not be used after
+ * another thread released it.
  */
 #ifndef STRATA_STRATA_H_
 #define STRATA_STRATA_H_
@@ -153,8 +155,8 @@ strata_engine_options_init(strata_engine_options* options);
 /* Opens an engine; *engine is set on success. */
 STRATA_EXPORT strata_status strata_engine_open(
     const strata_engine_options* options, strata_engine** engine);
-/* Frees the engine and every tier. Fails, closing nothing, while views of
- * it are unreleased. */
+/* Frees the engine and every tier. Fails with STRATA_FAILED_PRECONDITION,
+ * closing nothing, while views of it are unreleased. */
 STRATA_EXPORT strata_status strata_engine_close(strata_engine* engine);
 
 typedef struct strata_engine_info {
@@ -291,8 +293,12 @@ typedef struct strata_tensor_info {
   int32_t on_cuda; /* 1: data is CUDA device memory */
 } strata_tensor_info;
 
-/* Releases the fetch the view came from and frees the handle. The handle
- * is gone whatever the result; an error is the engine's Release error. */
+/* Releases exactly the fetch the view came from, whatever other views of
+ * the group exist, from any thread and in any order. The handle is gone
+ * afterwards: releasing it again, or passing it to any strata_view_*
+ * function, fails with STRATA_FAILED_PRECONDITION ("released already");
+ * a pointer that never was a view fails with STRATA_INVALID_ARGUMENT.
+ * Handles are never reused, so neither mistake can reach another view. */
 STRATA_EXPORT strata_status strata_view_release(strata_view* view);
 
 STRATA_EXPORT strata_status strata_view_get_group(const strata_view* view,

@@ -3,7 +3,6 @@
 // converts, calls the C++ API and turns the Status into a strata_status and
 // the thread's last error. No engine logic lives here.
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -13,6 +12,7 @@
 #include <utility>
 
 #include "src/capi/convert.h"
+#include "src/capi/handles.h"
 #include "strata/dlpack.h"
 #include "strata/engine.h"
 #include "strata/strata.h"
@@ -28,24 +28,11 @@ static_assert(STRATA_NUM_TIERS == strata::kNumTiers &&
 static_assert(STRATA_INTERNAL ==
               static_cast<int>(strata::StatusCode::kInternal));
 
+// strata_view is never defined: its handles are numbers (Note [View
+// handles], src/capi/handles.h).
 struct strata_engine {
   std::unique_ptr<strata::Engine> engine;
   int cuda_device = 0;
-  std::atomic<int> live_views{0};
-};
-
-// Counts itself in its engine's live_views for as long as it exists, so
-// that strata_engine_close can refuse while views point into the tiers.
-struct strata_view {
-  explicit strata_view(strata_engine* owner) : owner(owner) {
-    owner->live_views.fetch_add(1);
-  }
-  ~strata_view() { owner->live_views.fetch_sub(1); }
-  strata_view(const strata_view&) = delete;
-  strata_view& operator=(const strata_view&) = delete;
-
-  strata_engine* owner;
-  strata::GroupView view;
 };
 
 namespace strata {
@@ -92,8 +79,8 @@ strata_status Guard(const char* fn, Body&& body) noexcept {
   }
 }
 
-Status ValidTensorIndex(const strata_view& view, int32_t index) {
-  const size_t count = view.view.tensors.size();
+Status ValidTensorIndex(const capi::View& view, int32_t index) {
+  const size_t count = view.group.tensors.size();
   if (index >= 0 && static_cast<size_t>(index) < count) return Status::Ok();
   return Status::InvalidArgument("tensor index " + std::to_string(index) +
                                  " is out of range; the view has " +
@@ -122,6 +109,8 @@ using strata::capi::ValidGroup;
 using strata::capi::ValidRole;
 using strata::capi::ValidRoles;
 using strata::capi::ValidTier;
+using strata::capi::View;
+using strata::capi::ViewTable;
 
 extern "C" {
 
@@ -167,7 +156,7 @@ strata_status strata_engine_open(const strata_engine_options* options,
 strata_status strata_engine_close(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    const int live = engine->live_views.load();
+    const int live = ViewTable::Get().CountOf(engine);
     if (live > 0) {
       return Status(strata::StatusCode::kFailedPrecondition,
                     std::to_string(live) +
@@ -280,12 +269,14 @@ strata_status strata_group_fetch(strata_engine* engine, int32_t group,
     STRATA_RETURN_IF_ERROR(ValidRoles(roles));
     // Allocated first: once Fetch succeeds nothing may fail before the
     // caller holds the handle that releases it.
-    auto handle = std::make_unique<strata_view>(engine);
+    auto fetched = std::make_shared<View>();
+    fetched->owner = engine;
+    fetched->cuda_device = engine->cuda_device;
     STRATA_ASSIGN_OR_RETURN(
-        handle->view,
+        fetched->group,
         engine->engine->Fetch(group, static_cast<strata::Tier>(tier),
-                              {roles, write != 0}));
-    *view = handle.release();
+                              {.roles = roles, .write = write != 0}));
+    *view = ViewTable::Get().Add(std::move(fetched));
     return Status::Ok();
   });
 }
@@ -315,8 +306,9 @@ strata_status strata_group_evict(strata_engine* engine, int32_t group,
 strata_status strata_view_release(strata_view* view) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}}));
-    std::unique_ptr<strata_view> owned(view);
-    return owned->owner->engine->Release(owned->view.group);
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> owned,
+                            ViewTable::Get().Take(view));
+    return owned->group.pin.Release();
   });
 }
 
@@ -325,8 +317,10 @@ strata_status strata_view_get_group(const strata_view* view, int32_t* group,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{view, "view"}, {group, "group"}, {tier, "tier"}}));
-    *group = view->view.group;
-    *tier = static_cast<int32_t>(view->view.tier);
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> v,
+                            ViewTable::Get().Find(view));
+    *group = v->group.group;
+    *tier = static_cast<int32_t>(v->group.tier);
     return Status::Ok();
   });
 }
@@ -335,7 +329,9 @@ strata_status strata_view_count_tensors(const strata_view* view,
                                         int32_t* count) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {count, "count"}}));
-    *count = static_cast<int32_t>(view->view.tensors.size());
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> v,
+                            ViewTable::Get().Find(view));
+    *count = static_cast<int32_t>(v->group.tensors.size());
     return Status::Ok();
   });
 }
@@ -344,8 +340,10 @@ strata_status strata_view_get_tensor(const strata_view* view, int32_t index,
                                      strata_tensor_info* info) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {info, "info"}}));
-    STRATA_RETURN_IF_ERROR(strata::ValidTensorIndex(*view, index));
-    return strata::capi::WriteTensorInfo(view->view.tensors[index], info);
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> v,
+                            ViewTable::Get().Find(view));
+    STRATA_RETURN_IF_ERROR(strata::ValidTensorIndex(*v, index));
+    return strata::capi::WriteTensorInfo(v->group.tensors[index], info);
   });
 }
 
@@ -355,17 +353,19 @@ strata_status strata_view_find_tensor(const strata_view* view, const char* name,
     STRATA_RETURN_IF_ERROR(
         NonNull({{view, "view"}, {name, "name"}, {index, "index"}}));
     STRATA_RETURN_IF_ERROR(ValidRole(role));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> v,
+                            ViewTable::Get().Find(view));
     const auto cc_role = static_cast<strata::Role>(role);
-    const strata::TensorView* found = view->view.Find(name, cc_role);
+    const strata::TensorView* found = v->group.Find(name, cc_role);
     if (found == nullptr) {
       return Status(strata::StatusCode::kNotFound,
                     std::string("the view of group ") +
-                        std::to_string(view->view.group) + " has no tensor '" +
+                        std::to_string(v->group.group) + " has no tensor '" +
                         name + "' in role " +
                         std::string(strata::RoleName(cc_role)) +
                         "; check the name and the roles fetched");
     }
-    *index = static_cast<int32_t>(found - view->view.tensors.data());
+    *index = static_cast<int32_t>(found - v->group.tensors.data());
     return Status::Ok();
   });
 }
@@ -374,10 +374,12 @@ strata_status strata_view_export_dlpack(const strata_view* view, int32_t index,
                                         DLManagedTensor** out) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {out, "out"}}));
-    STRATA_RETURN_IF_ERROR(strata::ValidTensorIndex(*view, index));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> v,
+                            ViewTable::Get().Find(view));
+    STRATA_RETURN_IF_ERROR(strata::ValidTensorIndex(*v, index));
     STRATA_ASSIGN_OR_RETURN(
         auto managed,
-        strata::ToDLPack(view->view.tensors[index], view->owner->cuda_device));
+        strata::ToDLPack(v->group.tensors[index], v->cuda_device));
     *out = managed;
     return Status::Ok();
   });

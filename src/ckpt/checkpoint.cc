@@ -171,7 +171,7 @@ Status ForEachRole(Engine& engine, int g, RoleMask roles, bool write, Use use) {
             g, Tier::kHost,
             {.roles = RoleBit(role), .write = write, .record = false}));
     const Status s = use(role, view);
-    const Status released = engine.Release(g);
+    const Status released = view.pin.Release();
     if (!s.ok()) return s;
     if (!released.ok()) return released;
   }

@@ -133,7 +133,7 @@ class OffloadOptimizer::Impl {
   void WriterLoop();
   Status RunTask(const Task& task);
   Status ConsumeGradients(const Task& task);
-  Status FetchToWrite(int group, RoleMask roles);
+  Result<Pin> FetchToWrite(int group, RoleMask roles);
   Status StepGroup(int group, const void* grads, FloatType grad_type);
   // Prefetches the state of the groups that step after `group` (-1: the
   // first), in the last step's order.

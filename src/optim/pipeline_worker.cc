@@ -32,11 +32,11 @@ void OffloadOptimizer::Impl::WorkerLoop() {
 
 Status OffloadOptimizer::Impl::RunTask(const Task& task) {
   if (task.slot >= 0) return ConsumeGradients(task);
-  STRATA_RETURN_IF_ERROR(FetchToWrite(task.group, kGradBit));
+  STRATA_ASSIGN_OR_RETURN(Pin grads, FetchToWrite(task.group, kGradBit));
   const void* base =
       parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
   Status status = StepGroup(task.group, base, FloatType::kF32);
-  Status released = engine_->Release(task.group);
+  Status released = grads.Release();
   return status.ok() ? released : status;
 }
 
@@ -68,9 +68,10 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     free_slot();
     return sum.ok() ? status : sum.status();
   }
-  if (Status s = FetchToWrite(task.group, kGradBit); !s.ok()) {
+  Result<Pin> grads = FetchToWrite(task.group, kGradBit);
+  if (!grads.ok()) {
     free_slot();
-    return s;
+    return grads.status();
   }
   auto* acc = static_cast<float*>(
       parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0));
@@ -92,18 +93,19 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
       status = StepGroup(task.group, acc, FloatType::kF32);
     }
   }
-  Status released = engine_->Release(task.group);
+  Status released = grads->Release();
   return status.ok() ? released : status;
 }
 
 // The pipeline's fetches: to the host, for writing, outside the trace (the
 // pipeline reads ahead on its own); chunks are then reached by Address().
-Status OffloadOptimizer::Impl::FetchToWrite(int group, RoleMask roles) {
-  FetchOptions fetch;
-  fetch.roles = roles;
-  fetch.write = true;
-  fetch.record = false;
-  return engine_->Fetch(group, Tier::kHost, fetch).status();
+Result<Pin> OffloadOptimizer::Impl::FetchToWrite(int group, RoleMask roles) {
+  STRATA_ASSIGN_OR_RETURN(
+      store::Residency::Fetched fetched,
+      parts_.residency->Fetch(
+          group, Tier::kHost,
+          {.roles = roles, .write = true, .record = false}));
+  return std::move(fetched.pin);
 }
 
 Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
@@ -118,7 +120,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   }
   ReadAhead(group);
   const Clock::time_point start = Clock::now();
-  STRATA_RETURN_IF_ERROR(FetchToWrite(group, g.step_roles));
+  STRATA_ASSIGN_OR_RETURN(Pin state, FetchToWrite(group, g.step_roles));
   store::Residency& residency = *parts_.residency;
   auto chunk = [&](Role role) {
     return residency.Address(group, role, Tier::kHost, 0);
@@ -143,7 +145,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   if (report.ok() && g.compute == FloatType::kF32) {
     std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
   }
-  Status released = engine_->Release(group);
+  Status released = state.Release();
   const Clock::time_point end = Clock::now();
   if (!report.ok()) return report.status();
   if (report->overflow()) {

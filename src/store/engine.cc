@@ -134,12 +134,16 @@ Result<int> Engine::Impl::Register(const GroupSpec& spec) {
 
 Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
                                       const FetchOptions& opt) {
-  STRATA_ASSIGN_OR_RETURN(int position, residency_->Fetch(group, tier, opt));
-  if (position >= 0 && options_.prefetch) SubmitPrefetches(position);
+  STRATA_ASSIGN_OR_RETURN(store::Residency::Fetched fetched,
+                          residency_->Fetch(group, tier, opt));
+  if (fetched.position >= 0 && options_.prefetch) {
+    SubmitPrefetches(fetched.position);
+  }
   const store::GroupLayout& layout = residency_->layout(group);
   GroupView view;
   view.group = group;
   view.tier = tier;
+  view.pin = std::move(fetched.pin);
   const bool cuda =
       tier == Tier::kDevice && device_->info().kind == tier::DeviceKind::kCuda;
   for (const store::TensorLayout& t : layout.tensors) {
@@ -296,8 +300,6 @@ Result<GroupView> Engine::Fetch(int group, Tier tier, const FetchOptions& opt) {
 Status Engine::Prefetch(int group, Tier tier, RoleMask roles) {
   return impl_->Prefetch(group, tier, roles);
 }
-
-Status Engine::Release(int group) { return impl_->residency_->Release(group); }
 
 Status Engine::Evict(int group, Tier tier) {
   return impl_->residency_->Evict(group, tier);

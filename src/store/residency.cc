@@ -1,6 +1,7 @@
 #include "src/store/residency.h"
 
 #include <chrono>
+#include <cstdio>
 #include <limits>
 #include <utility>
 
@@ -8,13 +9,26 @@
 #include "common/text.h"
 
 namespace strata::store {
-namespace {}  // namespace
 
 Residency::Residency(tier::Device* device, tier::PinnedPool* host,
                      tier::NvmeStore* nvme, transport::Mover* mover)
-    : device_(device), host_(host), nvme_(nvme), mover_(mover) {}
+    : device_(device),
+      host_(host),
+      nvme_(nvme),
+      mover_(mover),
+      pin_owner_(std::make_shared<internal::PinOwner>(this)) {}
 
 Residency::~Residency() {
+  pin_owner_->Close();
+  if (!holds_.empty()) {
+    const Hold& first = holds_.begin()->second;
+    std::fprintf(stderr,
+                 "strata: the engine was destroyed with %zu fetches "
+                 "unreleased (group '%s' on %s, ...); their views dangle, "
+                 "and releasing them fails. Release every view first\n",
+                 holds_.size(), groups_[first.group].layout.name.c_str(),
+                 TierLabel(first.tier).c_str());
+  }
   for (Chunk& c : chunks_) {
     for (Tier t : kTiers) FreeCopy(c, t);
   }
@@ -246,7 +260,8 @@ Status Residency::CheckFetch(int group, Tier tier, RoleMask roles) const {
 // first, and only once every one is there, with no transfer reading it, do
 // the other copies become stale. A fetch that fails part-way has changed no
 // copy anywhere.
-Result<int> Residency::Fetch(int group, Tier tier, const FetchOptions& opt) {
+Result<Residency::Fetched> Residency::Fetch(int group, Tier tier,
+                                            const FetchOptions& opt) {
   Lock lk(mu_);
   STRATA_RETURN_IF_ERROR(CheckFetch(group, tier, opt.roles));
   if (opt.record && trace_.in_step()) {
@@ -254,30 +269,32 @@ Result<int> Residency::Fetch(int group, Tier tier, const FetchOptions& opt) {
         trace_.OnFetch({.group = group, .tier = tier, .roles = opt.roles});
   }
   const int position = opt.record ? position_ : -1;
-  Pin pin{tier, false, {}};
+  Hold hold{.group = group, .tier = tier, .write = false, .chunks = {}};
   for (int id : ChunksOf(group, opt.roles)) {
     if (Status s = FetchChunk(lk, id, tier, opt); !s.ok()) {
-      Unpin(pin);
+      Unpin(hold);
       return s;
     }
-    pin.chunks.push_back(id);
+    hold.chunks.push_back(id);
   }
   if (opt.write) {
     auto unread = [&] {
-      for (int id : pin.chunks) {
+      for (int id : hold.chunks) {
         if (chunks_[id].copy[tier].readers > 0) return false;
       }
       return true;
     };
     changed_.wait(lk, unread);
-    for (int id : pin.chunks) {
+    for (int id : hold.chunks) {
       Invalidate(chunks_[id], tier);
       ++chunks_[id].writers;
     }
-    pin.write = true;
+    hold.write = true;
   }
-  groups_[group].pins.push_back(std::move(pin));
-  return position;
+  const uint64_t pin = next_pin_++;
+  holds_.emplace(pin, std::move(hold));
+  return Fetched{.position = position,
+                 .pin = internal::PinOwner::Make(pin_owner_, pin)};
 }
 
 // Makes one chunk valid at `tier` for a demand fetch and pins it there,
@@ -316,24 +333,24 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
   return Status();
 }
 
-void Residency::Unpin(const Pin& pin) {
-  for (int id : pin.chunks) {
-    --chunks_[id].copy[pin.tier].pins;
-    if (pin.write) --chunks_[id].writers;
+void Residency::Unpin(const Hold& hold) {
+  for (int id : hold.chunks) {
+    --chunks_[id].copy[hold.tier].pins;
+    if (hold.write) --chunks_[id].writers;
   }
   changed_.notify_all();
 }
 
-Status Residency::Release(int group) {
+Status Residency::Release(uint64_t pin) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (group < 0 || group >= static_cast<int>(groups_.size()) ||
-      groups_[group].pins.empty()) {
-    return Status::FailedPrecondition("release of group " +
-                                      std::to_string(group) +
-                                      " without a matching fetch");
+  const auto it = holds_.find(pin);
+  if (it == holds_.end()) {
+    return Status::FailedPrecondition(
+        "release of pin " + std::to_string(pin) +
+        ", which this engine does not hold: released twice, or not its own");
   }
-  Unpin(groups_[group].pins.back());
-  groups_[group].pins.pop_back();
+  Unpin(it->second);
+  holds_.erase(it);
   return Status();
 }
 
@@ -420,10 +437,11 @@ EngineStats Residency::counters() const {
 
 int Residency::FirstPinnedGroup() const {
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    if (!groups_[g].pins.empty()) return static_cast<int>(g);
+  int first = -1;
+  for (const auto& [pin, hold] : holds_) {
+    if (first < 0 || hold.group < first) first = hold.group;
   }
-  return -1;
+  return first;
 }
 
 bool Residency::in_step() const {

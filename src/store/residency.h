@@ -13,7 +13,8 @@
 // - Every transfer records the chunk's version when it starts and only
 //   validates its destination if no write fetch intervened.
 // - Pins (Fetch) keep a copy in place; readers (a transfer in flight from
-//   it) do too, and a write fetch waits for them to finish. Each copy's
+//   it) do too, and a write fetch waits for them to finish. Each fetch is
+//   one hold with its own Pin token, released on its own. Each copy's
 //   state and its transitions: Note [Copy states] below.
 // - A write fetch's copy changes until its release, so no copy is made from
 //   it meanwhile: demand fetches of the chunk at other tiers wait for the
@@ -37,6 +38,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -44,6 +47,7 @@
 #include "common/enum_array.h"
 #include "src/sched/trace.h"
 #include "src/store/layout.h"
+#include "src/store/pin_owner.h"
 #include "src/tier/device.h"
 #include "src/tier/nvme_store.h"
 #include "src/tier/pinned_pool.h"
@@ -78,13 +82,19 @@ class Residency {
   bool EndStep(std::string* diverged);
   sched::Trace TraceSnapshot() const;
 
+  // What a demand fetch returns: its trace position (-1 when not following
+  // a trace, or when FetchOptions::record is false: the fetch is then not
+  // part of the trace) and the pin that releases exactly this fetch.
+  struct Fetched {
+    int position = -1;
+    Pin pin;
+  };
   // Demand fetch (Engine::Fetch): validates and pins the group's chunks in
-  // `opt.roles` at `tier`. Returns the trace position (-1 when not following
-  // a trace, or when `opt.record` is false: the fetch is then not part of
-  // the trace).
-  Result<int> Fetch(int group, Tier tier, const FetchOptions& opt);
-  // Unpins the most recent unreleased Fetch of the group.
-  Status Release(int group);
+  // `opt.roles` at `tier`.
+  Result<Fetched> Fetch(int group, Tier tier, const FetchOptions& opt);
+  // Undoes hold `pin` (Pin::Release). kFailedPrecondition for a hold that
+  // is not outstanding.
+  Status Release(uint64_t pin);
   // Background fetch for trace position `position` (-1: a caller's
   // explicit prefetch, which may evict like a demand fetch). Pins nothing.
   Status Prefetch(int group, Tier tier, RoleMask roles, int position);
@@ -101,8 +111,8 @@ class Residency {
   // The fetch, prefetch and eviction counters of EngineStats; the tier,
   // byte and trace fields are left for the engine to fill.
   EngineStats counters() const;
-  // For checkpoints: the first group with an unreleased Fetch (-1 when
-  // none), and whether a step is open.
+  // For checkpoints and close: the first group with an unreleased Fetch
+  // (-1 when none), and whether a step is open.
   int FirstPinnedGroup() const;
   bool in_step() const;
 
@@ -132,11 +142,13 @@ class Residency {
   //
   // Beside the state, on a kValid copy: `pins` counts unreleased fetches and
   // `readers` the fills copying from it; a copy with either is not dropped,
-  // and a write fetch waits for its readers. `prefetched` marks a kValid copy
-  // that a prefetch made and no fetch used yet. A home copy is never
-  // kAbsent. Every write fetch bumps the chunk's version, and a transfer
-  // validates its destination only if the version it started with still
-  // holds; version 0 means never written: the chunk reads as zeros.
+  // and a write fetch waits for its readers. A pinned copy made kStale by a
+  // write elsewhere keeps its old bytes for the view that holds it: nothing
+  // fills it (or writes down into it) until its pins are gone. `prefetched`
+  // marks a kValid copy that a prefetch made and no fetch used yet. A home copy
+  // is never kAbsent. Every write fetch bumps the chunk's version, and a
+  // transfer validates its destination only if the version it started with
+  // still holds; version 0 means never written: the chunk reads as zeros.
   enum class CopyState { kAbsent, kStale, kFilling, kValid, kFlushing };
   struct Copy {
     CopyState state = CopyState::kAbsent;
@@ -191,9 +203,11 @@ class Residency {
     }
     bool planned() const { return kind == Kind::kPlanned; }
   };
-  struct Pin {
-    Tier tier;
-    bool write;
+  // One unreleased fetch: what its Pin releases.
+  struct Hold {
+    int group = -1;
+    Tier tier = Tier::kHost;
+    bool write = false;
     std::vector<int> chunks;
   };
   // The bytes a group's chunks take at their homes, and the bytes a fetch
@@ -207,7 +221,6 @@ class Residency {
     GroupLayout layout;
     Footprint footprint;
     std::vector<int> chunks;  // ids, in layout.chunks order
-    std::vector<Pin> pins;    // unreleased fetches, oldest first
   };
   using Lock = std::unique_lock<std::mutex>;
 
@@ -221,7 +234,12 @@ class Residency {
                  uint64_t homes, uint64_t fetch, uint64_t budget) const;
   Status CheckFetch(int group, Tier tier, RoleMask roles) const;
   Status FetchChunk(Lock& lk, int id, Tier tier, const FetchOptions& opt);
-  void Unpin(const Pin& pin);
+  void Unpin(const Hold& hold);
+  // The copy at `tier` may not be filled or written into: a view holds its
+  // old bytes.
+  static bool HeldStale(const Copy& copy) {
+    return copy.state == CopyState::kStale && copy.pins > 0;
+  }
   Status AllocateHomes(Group& group, std::vector<int>& ids);
   std::vector<int> ChunksOf(int group, RoleMask roles) const;
   Status Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit);
@@ -233,6 +251,10 @@ class Residency {
   // The copy at `tier` to evict for chunk `requester` (-1: none), or -1.
   int PickVictim(Tier tier, int requester, Reason why) const;
   uint64_t FreeBytes(Tier tier) const;  // device or host
+  // Dropping the copy at `tier` needs a write-down first: it holds the only
+  // valid bytes. Blocked while the copy below is HeldStale.
+  bool MustWriteDown(const Chunk& c, Tier tier) const;
+  bool WriteDownBlocked(const Chunk& c, Tier tier) const;
   Status Drop(Lock& lk, int id, Tier tier);
   Status WriteDown(Lock& lk, int id, Tier tier);
   void FreeCopy(Chunk& c, Tier tier);
@@ -250,6 +272,7 @@ class Residency {
   tier::PinnedPool* const host_;
   tier::NvmeStore* const nvme_;
   transport::Mover* const mover_;
+  const std::shared_ptr<internal::PinOwner> pin_owner_;
 
   // Guarded by mu_. A transfer runs without it and marks its copies busy
   // (or counts a reader) instead; changed_ wakes every waiter on any change.
@@ -257,7 +280,9 @@ class Residency {
   std::condition_variable changed_;
   std::deque<Group> groups_;  // deques: references survive growth
   std::deque<Chunk> chunks_;
-  TierArray<uint64_t> homed_;  // Footprint::homed over every group
+  TierArray<uint64_t> homed_;       // Footprint::homed over every group
+  std::map<uint64_t, Hold> holds_;  // by pin id
+  uint64_t next_pin_ = 1;
   sched::Trace trace_;
   int position_ = -1;
   uint64_t reported_invalidations_ = 0;

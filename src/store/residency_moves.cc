@@ -32,8 +32,10 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
       continue;
     }
     // A write-fetched copy is changing until its release: nothing may be
-    // copied from it. A demand waits; a prefetch gives up.
-    if (c.writers > 0) {
+    // copied from it. A stale copy that a view still holds keeps its old
+    // bytes for that view. A demand waits for the release; a prefetch gives
+    // up.
+    if (c.writers > 0 || HeldStale(dst)) {
       if (!why.demand()) break;
       changed_.wait(lk);
       continue;
@@ -81,7 +83,9 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, Reason why) {
   }
   Copy* src = from == tier ? nullptr : &c.copy[from];
   const bool stale = c.writers > 0 || (src != nullptr && !src->usable());
-  if (dst.state != CopyState::kStale || stale) return Status();
+  if (dst.state != CopyState::kStale || HeldStale(dst) || stale) {
+    return Status();
+  }
   if (src != nullptr) ++src->readers;
   dst.state = CopyState::kFilling;
   const uint64_t version = c.version;
@@ -173,7 +177,8 @@ int Residency::PickVictim(Tier tier, int requester, Reason why) const {
     const Chunk& c = chunks_[i];
     const Copy& copy = c.copy[tier];
     if (static_cast<int>(i) == requester || c.home == tier ||
-        !copy.allocated() || copy.busy() || copy.pins > 0 || copy.readers > 0) {
+        !copy.allocated() || copy.busy() || copy.pins > 0 || copy.readers > 0 ||
+        WriteDownBlocked(c, tier)) {
       continue;
     }
     int64_t score;
@@ -191,11 +196,25 @@ int Residency::PickVictim(Tier tier, int requester, Reason why) const {
   return best;
 }
 
+bool Residency::MustWriteDown(const Chunk& c, Tier tier) const {
+  return c.copy[tier].usable() && !c.never_written() && !OtherValid(c, tier);
+}
+
+bool Residency::WriteDownBlocked(const Chunk& c, Tier tier) const {
+  return MustWriteDown(c, tier) && HeldStale(c.copy[TowardHome(tier, c.home)]);
+}
+
 // Drops the copy at `tier`, writing it one tier toward home first when it
 // holds the only valid bytes. On a failed write the copy stays valid.
 Status Residency::Drop(Lock& lk, int id, Tier tier) {
   Chunk& c = chunks_[id];
-  if (c.copy[tier].usable() && !c.never_written() && !OtherValid(c, tier)) {
+  if (WriteDownBlocked(c, tier)) {
+    return Status::FailedPrecondition(
+        Describe(c) + ": its only valid copy is on " + TierLabel(tier) +
+        ", and the copy below it is held by a view that a write made stale; "
+        "release that view first");
+  }
+  if (MustWriteDown(c, tier)) {
     STRATA_RETURN_IF_ERROR(WriteDown(lk, id, tier));
   }
   FreeCopy(c, tier);

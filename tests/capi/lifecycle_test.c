@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "strata/strata.h"
+#include "tests/capi/c_check.h"
 
 #ifdef __cplusplus
 #error "lifecycle_test.c tests the C ABI and must be compiled as C"
@@ -29,36 +30,6 @@
 #define HOST_GROUP 2
 
 static char scratch[4096];
-
-static void Die(int line, const char* what, strata_status status) {
-  fprintf(stderr, "lifecycle_test.c:%d: FAILED: %s", line, what);
-  if (status != STRATA_OK) {
-    fprintf(stderr, " -> %s: %s", strata_status_name(status),
-            strata_last_error());
-  }
-  fprintf(stderr, "\n");
-  exit(1);
-}
-
-#define CHECK(cond)                               \
-  do {                                            \
-    if (!(cond)) Die(__LINE__, #cond, STRATA_OK); \
-  } while (0)
-
-#define CHECK_OK(call)                                       \
-  do {                                                       \
-    strata_status status_ = (call);                          \
-    if (status_ != STRATA_OK) Die(__LINE__, #call, status_); \
-  } while (0)
-
-/* The call fails with `want` and leaves a message. */
-#define CHECK_FAILS(want, call)                                 \
-  do {                                                          \
-    strata_status status_ = (call);                             \
-    if (status_ != (want) || strata_last_error()[0] == '\0') {  \
-      Die(__LINE__, "expected " #want " from " #call, status_); \
-    }                                                           \
-  } while (0)
 
 static int RemoveEntry(const char* path, const struct stat* st, int flag,
                        struct FTW* ftw) {
@@ -438,7 +409,7 @@ static void CheckErrors(strata_engine* engine) {
   void* why = NULL;
   CHECK(pthread_create(&thread, NULL, FailInThread, NULL) == 0);
   CHECK(pthread_join(thread, &why) == 0);
-  if (why != NULL) Die(__LINE__, (const char*)why, STRATA_OK);
+  if (why != NULL) Die(__FILE__, __LINE__, (const char*)why, STRATA_OK);
   CHECK(strcmp(before, strata_last_error()) == 0);
 }
 

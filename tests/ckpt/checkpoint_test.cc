@@ -89,7 +89,7 @@ void Write(Engine& engine, uint64_t seed) {
     for (const TensorView& t : view->tensors) {
       testutil::FillRandom(t.data, t.bytes, Key(engine.group_name(g), t, seed));
     }
-    ASSERT_TRUE(engine.Release(g).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 }
 
@@ -109,7 +109,7 @@ std::string Differs(Engine& engine, uint64_t seed) {
               std::string(RoleName(t.role));
       }
     }
-    if (Status s = engine.Release(g); !s.ok()) return s.ToString();
+    if (Status s = view->pin.Release(); !s.ok()) return s.ToString();
     if (!bad.empty()) return bad;
   }
   return "";
@@ -169,8 +169,7 @@ TEST_F(CheckpointTest, RoundTripIntoAnotherPlacement) {
   Write(*source, 1);
   for (int step = 0; step < 2; ++step) {
     source->BeginStep();
-    ASSERT_TRUE(source->Fetch(1, Tier::kDevice).ok());
-    ASSERT_TRUE(source->Release(1).ok());
+    ASSERT_TRUE(source->Fetch(1, Tier::kDevice).ok());  // released at once
     ASSERT_TRUE(source->EndStep().ok());
   }
   const std::string state = R"({"step": 2, "lr": 0.001, "note": "Grüße"})";
@@ -406,12 +405,13 @@ TEST_F(CheckpointTest, FetchedGroupOrOpenStepIsAPrecondition) {
   auto source = Source();
   ASSERT_NE(source, nullptr);
   ASSERT_TRUE(source->Save(Ckpt()).ok());
-  ASSERT_TRUE(source->Fetch(2, Tier::kHost).ok());
+  auto view = source->Fetch(2, Tier::kHost);
+  ASSERT_TRUE(view.ok());
   for (Status s : {source->Save(Ckpt()), source->Load(Ckpt())}) {
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
     EXPECT_NE(s.message().find("'layer.1'"), std::string::npos) << s.message();
   }
-  ASSERT_TRUE(source->Release(2).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   source->BeginStep();
   Status s = source->Save(Ckpt());
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();

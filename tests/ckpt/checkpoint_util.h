@@ -119,7 +119,7 @@ inline void Fill(Engine& engine, uint64_t seed) {
     auto view = engine.Fetch(g, Tier::kHost, {kAllRoles, true});
     ASSERT_TRUE(view.ok()) << view.status().ToString();
     store_test::Fill(*view, seed + g);
-    ASSERT_TRUE(engine.Release(g).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 }
 
@@ -129,7 +129,7 @@ inline void Check(Engine& engine, uint64_t seed) {
     auto view = engine.Fetch(g, Tier::kHost);
     ASSERT_TRUE(view.ok()) << view.status().ToString();
     store_test::Check(*view, seed + g);
-    ASSERT_TRUE(engine.Release(g).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 }
 

@@ -108,7 +108,7 @@ class MixedModelTest : public testing::Test {
           data[i] = r.master[at + i] = dist(rng);
         }
       }
-      ASSERT_TRUE(engine_->Release(g).ok());
+      ASSERT_TRUE(view->pin.Release().ok());
     }
     auto view = engine_->Fetch(kFrozen, Tier::kHost, {kAllRoles, true});
     ASSERT_TRUE(view.ok()) << view.status().message();
@@ -116,7 +116,7 @@ class MixedModelTest : public testing::Test {
     frozen_.resize(t.bytes);
     for (char& c : frozen_) c = static_cast<char>(rng());
     std::memcpy(t.data, frozen_.data(), t.bytes);
-    ASSERT_TRUE(engine_->Release(kFrozen).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 
   // Gradients of step `s` for group `g`: a third of the elements (a
@@ -201,7 +201,7 @@ class MixedModelTest : public testing::Test {
         EXPECT_EQ(std::memcmp(base, expect, bytes), 0)
             << "group '" << engine_->group_name(g) << "' role "
             << RoleName(role) << " differs after " << steps << " steps";
-        ASSERT_TRUE(engine_->Release(g).ok());
+        ASSERT_TRUE(view->pin.Release().ok());
       }
     }
     auto view = engine_->Fetch(kFrozen, Tier::kHost);
@@ -209,7 +209,7 @@ class MixedModelTest : public testing::Test {
     EXPECT_EQ(
         std::memcmp(view->tensors[0].data, frozen_.data(), frozen_.size()), 0)
         << "the frozen group changed";
-    ASSERT_TRUE(engine_->Release(kFrozen).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 
   std::unique_ptr<Engine> engine_;
@@ -266,9 +266,9 @@ TEST(OffloadOptimizerCreateTest, CachedCopiesMakeRoomForTheBuffers) {
     ASSERT_TRUE(engine->RegisterGroup(spec).ok());
   }
   for (int g = 0; g < 4; ++g) {
+    // The view's pin is released with the temporary.
     ASSERT_TRUE(
         engine->Fetch(g, Tier::kDevice, {RoleBit(Role::kCompute)}).ok());
-    ASSERT_TRUE(engine->Release(g).ok());
   }
   ASSERT_LT(engine->stats().tiers[0].budget - engine->stats().tiers[0].used,
             400000u)

@@ -143,7 +143,7 @@ class PipelineTest : public testing::TestWithParam<Config> {
           data[i] = r.master[at + i] = dist(rng);
         }
       }
-      ASSERT_TRUE(engine_->Release(g).ok());
+      ASSERT_TRUE(view->pin.Release().ok());
     }
   }
 
@@ -203,7 +203,7 @@ class PipelineTest : public testing::TestWithParam<Config> {
     for (size_t i = 0; i < wide.size(); ++i) {
       r.grads[i] = mb == 0 ? wide[i] : r.grads[i] + wide[i];
     }
-    ASSERT_TRUE(engine_->Release(g).ok());
+    ASSERT_TRUE(fetched->pin.Release().ok());
     ASSERT_TRUE(optimizer_->HandOff(*buffer).ok());
   }
 
@@ -218,7 +218,7 @@ class PipelineTest : public testing::TestWithParam<Config> {
             << "parameters in layer." << g << "/" << t.name;
       }
     }
-    ASSERT_TRUE(engine_->Release(g).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 
   void ReferenceStep(const StepHyper& hyper, int64_t step) {
@@ -277,7 +277,7 @@ class PipelineTest : public testing::TestWithParam<Config> {
             << "layer." << g << "/" << t.name << " role " << RoleName(t.role)
             << " differs after " << steps_taken_ << " steps";
       }
-      ASSERT_TRUE(engine_->Release(g).ok());
+      ASSERT_TRUE(view->pin.Release().ok());
     }
   }
 

@@ -83,7 +83,7 @@ struct Run {
       auto view = engine->Fetch(g, Tier::kHost, {RoleBit(role), true});
       ASSERT_TRUE(view.ok()) << view.status().message();
       for (const TensorView& t : view->tensors) Random(t, seed + g);
-      ASSERT_TRUE(engine->Release(g).ok());
+      ASSERT_TRUE(view->pin.Release().ok());
     }
   }
 
@@ -112,9 +112,9 @@ struct Run {
       hyper.weight_decay = 0.01;
       ASSERT_TRUE(optimizer->BeginStep(hyper).ok());
       for (int g = 0; g < kGroups; ++g) {
+        // The view's pin is released with the temporary.
         ASSERT_TRUE(
             engine->Fetch(g, Tier::kDevice, {RoleBit(Role::kCompute)}).ok());
-        ASSERT_TRUE(engine->Release(g).ok());
       }
       for (int g = kGroups - 1; g >= 0; --g) {
         auto buffer = optimizer->AcquireGradients(g);
@@ -140,7 +140,7 @@ struct Run {
         const char* p = static_cast<const char*>(t.data);
         out.emplace_back(p, p + t.bytes);
       }
-      EXPECT_TRUE(engine->Release(g).ok());
+      EXPECT_TRUE(view->pin.Release().ok());
     }
     return out;
   }

@@ -53,14 +53,14 @@ Status TrainOneStep(const std::string& swap_dir, int layers,
     STRATA_ASSIGN_OR_RETURN(GroupView w,
                             engine->Fetch(l, Tier::kDevice, compute));
     Forward(l, w);  // your kernels read w.tensors[0].data
-    STRATA_RETURN_IF_ERROR(engine->Release(l));
+    STRATA_RETURN_IF_ERROR(w.pin.Release());
   }
   for (int l = layers - 1; l >= 0; --l) {
     STRATA_ASSIGN_OR_RETURN(GroupView w,
                             engine->Fetch(l, Tier::kDevice, compute));
     STRATA_ASSIGN_OR_RETURN(GradientBuffer g, opt->AcquireGradients(l));
     Backward(l, w, g);  // your kernels write g.tensors[0].data
-    STRATA_RETURN_IF_ERROR(engine->Release(l));
+    STRATA_RETURN_IF_ERROR(w.pin.Release());
     STRATA_RETURN_IF_ERROR(opt->HandOff(g));  // the CPU steps layer l now
   }
   STRATA_ASSIGN_OR_RETURN(OptimStepReport report, opt->FinishStep());

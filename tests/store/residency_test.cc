@@ -61,9 +61,16 @@ class ResidencyTest : public testing::Test {
   }
 
   Status FetchAndRelease(int group, Tier tier) {
-    STRATA_RETURN_IF_ERROR(
-        residency_->Fetch(group, tier, {.roles = kCompute}).status());
-    return residency_->Release(group);
+    STRATA_ASSIGN_OR_RETURN(
+        Residency::Fetched fetched,
+        residency_->Fetch(group, tier, {.roles = kCompute}));
+    return fetched.pin.Release();
+  }
+  // A fetch that must succeed; its pin (empty on failure).
+  Pin Hold(int group, Tier tier, FetchOptions opt = {.roles = kCompute}) {
+    auto fetched = residency_->Fetch(group, tier, opt);
+    EXPECT_TRUE(fetched.ok()) << fetched.status().ToString();
+    return fetched.ok() ? std::move(fetched->pin) : Pin();
   }
 
   // Whether the group's compute copy is valid at the device now: a fetch
@@ -88,12 +95,12 @@ class ResidencyTest : public testing::Test {
 TEST_F(ResidencyTest, ChunksNeverWrittenReadAsZerosWithoutATransfer) {
   Open(2);
   const int g = AddGroup("g");
-  auto view = residency_->Fetch(g, kDevice, {.roles = kCompute});
-  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Pin pin = Hold(g, kDevice);
+  ASSERT_TRUE(pin.held());
   const auto moved = mover_->bytes();
   EXPECT_EQ(moved[static_cast<int>(kHost)][static_cast<int>(kDevice)], 0u)
       << "a zero chunk was copied instead of filled";
-  ASSERT_TRUE(residency_->Release(g).ok());
+  ASSERT_TRUE(pin.Release().ok());
 }
 
 // Note [Eviction order], without a trace: least recently used first.
@@ -135,17 +142,17 @@ TEST_F(ResidencyTest, CopyUsedFurthestAheadIsEvictedWhenFollowingATrace) {
 TEST_F(ResidencyTest, PinnedCopiesAreNeverEvicted) {
   Open(2);
   const int a = AddGroup("a"), b = AddGroup("b"), c = AddGroup("c");
-  ASSERT_TRUE(residency_->Fetch(a, kDevice, {.roles = kCompute}).ok());
-  ASSERT_TRUE(residency_->Fetch(b, kDevice, {.roles = kCompute}).ok());
+  Pin pin_a = Hold(a, kDevice);
+  Pin pin_b = Hold(b, kDevice);
   auto full = residency_->Fetch(c, kDevice, {.roles = kCompute});
   ASSERT_FALSE(full.ok());
   EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(full.status().message().find("fetched (pinned)"), std::string::npos)
       << full.status().message();
-  ASSERT_TRUE(residency_->Release(b).ok());
+  ASSERT_TRUE(pin_b.Release().ok());
   ASSERT_TRUE(FetchAndRelease(c, kDevice).ok());
   EXPECT_TRUE(OnDevice(a)) << "the pinned group was evicted";
-  ASSERT_TRUE(residency_->Release(a).ok());
+  ASSERT_TRUE(pin_a.Release().ok());
 }
 
 // Issue #17: a registration is checked against every group registered. Here
@@ -161,9 +168,7 @@ TEST_F(ResidencyTest, RegistrationThatStarvesAnEarlierGroupIsRefused) {
   EXPECT_NE(m.find("group 'g1' cannot be registered"), std::string::npos) << m;
   EXPECT_NE(m.find("group 'g0' needs 96.0 KiB"), std::string::npos) << m;
   EXPECT_EQ(residency_->group_count(), 1);
-  ASSERT_TRUE(residency_->Fetch(0, kDevice, {.roles = kCompute}).ok())
-      << "g0 can still be fetched";
-  ASSERT_TRUE(residency_->Release(0).ok());
+  EXPECT_TRUE(FetchAndRelease(0, kDevice).ok()) << "g0 can still be fetched";
   EXPECT_TRUE(TryAddGroup("g2", 32 * kKiB, kDevice).ok()) << "96 + 32 fit";
 }
 
@@ -183,22 +188,21 @@ TEST_F(ResidencyTest, AWriteFetchThatFailsPartWayChangesNoCopy) {
   const int g = *residency_->AddGroup(std::move(*layout));
   const int other = AddGroup("other");
   const FetchOptions both{.roles = kCompute | RoleBit(Role::kMaster)};
-  ASSERT_TRUE(residency_->Fetch(g, kHost, both).ok());  // a read view
-  ASSERT_TRUE(residency_->Fetch(other, kDevice, {.roles = kCompute}).ok());
+  Pin reader = Hold(g, kHost, both);
+  Pin pin_other = Hold(other, kDevice);
   FetchOptions write = both;
   write.write = true;
   auto failed = residency_->Fetch(g, kDevice, write);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), StatusCode::kResourceExhausted);
-  ASSERT_TRUE(residency_->Release(other).ok());
-  ASSERT_TRUE(residency_->Release(g).ok());
+  ASSERT_TRUE(pin_other.Release().ok());
+  ASSERT_TRUE(reader.Release().ok());
 
   const uint64_t hits = residency_->counters().hits;
   const auto moved = mover_->bytes();
-  ASSERT_TRUE(residency_->Fetch(g, kHost, both).ok());
+  Pin again = Hold(g, kHost, both);
   EXPECT_EQ(residency_->counters().hits, hits + 2) << "a host copy went stale";
   EXPECT_EQ(mover_->bytes(), moved);
-  ASSERT_TRUE(residency_->Release(g).ok());
 }
 
 // engine.h: Evict is kFailedPrecondition while the group is fetched at the
@@ -207,13 +211,13 @@ TEST_F(ResidencyTest, EvictingAFetchedGroupFailsAtItsHomeTierToo) {
   Open(2);
   const int g = AddGroup("g");
   for (Tier tier : {kHost, kDevice}) {
-    ASSERT_TRUE(residency_->Fetch(g, tier, {.roles = kCompute}).ok());
+    Pin pin = Hold(g, tier);
     const Status evict = residency_->Evict(g, tier);
     EXPECT_EQ(evict.code(), StatusCode::kFailedPrecondition)
         << TierName(tier) << ": " << evict.ToString();
     EXPECT_NE(evict.message().find("release it before evicting"),
               std::string::npos);
-    ASSERT_TRUE(residency_->Release(g).ok());
+    ASSERT_TRUE(pin.Release().ok());
     EXPECT_TRUE(residency_->Evict(g, tier).ok());
   }
 }
@@ -226,9 +230,9 @@ TEST_F(ResidencyTest, WriteFetchWaitsForTheTransferReadingItsCopy) {
   Open(2);
   const int g = AddGroup("g");
   FetchOptions write{.roles = kCompute, .write = true};
-  ASSERT_TRUE(residency_->Fetch(g, kHost, write).ok());
+  Pin first = Hold(g, kHost, write);
   std::memset(HostBytes(g), 1, 64 * kKiB);
-  ASSERT_TRUE(residency_->Release(g).ok());
+  ASSERT_TRUE(first.Release().ok());
 
   device_->Hold();
   std::future<Status> prefetch = std::async(std::launch::async, [&] {
@@ -236,9 +240,10 @@ TEST_F(ResidencyTest, WriteFetchWaitsForTheTransferReadingItsCopy) {
   });
   while (device_->held() == 0) std::this_thread::yield();
   std::future<Status> writer = std::async(std::launch::async, [&] {
-    STRATA_RETURN_IF_ERROR(residency_->Fetch(g, kHost, write).status());
+    STRATA_ASSIGN_OR_RETURN(Residency::Fetched fetched,
+                            residency_->Fetch(g, kHost, write));
     std::memset(HostBytes(g), 2, 64 * kKiB);
-    return residency_->Release(g);
+    return fetched.pin.Release();
   });
   EXPECT_EQ(writer.wait_for(std::chrono::milliseconds(100)),
             std::future_status::timeout)
@@ -247,13 +252,121 @@ TEST_F(ResidencyTest, WriteFetchWaitsForTheTransferReadingItsCopy) {
   ASSERT_TRUE(prefetch.get().ok());
   ASSERT_TRUE(writer.get().ok());
 
-  auto view = residency_->Fetch(g, kDevice, {.roles = kCompute});
-  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Pin pin = Hold(g, kDevice);
   const char* on_device = static_cast<const char*>(
       residency_->Address(g, Role::kCompute, kDevice, 0));
   EXPECT_EQ(on_device[0], 2);
   EXPECT_EQ(on_device[64 * kKiB - 1], 2);
-  ASSERT_TRUE(residency_->Release(g).ok());
+}
+
+// Issue #17 §1: a pin releases exactly its own fetch. Releasing the host
+// view first leaves the device copy that the other view reads pinned:
+// eviction pressure on the device then takes other copies, never it.
+TEST_F(ResidencyTest, OutOfOrderReleaseKeepsTheOtherFetchPinned) {
+  Open(2);
+  const int g = AddGroup("g"), a = AddGroup("a"), b = AddGroup("b");
+  Pin write = Hold(g, kHost, {.roles = kCompute, .write = true});
+  std::memset(HostBytes(g), 7, 64 * kKiB);
+  ASSERT_TRUE(write.Release().ok());
+  Pin on_host = Hold(g, kHost);
+  Pin on_device = Hold(g, kDevice);
+  ASSERT_TRUE(on_host.Release().ok());
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(FetchAndRelease(a, kDevice).ok());
+    ASSERT_TRUE(FetchAndRelease(b, kDevice).ok());
+  }
+  EXPECT_GE(residency_->counters().evictions, 4u);
+  const auto* bytes = static_cast<const unsigned char*>(
+      residency_->Address(g, Role::kCompute, kDevice, 0));
+  for (uint64_t i = 0; i < 64 * kKiB; ++i) {
+    ASSERT_EQ(bytes[i], 7) << "byte " << i << " of the pinned device copy";
+  }
+  EXPECT_EQ(residency_->FirstPinnedGroup(), g);
+  ASSERT_TRUE(on_device.Release().ok());
+  EXPECT_EQ(residency_->FirstPinnedGroup(), -1);
+}
+
+TEST_F(ResidencyTest, APinIsReleasedOnceFromAnyThread) {
+  Open(2);
+  const int g = AddGroup("g");
+  Pin pin = Hold(g, kDevice);
+  Pin moved = std::move(pin);
+  EXPECT_FALSE(pin.held());  // NOLINT(bugprone-use-after-move): the point
+  EXPECT_EQ(pin.Release().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(std::async(std::launch::async, [&] { return moved.Release(); })
+                  .get()
+                  .ok());
+  const Status twice = moved.Release();
+  EXPECT_EQ(twice.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(twice.message().find("released already"), std::string::npos)
+      << twice.message();
+  EXPECT_EQ(residency_->Release(12345).code(), StatusCode::kFailedPrecondition);
+  { Pin scoped = Hold(g, kDevice); }  // released by its destructor
+  EXPECT_TRUE(residency_->Evict(g, kDevice).ok());
+}
+
+// Issue #17 §1: with a write view W and a read view R of g on the device,
+// releasing W ends the write, so a fetch of g at the host goes ahead while R
+// is still held (it used to wait for R: the release undid R's fetch).
+TEST_F(ResidencyTest, ReleasingTheWriteViewEndsTheWriteWhileAReadViewIsHeld) {
+  Open(2);
+  const int g = AddGroup("g");
+  Pin w = Hold(g, kDevice, {.roles = kCompute, .write = true});
+  Pin r = Hold(g, kDevice);
+  ASSERT_TRUE(w.Release().ok());
+  std::future<Status> host =
+      std::async(std::launch::async, [&] { return FetchAndRelease(g, kHost); });
+  const bool done =
+      host.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  ASSERT_TRUE(r.Release().ok());
+  ASSERT_TRUE(done) << "the host fetch waited for the read view";
+  EXPECT_TRUE(host.get().ok());
+}
+
+// Note [Copy states]: a read view of g on the host keeps its bytes after a
+// write of g on the device. The copy under it is stale but is neither
+// refilled nor written into until the view is released: a host fetch waits,
+// evicting the device copy (the only valid one) is refused.
+TEST_F(ResidencyTest, AStaleCopyAViewHoldsIsNotRefilledUnderIt) {
+  Open(2);
+  const int g = AddGroup("g");
+  Pin first = Hold(g, kHost, {.roles = kCompute, .write = true});
+  std::memset(HostBytes(g), 1, 64 * kKiB);
+  ASSERT_TRUE(first.Release().ok());
+  Pin reader = Hold(g, kHost);
+  Pin writer = Hold(g, kDevice, {.roles = kCompute, .write = true});
+  std::memset(residency_->Address(g, Role::kCompute, kDevice, 0), 2, 64 * kKiB);
+  ASSERT_TRUE(writer.Release().ok());
+  EXPECT_EQ(residency_->Evict(g, kDevice).code(),
+            StatusCode::kFailedPrecondition);
+  std::future<Status> refetch =
+      std::async(std::launch::async, [&] { return FetchAndRelease(g, kHost); });
+  EXPECT_EQ(refetch.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout)
+      << "the host copy was refilled under its read view";
+  for (uint64_t i = 0; i < 64 * kKiB; ++i) {
+    ASSERT_EQ(HostBytes(g)[i], 1) << "byte " << i << " under the read view";
+  }
+  ASSERT_TRUE(reader.Release().ok());
+  ASSERT_TRUE(refetch.get().ok());
+  Pin after = Hold(g, kHost);
+  EXPECT_EQ(HostBytes(g)[0], 2);
+  EXPECT_EQ(HostBytes(g)[64 * kKiB - 1], 2);
+}
+
+TEST_F(ResidencyTest, APinReleasedAfterItsResidencyIsGoneFails) {
+  Open(2);
+  Pin pin = Hold(AddGroup("g"), kDevice);
+  testing::internal::CaptureStderr();
+  residency_.reset();
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("destroyed with 1 fetches unreleased"), std::string::npos)
+      << said;
+  const Status late = pin.Release();
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(late.message().find("engine was destroyed first"),
+            std::string::npos)
+      << late.message();
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ TEST_F(StoreTest, NewChunksReadAsZeros) {
       const auto* bytes = static_cast<const unsigned char*>(t.data);
       for (uint64_t i = 0; i < t.bytes; ++i) ASSERT_EQ(bytes[i], 0);
     }
-    ASSERT_TRUE(engine->Release(g).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 }
 
@@ -84,7 +84,7 @@ TEST_F(StoreTest, CrossTierRoundTrip) {
   auto view = engine->Fetch(g, Tier::kDevice, {kAllRoles, true});
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   Fill(*view, 1);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   ASSERT_TRUE(engine->Evict(g, Tier::kDevice).ok());  // device -> host
   ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());    // host -> NVMe
   EngineStats s = engine->stats();
@@ -93,22 +93,22 @@ TEST_F(StoreTest, CrossTierRoundTrip) {
   view = engine->Fetch(g, Tier::kHost);  // NVMe -> host
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   Check(*view, 1);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   view = engine->Fetch(g, Tier::kDevice);  // host -> device
   ASSERT_TRUE(view.ok());
   Check(*view, 1);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   // Written on the host, dropped to NVMe, read straight up to the device.
   view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
   ASSERT_TRUE(view.ok());
   Fill(*view, 2);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   ASSERT_TRUE(engine->Evict(g, Tier::kDevice).ok());
   ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());
   view = engine->Fetch(g, Tier::kDevice);
   ASSERT_TRUE(view.ok());
   Check(*view, 2);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   s = engine->stats();
   EXPECT_GT(s.bytes[2][1], 0u);
   EXPECT_GT(s.bytes[1][0], 0u);
@@ -123,12 +123,12 @@ TEST_F(StoreTest, HostAndDeviceHomesRoundTrip) {
     auto view = engine->Fetch(g, other, {kAllRoles, true});
     ASSERT_TRUE(view.ok()) << view.status().ToString();
     Fill(*view, 3);
-    ASSERT_TRUE(engine->Release(g).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
     ASSERT_TRUE(engine->Evict(g, other).ok());  // written back to the home
     view = engine->Fetch(g, home);
     ASSERT_TRUE(view.ok());
     Check(*view, 3);
-    ASSERT_TRUE(engine->Release(g).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 }
 
@@ -163,7 +163,7 @@ TEST_F(StoreTest, DeviceRolesBoundWhatTheDeviceMustHold) {
   ASSERT_TRUE(id.ok()) << id.status().message();
   auto compute = engine->Fetch(*id, Tier::kDevice, {RoleBit(Role::kCompute)});
   ASSERT_TRUE(compute.ok()) << compute.status().message();
-  ASSERT_TRUE(engine->Release(*id).ok());
+  ASSERT_TRUE(compute->pin.Release().ok());
   auto master = engine->Fetch(*id, Tier::kDevice, {RoleBit(Role::kMaster)});
   ASSERT_FALSE(master.ok());
   EXPECT_NE(master.status().message().find("device_roles"), std::string::npos)
@@ -207,26 +207,28 @@ TEST_F(StoreTest, PinnedGroupsAreNeverEvicted) {
     g.push_back(*engine->RegisterGroup(Layer("layer." + std::to_string(i),
                                              8000)));  // 48 KiB each
   }
+  std::vector<GroupView> held;
   for (int i = 0; i < 2; ++i) {
     auto view = engine->Fetch(g[i], Tier::kDevice, {kAllRoles, true});
     ASSERT_TRUE(view.ok()) << view.status().ToString();
     Fill(*view, 10 + i);
+    held.push_back(std::move(*view));
   }
   auto third = engine->Fetch(g[2], Tier::kDevice);
   ASSERT_FALSE(third.ok());
   EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(third.status().message().find("pinned"), std::string::npos)
       << third.status().message();
-  ASSERT_TRUE(engine->Release(g[0]).ok());
+  ASSERT_TRUE(held[0].pin.Release().ok());
   third = engine->Fetch(g[2], Tier::kDevice);
   ASSERT_TRUE(third.ok()) << third.status().ToString();
-  ASSERT_TRUE(engine->Release(g[2]).ok());
-  ASSERT_TRUE(engine->Release(g[1]).ok());
+  ASSERT_TRUE(third->pin.Release().ok());
+  ASSERT_TRUE(held[1].pin.Release().ok());
   for (int i = 0; i < 2; ++i) {
     auto view = engine->Fetch(g[i], Tier::kHost);
     ASSERT_TRUE(view.ok());
     Check(*view, 10 + i);
-    ASSERT_TRUE(engine->Release(g[i]).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
   EXPECT_LE(engine->stats().tiers[0].peak, 100 * kKiB);
 }
@@ -252,13 +254,13 @@ TEST_F(StoreTest, WriteFetchWaitsForTransfersCopyingFromItsCopy) {
       auto view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
       ASSERT_TRUE(view.ok()) << view.status().ToString();
       Fill(*view, i);
-      ASSERT_TRUE(engine->Release(g).ok());
+      ASSERT_TRUE(view->pin.Release().ok());
     }
   }
   auto view = engine->Fetch(g, Tier::kDevice);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   Check(*view, kWrites - 1);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
 }
 
 TEST_F(StoreTest, LruBeforeATrace) {
@@ -269,8 +271,9 @@ TEST_F(StoreTest, LruBeforeATrace) {
     g.push_back(*engine->RegisterGroup(Layer("l" + std::to_string(i), 8000)));
   }
   auto touch = [&](int i) {
-    ASSERT_TRUE(engine->Fetch(g[i], Tier::kDevice).ok());
-    ASSERT_TRUE(engine->Release(g[i]).ok());
+    auto view = engine->Fetch(g[i], Tier::kDevice);
+    ASSERT_TRUE(view.ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   };
   touch(0), touch(1), touch(2), touch(0);  // 1 is now least recent
   touch(3);                                // evicts 1
@@ -293,8 +296,9 @@ TEST_F(StoreTest, UnrecordedFetchesAreNotCounted) {
   auto fetch = [&](int i, bool record) {
     FetchOptions o;
     o.record = record;
-    ASSERT_TRUE(engine->Fetch(g[i], Tier::kDevice, o).ok());
-    ASSERT_TRUE(engine->Release(g[i]).ok());
+    auto view = engine->Fetch(g[i], Tier::kDevice, o);
+    ASSERT_TRUE(view.ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   };
   for (int i = 0; i < 4; ++i) fetch(i, false);
   EngineStats stats = engine->stats();
@@ -322,7 +326,7 @@ TEST_F(StoreTest, TracePrefetchesAheadAndChangesAreLogged) {
       ASSERT_TRUE(view.ok()) << view.status().ToString();
       Fill(*view, i);
       ASSERT_TRUE(engine->Drain().ok());  // let the prefetches land
-      ASSERT_TRUE(engine->Release(g[i]).ok());
+      ASSERT_TRUE(view->pin.Release().ok());
     }
     ASSERT_TRUE(engine->EndStep().ok());
   };
@@ -352,7 +356,7 @@ TEST_F(StoreTest, TracePrefetchesAheadAndChangesAreLogged) {
     auto view = engine->Fetch(g[i], Tier::kHost);
     ASSERT_TRUE(view.ok());
     Check(*view, i);
-    ASSERT_TRUE(engine->Release(g[i]).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 }
 
@@ -360,15 +364,17 @@ TEST_F(StoreTest, MisuseIsAnError) {
   auto engine = Open(256 * kKiB, 512 * kKiB, 1024 * kKiB);
   ASSERT_NE(engine, nullptr);
   const int g = *engine->RegisterGroup(Layer("layer.0", 1000));
-  EXPECT_EQ(engine->Release(g).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Pin().Release().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(engine->Fetch(g, Tier::kNvme).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->Fetch(7, Tier::kHost).status().code(),
             StatusCode::kInvalidArgument);
-  ASSERT_TRUE(engine->Fetch(g, Tier::kDevice).ok());
+  auto view = engine->Fetch(g, Tier::kDevice);
+  ASSERT_TRUE(view.ok());
   EXPECT_EQ(engine->Evict(g, Tier::kDevice).code(),
             StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(engine->Release(g).ok());
+  EXPECT_TRUE(view->pin.Release().ok());
+  EXPECT_EQ(view->pin.Release().code(), StatusCode::kFailedPrecondition);
   EXPECT_FALSE(engine->RegisterGroup(GroupSpec{}).ok());
 }
 
@@ -384,19 +390,19 @@ TEST_F(StoreTest, FailedWriteBackKeepsTheHostCopy) {
   auto view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   Fill(*view, 7);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   const Status failed = engine->Evict(g, Tier::kHost);
   EXPECT_EQ(failed.code(), StatusCode::kIoError) << failed.ToString();
   ASSERT_EQ(eio.injected.load(), 1u);
   view = engine->Fetch(g, Tier::kHost);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   Check(*view, 7);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());
   view = engine->Fetch(g, Tier::kDevice);  // NVMe -> host -> device
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   Check(*view, 7);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   EXPECT_GT(engine->stats().bytes[2][1], 0u);
 }
 
@@ -411,7 +417,7 @@ TEST_F(StoreTest, FlippedByteInASwapFileIsDataLoss) {
   auto view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
   ASSERT_TRUE(view.ok());
   Fill(*view, 5);
-  ASSERT_TRUE(engine->Release(g).ok());
+  ASSERT_TRUE(view->pin.Release().ok());
   ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());
   int flipped = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {

@@ -106,7 +106,7 @@ void Drive(Engine* engine, std::vector<Shadow>* shadows, uint64_t seed) {
                     bytes.data() + at, len);
       }
     }
-    ASSERT_TRUE(engine->Release(s.id).ok());
+    ASSERT_TRUE(view->pin.Release().ok());
   }
 }
 
@@ -147,7 +147,7 @@ TEST(StoreStress, RandomOperationsUnderTightBudgetsKeepEveryByte) {
       for (const TensorView& tv : view->tensors) {
         s.bytes.emplace_back(tv.bytes, 0);
       }
-      ASSERT_TRUE(engine->Release(s.id).ok());
+      ASSERT_TRUE(view->pin.Release().ok());
       shadows[t].push_back(std::move(s));
     }
   }
@@ -162,7 +162,7 @@ TEST(StoreStress, RandomOperationsUnderTightBudgetsKeepEveryByte) {
       auto view = engine->Fetch(s.id, Tier::kHost);
       ASSERT_TRUE(view.ok()) << view.status().ToString();
       Verify(*view, s);
-      ASSERT_TRUE(engine->Release(s.id).ok());
+      ASSERT_TRUE(view->pin.Release().ok());
     }
   }
   const EngineStats stats = engine->stats();

@@ -106,7 +106,7 @@ Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
     STRATA_RETURN_IF_ERROR(Busy(seconds, run.on_cuda));
     f->compute_seconds += seconds;
     if (!forward) WriteGradients(*grads, o.dtype);
-    STRATA_RETURN_IF_ERROR(engine.Release(l));
+    STRATA_RETURN_IF_ERROR(view.pin.Release());
     if (!forward) {
       STRATA_RETURN_IF_ERROR(run.optimizer->HandOff(*grads));
     }
