@@ -197,6 +197,30 @@ struct TensorView {
   bool on_cuda = false;  // data is CUDA device memory
 };
 
+// Where a caller queued asynchronous device work, so that the engine orders
+// its own work after it without blocking a CPU thread (Note [Fences] in
+// src/store/residency.h). On CUDA, `stream` is a cudaStream_t (the work
+// queued on it so far) or `event` a recorded cudaEvent_t (the work before
+// it); on the host-emulated device, `stream` is a HostStream*. The default,
+// both null, says the work is complete already (the caller synchronized).
+struct Fence {
+  void* stream = nullptr;
+  void* event = nullptr;  // used when `stream` is null
+};
+
+// The host-emulated device's stand-in for a CUDA stream: work queued that
+// completes later, as a GPU's kernels do. Tests implement it to model a
+// framework's kernels (tests/testutil/fake_stream.h).
+class HostStream {
+ public:
+  virtual ~HostStream() = default;
+  // A mark after the work queued so far.
+  virtual uint64_t Mark() = 0;
+  // Whether the work queued before `mark` has run; Wait blocks until it has.
+  virtual bool Done(uint64_t mark) = 0;
+  virtual void Wait(uint64_t mark) = 0;
+};
+
 // A fetch's hold on the copies it made valid: they stay at their tier, and
 // views into them stay valid, until the pin is released. Pins are
 // independent of each other: release them in any order, from any thread.
@@ -215,10 +239,13 @@ class STRATA_EXPORT Pin {
   Pin(const Pin&) = delete;
   Pin& operator=(const Pin&) = delete;
 
-  // Releases exactly what the fetch pinned. kFailedPrecondition when the pin
-  // holds nothing (released already, moved from, default-constructed) or its
-  // engine was destroyed first.
-  Status Release();
+  // Releases exactly what the fetch pinned. Device work that still reads or
+  // writes the views is named by `after`: the engine neither reuses, fills
+  // nor copies from that memory before it has run. kFailedPrecondition when
+  // the pin holds nothing (released already, moved from, default-
+  // constructed) or its engine was destroyed first; kInvalidArgument for a
+  // fence the device cannot use, and the pin is then still held.
+  Status Release(const Fence& after = {});
   bool held() const { return owner_ != nullptr; }
 
  private:

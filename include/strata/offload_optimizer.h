@@ -187,8 +187,11 @@ class STRATA_EXPORT OffloadOptimizer {
   // still being copied to the host.
   Result<GradientBuffer> AcquireGradients(int group);
   // Hands the buffer back with this micro-batch's gradients in it. On the
-  // group's micro_batches-th hand-off its gradients are final.
-  Status HandOff(const GradientBuffer& buffer);
+  // group's micro_batches-th hand-off its gradients are final. Kernels that
+  // still write them are named by `after` (strata/engine.h Fence): the copy
+  // to the host is queued behind them on the device, so the call does not
+  // block.
+  Status HandOff(const GradientBuffer& buffer, const Fence& after = {});
   // After backward: waits for every group's step (and runs them first when
   // they had to wait for the global norm). Every trainable group must have
   // been handed off micro_batches times.

@@ -300,6 +300,17 @@ typedef struct strata_tensor_info {
  * a pointer that never was a view fails with STRATA_INVALID_ARGUMENT.
  * Handles are never reused, so neither mistake can reach another view. */
 STRATA_EXPORT strata_status strata_view_release(strata_view* view);
+/* strata_view_release for a view that device work queued by the caller may
+ * still read or write: the engine neither reuses, fills nor copies from its
+ * memory until that work ran, and the call does not wait for it. On CUDA,
+ * `stream` is a cudaStream_t (the work queued on it so far) or, when it is
+ * NULL, `event` a recorded cudaEvent_t; on the host-emulated device
+ * `stream` is a strata::HostStream*. Both NULL: the work is complete, as
+ * for strata_view_release. A fence the device cannot use is
+ * STRATA_INVALID_ARGUMENT and the view stays held. */
+STRATA_EXPORT strata_status strata_view_release_after(strata_view* view,
+                                                      void* stream,
+                                                      void* event);
 
 STRATA_EXPORT strata_status strata_view_get_group(const strata_view* view,
                                                   int32_t* group,

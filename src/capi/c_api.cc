@@ -312,6 +312,19 @@ strata_status strata_view_release(strata_view* view) {
   });
 }
 
+strata_status strata_view_release_after(strata_view* view, void* stream,
+                                        void* event) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}}));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> owned,
+                            ViewTable::Get().Take(view));
+    Status status =
+        owned->group.pin.Release({.stream = stream, .event = event});
+    if (owned->group.pin.held()) ViewTable::Get().Restore(view, owned);
+    return status;
+  });
+}
+
 strata_status strata_view_get_group(const strata_view* view, int32_t* group,
                                     int32_t* tier) {
   return Guard(__func__, [&]() -> Status {

@@ -52,6 +52,11 @@ Result<std::shared_ptr<View>> ViewTable::Take(const strata_view* handle) {
   return view;
 }
 
+void ViewTable::Restore(const strata_view* handle, std::shared_ptr<View> view) {
+  std::lock_guard<std::mutex> lock(mu_);
+  views_.emplace(IdOf(handle), std::move(view));
+}
+
 int ViewTable::CountOf(const strata_engine* engine) const {
   std::lock_guard<std::mutex> lock(mu_);
   int count = 0;

@@ -48,6 +48,8 @@ class ViewTable {
   Result<std::shared_ptr<View>> Find(const strata_view* handle) const;
   // Find, and the handle is released: it is no longer live.
   Result<std::shared_ptr<View>> Take(const strata_view* handle);
+  // Makes a taken handle live again (its release failed and it is held).
+  void Restore(const strata_view* handle, std::shared_ptr<View> view);
   // Live views of `engine`.
   int CountOf(const strata_engine* engine) const;
 

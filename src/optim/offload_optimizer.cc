@@ -106,8 +106,9 @@ Result<GradientBuffer> OffloadOptimizer::AcquireGradients(int group) {
   return impl_->Acquire(group);
 }
 
-Status OffloadOptimizer::HandOff(const GradientBuffer& buffer) {
-  return impl_->HandOff(buffer);
+Status OffloadOptimizer::HandOff(const GradientBuffer& buffer,
+                                 const Fence& after) {
+  return impl_->HandOff(buffer, after);
 }
 
 Result<OptimStepReport> OffloadOptimizer::FinishStep() {

@@ -290,7 +290,8 @@ Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
   return buffer;
 }
 
-Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer) {
+Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer,
+                                       const Fence& after) {
   std::unique_lock<std::mutex> lk(mu_);
   int index = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -311,11 +312,12 @@ Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer) {
         parts_.residency->layout(buffer.group).name, options_.micro_batches));
   }
   Slot& s = slots_[index];
+  STRATA_ASSIGN_OR_RETURN(tier::Event written, parts_.device->Record(after));
   STRATA_ASSIGN_OR_RETURN(
       s.d2h,
       parts_.mover->Start(transport::Place::Memory(Tier::kDevice, s.device),
                           transport::Place::Memory(Tier::kHost, s.host),
-                          g.compute_bytes));
+                          g.compute_bytes, written));
   s.acquired = false;
   s.pending = true;
   ++now.handoffs;

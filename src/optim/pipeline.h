@@ -70,7 +70,7 @@ class OffloadOptimizer::Impl {
 
   Status BeginStep(const StepHyper& hyper);
   Result<GradientBuffer> Acquire(int group);
-  Status HandOff(const GradientBuffer& buffer);
+  Status HandOff(const GradientBuffer& buffer, const Fence& after);
   Result<OptimStepReport> Finish();
   // Between steps: waits for the write-behind; its error, if any.
   Status Quiesce();

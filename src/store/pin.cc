@@ -25,19 +25,26 @@ Pin& Pin::operator=(Pin&& other) noexcept {
   return *this;
 }
 
-Status Pin::Release() {
+Status Pin::Release(const Fence& after) {
   if (!held()) {
     return Status::FailedPrecondition(
         "release of a pin that holds nothing: it was released already, "
         "moved from, or never came from a fetch");
   }
-  const std::shared_ptr<internal::PinOwner> owner = std::move(owner_);
-  return owner->Release(std::exchange(id_, 0));
+  Status status = owner_->Release(id_, after);
+  // A fence that cannot be recorded leaves the pin held: releasing it
+  // without the fence would free memory the device may still use.
+  if (!status.ok() && status.code() != StatusCode::kFailedPrecondition) {
+    return status;
+  }
+  owner_.reset();
+  id_ = 0;
+  return status;
 }
 
 namespace internal {
 
-Status PinOwner::Release(uint64_t id) {
+Status PinOwner::Release(uint64_t id, const Fence& after) {
   std::lock_guard<std::mutex> lock(mu_);
   if (residency_ == nullptr) {
     return Status::FailedPrecondition(
@@ -45,7 +52,7 @@ Status PinOwner::Release(uint64_t id) {
         "dangled from then on. Release every view before destroying the "
         "engine");
   }
-  return residency_->Release(id);
+  return residency_->Release(id, after);
 }
 
 void PinOwner::Close() {

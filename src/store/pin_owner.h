@@ -28,7 +28,7 @@ class PinOwner {
   static Pin Make(std::shared_ptr<PinOwner> owner, uint64_t id) {
     return Pin(std::move(owner), id);
   }
-  Status Release(uint64_t id);
+  Status Release(uint64_t id, const Fence& after);
   // The Residency is going: later releases fail.
   void Close();
 

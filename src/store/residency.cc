@@ -16,10 +16,17 @@ Residency::Residency(tier::Device* device, tier::PinnedPool* host,
       host_(host),
       nvme_(nvme),
       mover_(mover),
-      pin_owner_(std::make_shared<internal::PinOwner>(this)) {}
+      pin_owner_(std::make_shared<internal::PinOwner>(this)),
+      watcher_([this] { WatchFences(); }) {}
 
 Residency::~Residency() {
   pin_owner_->Close();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  fence_added_.notify_all();
+  watcher_.join();  // after every fence completed
   if (!holds_.empty()) {
     const Hold& first = holds_.begin()->second;
     std::fprintf(stderr,
@@ -341,7 +348,8 @@ void Residency::Unpin(const Hold& hold) {
   changed_.notify_all();
 }
 
-Status Residency::Release(uint64_t pin) {
+Status Residency::Release(uint64_t pin, const Fence& after) {
+  STRATA_ASSIGN_OR_RETURN(tier::Event fence, device_->Record(after));
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = holds_.find(pin);
   if (it == holds_.end()) {
@@ -349,9 +357,33 @@ Status Residency::Release(uint64_t pin) {
         "release of pin " + std::to_string(pin) +
         ", which this engine does not hold: released twice, or not its own");
   }
-  Unpin(it->second);
+  const Hold& hold = it->second;
+  if (!fence.Poll()) {
+    for (int id : hold.chunks) ++chunks_[id].copy[hold.tier].fences;
+    fenced_.push_back({std::move(fence), hold.tier, hold.chunks});
+    fence_added_.notify_one();
+  }
+  Unpin(hold);
   holds_.erase(it);
   return Status();
+}
+
+void Residency::WatchFences() {
+  Lock lk(mu_);
+  for (;;) {
+    fence_added_.wait(lk, [this] { return stopping_ || !fenced_.empty(); });
+    if (fenced_.empty()) return;
+    const tier::Event event = fenced_.front().event;
+    lk.unlock();
+    // A failure of the caller's own work is the caller's to report; the
+    // memory is free either way once the event is done.
+    (void)event.Wait();
+    lk.lock();
+    const Fenced done = std::move(fenced_.front());
+    fenced_.pop_front();
+    for (int id : done.chunks) --chunks_[id].copy[done.tier].fences;
+    changed_.notify_all();
+  }
 }
 
 Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int position) {
@@ -391,7 +423,7 @@ Status Residency::Evict(int group, Tier tier) {
   auto at_rest = [&] {
     for (int id : ids) {
       const Copy& copy = chunks_[id].copy[tier];
-      if (copy.busy() || copy.readers > 0) return false;
+      if (copy.busy() || copy.readers > 0 || copy.fenced()) return false;
     }
     return true;
   };
@@ -411,7 +443,7 @@ Status Residency::Evict(int group, Tier tier) {
   for (int id : ids) {
     Chunk& c = chunks_[id];
     Copy& copy = c.copy[tier];
-    while (copy.busy() || copy.readers > 0) changed_.wait(lk);
+    while (copy.busy() || copy.readers > 0 || copy.fenced()) changed_.wait(lk);
     if (copy.pins > 0) return refused();
     if (c.home == tier || !copy.allocated()) continue;
     STRATA_RETURN_IF_ERROR(Drop(lk, id, tier));

@@ -30,6 +30,22 @@
 // abandoned (counted, not an error). A demand fetch waits while copies at
 // the tier are in flight, and fails only when everything there is pinned.
 //
+// Note [Fences]
+// A GPU runs a caller's kernels long after the CPU queued them, so the end
+// of a fetch's pin on the CPU is not the end of its use: kernels may still
+// read (or write) the views. A release may therefore name a fence (Fence in
+// strata/engine.h, a point on the caller's stream), recorded as a device
+// event. Until it completes, the copies the pin held count as in use: they
+// are not evicted, not filled, not written down into and not copied from
+// (`fences` on the copy; every move that waits for a busy copy also waits
+// for a fenced one). The fence watcher thread waits for each fence in
+// turn, then clears it and wakes the waiters, so no training thread blocks
+// on one. Gradients handed off with a fence are copied to the host on a
+// stream ordered after it (Mover::Start). This is the bug class that
+// silently corrupts training on a GPU and can never show on a CPU, whose
+// "kernels" are done when the call returns: tests model late kernels with
+// tests/testutil/fake_stream.h.
+//
 // Thread safety: one mutex guards all state; transfers run without it.
 #ifndef STRATA_SRC_STORE_RESIDENCY_H_
 #define STRATA_SRC_STORE_RESIDENCY_H_
@@ -42,6 +58,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/enum_array.h"
@@ -92,9 +109,11 @@ class Residency {
   // Demand fetch (Engine::Fetch): validates and pins the group's chunks in
   // `opt.roles` at `tier`.
   Result<Fetched> Fetch(int group, Tier tier, const FetchOptions& opt);
-  // Undoes hold `pin` (Pin::Release). kFailedPrecondition for a hold that
-  // is not outstanding.
-  Status Release(uint64_t pin);
+  // Undoes hold `pin` (Pin::Release); its copies stay in use until
+  // `after` completes (Note [Fences]). kFailedPrecondition for a hold that
+  // is not outstanding, kInvalidArgument for a fence the device cannot use
+  // (the hold then stays).
+  Status Release(uint64_t pin, const Fence& after);
   // Background fetch for trace position `position` (-1: a caller's
   // explicit prefetch, which may evict like a demand fetch). Pins nothing.
   Status Prefetch(int group, Tier tier, RoleMask roles, int position);
@@ -156,6 +175,7 @@ class Residency {
     tier::Extent extent;
     int pins = 0;
     int readers = 0;
+    int fences = 0;  // Note [Fences] not yet complete
     bool prefetched = false;
     uint64_t last_use = 0;
 
@@ -163,6 +183,7 @@ class Residency {
     bool busy() const {
       return state == CopyState::kFilling || state == CopyState::kFlushing;
     }
+    bool fenced() const { return fences > 0; }
     // Valid and at rest: may be pinned, read or used as a source.
     bool usable() const { return state == CopyState::kValid; }
     // Holds the chunk's current bytes, moving or not.
@@ -260,7 +281,9 @@ class Residency {
   void FreeCopy(Chunk& c, Tier tier);
   void Invalidate(Chunk& c, Tier keep);
   bool OtherValid(const Chunk& c, Tier tier) const;
-  bool AnyBusy(Tier tier) const;
+  bool AnyBusy(Tier tier) const;  // or fenced
+  // The fence watcher's loop (Note [Fences]).
+  void WatchFences();
   transport::Place PlaceOf(const Chunk& c, Tier tier) const;
   static std::string TierLabel(Tier tier) {  // for messages
     return std::string(TierName(tier));
@@ -283,6 +306,18 @@ class Residency {
   TierArray<uint64_t> homed_;       // Footprint::homed over every group
   std::map<uint64_t, Hold> holds_;  // by pin id
   uint64_t next_pin_ = 1;
+  // Fences not yet complete, oldest first, and the copies each keeps in use.
+  struct Fenced {
+    tier::Event event;
+    Tier tier = Tier::kHost;
+    std::vector<int> chunks;
+  };
+  std::deque<Fenced> fenced_;
+  std::condition_variable fence_added_;
+  bool stopping_ = false;
+
+  // Last: starts once everything above exists; joined by the destructor.
+  std::thread watcher_;
   sched::Trace trace_;
   int position_ = -1;
   uint64_t reported_invalidations_ = 0;

@@ -27,7 +27,7 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
   if (hit != nullptr) *hit = dst.usable();
   Status status;
   while (!dst.usable()) {
-    if (dst.busy()) {
+    if (dst.busy() || dst.fenced()) {
       changed_.wait(lk);
       continue;
     }
@@ -42,7 +42,7 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
     }
     const Tier from = SourceOf(c, tier);
     const Copy& src = c.copy[from];
-    if (from != tier && src.busy()) {
+    if (from != tier && (src.busy() || src.fenced())) {
       changed_.wait(lk);
       continue;
     }
@@ -178,7 +178,7 @@ int Residency::PickVictim(Tier tier, int requester, Reason why) const {
     const Copy& copy = c.copy[tier];
     if (static_cast<int>(i) == requester || c.home == tier ||
         !copy.allocated() || copy.busy() || copy.pins > 0 || copy.readers > 0 ||
-        WriteDownBlocked(c, tier)) {
+        copy.fenced() || WriteDownBlocked(c, tier)) {
       continue;
     }
     int64_t score;
@@ -233,7 +233,7 @@ Status Residency::WriteDown(Lock& lk, int id, Tier tier) {
   const uint64_t version = c.version;
   copy.state = CopyState::kFlushing;
   Status status;
-  while (lower.busy()) changed_.wait(lk);
+  while (lower.busy() || lower.fenced()) changed_.wait(lk);
   if (!lower.allocated()) status = Allocate(lk, id, to, Reason::Demand());
   if (status.ok()) {
     lower.state = CopyState::kFilling;
@@ -271,7 +271,8 @@ void Residency::Invalidate(Chunk& c, Tier keep) {
     Copy& copy = c.copy[t];
     copy.prefetched = false;
     if (copy.state == CopyState::kValid) copy.state = CopyState::kStale;
-    const bool idle = !copy.busy() && copy.readers == 0 && copy.pins == 0;
+    const bool idle =
+        !copy.busy() && copy.readers == 0 && copy.pins == 0 && !copy.fenced();
     if (t != c.home && idle) FreeCopy(c, t);
   }
 }
@@ -286,7 +287,7 @@ bool Residency::OtherValid(const Chunk& c, Tier tier) const {
 bool Residency::AnyBusy(Tier tier) const {
   for (const Chunk& c : chunks_) {
     const Copy& copy = c.copy[tier];
-    if (copy.busy() || copy.readers > 0) return true;
+    if (copy.busy() || copy.readers > 0 || copy.fenced()) return true;
   }
   return false;
 }

@@ -41,11 +41,15 @@
 #include <string>
 #include <string_view>
 
+#include "strata/engine.h"
 #include "strata/status.h"
 
 namespace strata::tier {
 
 enum class DeviceKind { kAuto, kHostEmulated, kCuda };
+
+// The two copy engines (streams) of a device.
+enum class Direction { kToDevice, kToHost };
 
 // "auto", "host" (or "emulated"), "cuda".
 Result<DeviceKind> ParseDeviceKind(std::string_view name);
@@ -95,6 +99,9 @@ class Event {
   bool Poll() const { return impl_ == nullptr || impl_->Poll(); }
   // Blocks until the copy finishes; returns its outcome. Repeatable.
   Status Wait() const { return impl_ == nullptr ? Status() : impl_->Wait(); }
+  // The backend's event (null when complete from the start), for a backend
+  // that orders its streams after it.
+  Impl* impl() const { return impl_.get(); }
 
  private:
   std::shared_ptr<Impl> impl_;
@@ -147,6 +154,16 @@ class Device {
   // Fills device memory with `byte` (synchronous; for setup and tests).
   // Ordered after the host->device copies issued before it.
   virtual Status Memset(void* device, int byte, size_t bytes) = 0;
+
+  // Fences (Note [Fences] in src/store/residency.h). The point of a caller's
+  // work that `fence` names, as an Event: on CUDA a cudaStream_t or a
+  // cudaEvent_t, on the host-emulated device a HostStream*. The default
+  // fence gives an Event that is already complete; one the backend cannot
+  // use is kInvalidArgument.
+  virtual Result<Event> Record(const Fence& fence) = 0;
+  // Copies in `direction` issued from now on start only after `event`
+  // completed; the call itself does not wait (on CUDA, the stream waits).
+  virtual Status OrderAfter(Direction direction, const Event& event) = 0;
 };
 
 // kInvalidArgument for a zero budget, a budget below the alignment or an

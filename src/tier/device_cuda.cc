@@ -134,6 +134,7 @@ class ScopedDevice {
 class CudaEvent : public Event::Impl {
  public:
   explicit CudaEvent(cudaEvent_t event) : event_(event) {}
+  cudaEvent_t raw() const { return event_; }
   ~CudaEvent() override { STRATA_CUDA_CHECK(cudaEventDestroy(event_)); }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
@@ -163,7 +164,7 @@ struct CudaResources {
     // Switching to a device that opened fine fails only while the runtime
     // unloads at process exit, and the runtime releases everything then.
     if (!on.status().ok()) return;
-    for (cudaStream_t stream : {to_device, to_host}) {
+    for (cudaStream_t stream : {to_device, to_host, fences}) {
       if (stream == nullptr) continue;
       STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
       STRATA_CUDA_CHECK(cudaStreamDestroy(stream));
@@ -178,6 +179,7 @@ struct CudaResources {
   std::byte* arena = nullptr;  // `raw` aligned up
   cudaStream_t to_device = nullptr;
   cudaStream_t to_host = nullptr;
+  cudaStream_t fences = nullptr;  // captures a caller's event (Record)
 };
 
 // Portable pinned memory, so any device of the process copies from it at
@@ -205,32 +207,40 @@ class CudaDevice : public ArenaDevice {
 
   HostAllocator* host_allocator() override { return &host_allocator_; }
 
- protected:
-  Result<Event> StartCopy(Direction direction, void* dst, const void* src,
-                          size_t bytes) override {
+  // A caller's event is captured on the fences stream, so that the caller
+  // may record it again at once.
+  Result<Event> Record(const Fence& fence) override {
+    if (fence.stream == nullptr && fence.event == nullptr) return Event();
     ScopedDevice on(gpu_->ordinal);
     if (!on.status().ok()) return on.status();
-    const bool to_device = direction == Direction::kToDevice;
-    cudaStream_t stream = to_device ? gpu_->to_device : gpu_->to_host;
-    cudaEvent_t raw = nullptr;
-    Status s = STRATA_CUDA_STATUS(
-        cudaEventCreateWithFlags(&raw, cudaEventDisableTiming),
-        "device tier: creating a CUDA event");
-    if (!s.ok()) return s;
-    auto event = std::make_shared<CudaEvent>(raw);
-    s = STRATA_CUDA_STATUS(
-        cudaMemcpyAsync(
-            dst, src, bytes,
-            to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
-            stream),
-        "device tier: cudaMemcpyAsync of " + HumanBytes(bytes));
-    if (!s.ok()) return s;
-    s = STRATA_CUDA_STATUS(cudaEventRecord(raw, stream),
-                           "device tier: recording a CUDA event");
-    if (!s.ok()) return s;
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<CudaEvent> event, NewEvent());
+    cudaStream_t stream = static_cast<cudaStream_t>(fence.stream);
+    if (stream == nullptr) {
+      stream = gpu_->fences;
+      STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(
+          cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(fence.event), 0),
+          "device tier: waiting for the fence's event"));
+    }
+    STRATA_RETURN_IF_ERROR(
+        STRATA_CUDA_STATUS(cudaEventRecord(event->raw(), stream),
+                           "device tier: recording a fence on the stream"));
     return Event(std::move(event));
   }
 
+  // An event of this device orders the stream; any other (complete from
+  // the start) is waited for here.
+  Status OrderAfter(Direction direction, const Event& event) override {
+    auto* cuda = dynamic_cast<CudaEvent*>(event.impl());
+    if (cuda == nullptr) return event.Wait();
+    ScopedDevice on(gpu_->ordinal);
+    if (!on.status().ok()) return on.status();
+    cudaStream_t stream =
+        direction == Direction::kToDevice ? gpu_->to_device : gpu_->to_host;
+    return STRATA_CUDA_STATUS(cudaStreamWaitEvent(stream, cuda->raw(), 0),
+                              "device tier: ordering copies after a fence");
+  }
+
+ protected:
   // Note [Emulated streams] in device_host.cc: ordered after the copies to
   // the device issued before it.
   Status Fill(void* device, int byte, size_t bytes) override {
@@ -241,6 +251,34 @@ class CudaDevice : public ArenaDevice {
         "device tier: cudaMemsetAsync of " + HumanBytes(bytes)));
     return STRATA_CUDA_STATUS(cudaStreamSynchronize(gpu_->to_device),
                               "device tier: waiting for cudaMemsetAsync");
+  }
+
+  Result<Event> StartCopy(Direction direction, void* dst, const void* src,
+                          size_t bytes) override {
+    ScopedDevice on(gpu_->ordinal);
+    if (!on.status().ok()) return on.status();
+    const bool to_device = direction == Direction::kToDevice;
+    cudaStream_t stream = to_device ? gpu_->to_device : gpu_->to_host;
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<CudaEvent> event, NewEvent());
+    Status s = STRATA_CUDA_STATUS(
+        cudaMemcpyAsync(
+            dst, src, bytes,
+            to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+            stream),
+        "device tier: cudaMemcpyAsync of " + HumanBytes(bytes));
+    if (!s.ok()) return s;
+    s = STRATA_CUDA_STATUS(cudaEventRecord(event->raw(), stream),
+                           "device tier: recording a CUDA event");
+    if (!s.ok()) return s;
+    return Event(std::move(event));
+  }
+
+  Result<std::shared_ptr<CudaEvent>> NewEvent() {
+    cudaEvent_t raw = nullptr;
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(
+        cudaEventCreateWithFlags(&raw, cudaEventDisableTiming),
+        "device tier: creating a CUDA event"));
+    return std::make_shared<CudaEvent>(raw);
   }
 
  private:
@@ -346,7 +384,7 @@ Result<std::unique_ptr<Device>> OpenCudaDevice(const DeviceOptions& options,
 
   auto gpu = std::make_unique<CudaResources>(options.cuda_device);
   STRATA_RETURN_IF_ERROR(AllocateArena(*gpu, info, options.alignment));
-  for (cudaStream_t* stream : {&gpu->to_device, &gpu->to_host}) {
+  for (cudaStream_t* stream : {&gpu->to_device, &gpu->to_host, &gpu->fences}) {
     STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(
         cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
         "device tier: creating a CUDA stream"));

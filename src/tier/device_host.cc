@@ -52,6 +52,22 @@ class HostEvent : public Event::Impl {
   bool done_ = false;
 };
 
+// The point `mark` of a caller's HostStream (a fence on this device).
+class StreamMark : public Event::Impl {
+ public:
+  StreamMark(HostStream* stream, uint64_t mark)
+      : stream_(stream), mark_(mark) {}
+  bool Poll() override { return stream_->Done(mark_); }
+  Status Wait() override {
+    stream_->Wait(mark_);
+    return Status();
+  }
+
+ private:
+  HostStream* const stream_;
+  const uint64_t mark_;
+};
+
 // One emulated stream (Note [Emulated streams]). The destructor runs every
 // queued job before it returns.
 class WorkQueue {
@@ -146,6 +162,25 @@ class HostDevice : public ArenaDevice {
       : ArenaDevice(std::move(info), AlignUp(mapping.address(), alignment),
                     alignment),
         mapping_(std::move(mapping)) {}
+
+  Result<Event> Record(const Fence& fence) override {
+    if (fence.stream == nullptr && fence.event == nullptr) return Event();
+    if (fence.stream == nullptr) {
+      return Status::InvalidArgument(
+          "the host-emulated device takes a fence's stream as a "
+          "strata::HostStream*; an event is CUDA's (pass the stream)");
+    }
+    auto* stream = static_cast<HostStream*>(fence.stream);
+    return Event(std::make_shared<StreamMark>(stream, stream->Mark()));
+  }
+
+  // The queue's worker waits, as a CUDA stream waits for an event.
+  Status OrderAfter(Direction direction, const Event& event) override {
+    WorkQueue& queue =
+        direction == Direction::kToDevice ? to_device_ : to_host_;
+    queue.Push([event] { (void)event.Wait(); });
+    return Status();
+  }
 
  protected:
   Result<Event> StartCopy(Direction direction, void* dst, const void* src,

@@ -21,8 +21,6 @@
 
 namespace strata::tier::internal {
 
-enum class Direction { kToDevice, kToHost };
-
 // `address` rounded up to `alignment` (a power of two). A backend whose
 // allocator guarantees less than the alignment over-allocates by the
 // alignment and places its arena here.

@@ -37,7 +37,13 @@ Status Mover::Copy(const Place& from, const Place& to, uint64_t bytes) {
 }
 
 Result<tier::Event> Mover::Start(const Place& from, const Place& to,
-                                 uint64_t bytes) {
+                                 uint64_t bytes, const tier::Event& after) {
+  if (!after.Poll()) {
+    STRATA_RETURN_IF_ERROR(device_->OrderAfter(to.tier == Tier::kDevice
+                                                   ? tier::Direction::kToDevice
+                                                   : tier::Direction::kToHost,
+                                               after));
+  }
   STRATA_ASSIGN_OR_RETURN(tier::Event event, Issue(from, to, bytes));
   Count(from, to, bytes);
   return event;

@@ -42,8 +42,10 @@ class Mover {
   Status Copy(const Place& from, const Place& to, uint64_t bytes);
   // Issues a copy of `bytes` between the host and the device (either way)
   // and returns its event; counts them once issued, as the device does.
+  // The copy starts after `after` (Note [Fences]; the call does not wait).
   // Both ranges must stay valid until the event completes.
-  Result<tier::Event> Start(const Place& from, const Place& to, uint64_t bytes);
+  Result<tier::Event> Start(const Place& from, const Place& to, uint64_t bytes,
+                            const tier::Event& after = {});
   // Fills `to` with zeros (a chunk that was never written).
   Status Zero(const Place& to, uint64_t bytes);
 

@@ -119,6 +119,15 @@ static void CheckMisuse(void) {
   int32_t count = 0;
   CHECK_FAILS(STRATA_FAILED_PRECONDITION,
               strata_view_count_tensors(view, &count));
+  CHECK_OK(
+      strata_group_fetch(engine, 1, STRATA_TIER_DEVICE, kCompute, 0, &view));
+  int not_an_event = 0;
+  CHECK_FAILS(STRATA_INVALID_ARGUMENT,
+              strata_view_release_after(view, NULL, &not_an_event));
+  CHECK(strstr(strata_last_error(), "HostStream") != NULL);
+  CHECK_FAILS(STRATA_FAILED_PRECONDITION, strata_group_evict(engine, 1, 0));
+  CHECK_OK(strata_view_release_after(view, NULL, NULL)); /* still held */
+  CHECK_FAILS(STRATA_FAILED_PRECONDITION, strata_view_release(view));
   int not_a_view = 0;
   CHECK_FAILS(STRATA_INVALID_ARGUMENT,
               strata_view_release((strata_view*)&not_a_view));

@@ -300,7 +300,8 @@ TEST_F(ResidencyTest, APinIsReleasedOnceFromAnyThread) {
   EXPECT_EQ(twice.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(twice.message().find("released already"), std::string::npos)
       << twice.message();
-  EXPECT_EQ(residency_->Release(12345).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(residency_->Release(12345, {}).code(),
+            StatusCode::kFailedPrecondition);
   { Pin scoped = Hold(g, kDevice); }  // released by its destructor
   EXPECT_TRUE(residency_->Evict(g, kDevice).ok());
 }

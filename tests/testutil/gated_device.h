@@ -78,6 +78,13 @@ class GatedDevice : public tier::Device {
   Status Memset(void* device, int byte, size_t bytes) override {
     return inner_->Memset(device, byte, bytes);
   }
+  Result<tier::Event> Record(const Fence& fence) override {
+    return inner_->Record(fence);
+  }
+  Status OrderAfter(tier::Direction direction,
+                    const tier::Event& event) override {
+    return inner_->OrderAfter(direction, event);
+  }
 
  private:
   // One copy: its arguments, then its outcome once run.
