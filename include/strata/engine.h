@@ -68,6 +68,12 @@
 //   order differs invalidates the trace, which is re-recorded; that is
 //   logged once per step on stderr and is not an error.
 //
+// - On a GPU, kernels run after the CPU queued them: release a view with
+//   the Fence of the stream its kernels were queued on, and the engine
+//   keeps that memory as it is (no eviction, fill or copy from it) until
+//   they ran, without blocking the releasing thread. A release without a
+//   fence says the kernels are done (the caller synchronized).
+//
 // - While a group is fetched with `write`, its bytes are in flux: fetches of
 //   it at another tier wait for its release, and prefetches skip it. (So a
 //   thread must not fetch, at another tier, a group it holds for writing.)
