@@ -102,6 +102,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -225,6 +226,9 @@ class HostStream {
   // Whether the work queued before `mark` has run; Wait blocks until it has.
   virtual bool Done(uint64_t mark) = 0;
   virtual void Wait(uint64_t mark) = 0;
+  // Queues `work` behind the work queued so far (the engine queues waits
+  // for its copies: FetchOptions::stream).
+  virtual void Queue(std::function<void()> work) = 0;
 };
 
 // A fetch's hold on the copies it made valid: they stay at their tier, and
@@ -280,6 +284,13 @@ struct FetchOptions {
   bool record = true;  // false: not part of the step's trace (for agents,
                        // like the optimizer pipeline, that read ahead on
                        // their own and run beside the training thread)
+  // The stream the views will be used on (a cudaStream_t; a HostStream* on
+  // the host-emulated device). A read fetch to the device then does not
+  // wait for a copy to the device still landing (a late prefetch): it
+  // returns at once and the stream waits for the copy on the device (such
+  // a copy fails only with a CUDA error that loses the context, which
+  // aborts). Null: the fetch returns once every copy has landed.
+  void* stream = nullptr;
 };
 
 // Counters since Open().

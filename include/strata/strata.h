@@ -268,6 +268,16 @@ STRATA_EXPORT strata_status strata_group_fetch(strata_engine* engine,
                                                int32_t group, int32_t tier,
                                                uint32_t roles, int32_t write,
                                                strata_view** view);
+/* strata_group_fetch for views used on the caller's `stream` (a
+ * cudaStream_t; a strata::HostStream* on the host-emulated device; NULL is
+ * strata_group_fetch): a read fetch to the device does not wait for a copy
+ * still landing there (a late prefetch); the stream waits for it on the
+ * device instead. See strata::FetchOptions::stream. */
+STRATA_EXPORT strata_status strata_group_fetch_on(strata_engine* engine,
+                                                  int32_t group, int32_t tier,
+                                                  uint32_t roles, int32_t write,
+                                                  void* stream,
+                                                  strata_view** view);
 /* Starts making the group valid at `tier` in the background. */
 STRATA_EXPORT strata_status strata_group_prefetch(strata_engine* engine,
                                                   int32_t group, int32_t tier,

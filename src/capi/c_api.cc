@@ -262,6 +262,13 @@ strata_status strata_group_get_bytes(const strata_engine* engine, int32_t group,
 strata_status strata_group_fetch(strata_engine* engine, int32_t group,
                                  int32_t tier, uint32_t roles, int32_t write,
                                  strata_view** view) {
+  return strata_group_fetch_on(engine, group, tier, roles, write, nullptr,
+                               view);
+}
+
+strata_status strata_group_fetch_on(strata_engine* engine, int32_t group,
+                                    int32_t tier, uint32_t roles, int32_t write,
+                                    void* stream, strata_view** view) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {view, "view"}}));
     STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
@@ -274,8 +281,9 @@ strata_status strata_group_fetch(strata_engine* engine, int32_t group,
     fetched->cuda_device = engine->cuda_device;
     STRATA_ASSIGN_OR_RETURN(
         fetched->group,
-        engine->engine->Fetch(group, static_cast<strata::Tier>(tier),
-                              {.roles = roles, .write = write != 0}));
+        engine->engine->Fetch(
+            group, static_cast<strata::Tier>(tier),
+            {.roles = roles, .write = write != 0, .stream = stream}));
     *view = ViewTable::Get().Add(std::move(fetched));
     return Status::Ok();
   });

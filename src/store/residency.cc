@@ -314,6 +314,8 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
     ++counters_.fetches;
     counters_.late_prefetches += dst.busy() && prefetched;
   }
+  STRATA_ASSIGN_OR_RETURN(const bool landing, PinLanding(id, tier, opt));
+  if (landing) return Status();
   const auto start = std::chrono::steady_clock::now();
   bool hit = false;
   Status s = Ensure(lk, id, tier, Reason::Demand(), &hit);
@@ -338,6 +340,19 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
   ++dst.pins;
   dst.last_use = ++clock_;
   return Status();
+}
+
+Result<bool> Residency::PinLanding(int id, Tier tier, const FetchOptions& opt) {
+  const Chunk& c = chunks_[id];
+  Copy& dst = chunks_[id].copy[tier];
+  if (opt.stream == nullptr || opt.write || c.writers > 0 ||
+      dst.state != CopyState::kFilling || dst.landing.impl() == nullptr) {
+    return false;
+  }
+  STRATA_RETURN_IF_ERROR(device_->StreamWait(opt.stream, dst.landing));
+  ++dst.pins;
+  dst.last_use = ++clock_;
+  return true;
 }
 
 void Residency::Unpin(const Hold& hold) {

@@ -175,7 +175,8 @@ class Residency {
     tier::Extent extent;
     int pins = 0;
     int readers = 0;
-    int fences = 0;  // Note [Fences] not yet complete
+    int fences = 0;       // Note [Fences] not yet complete
+    tier::Event landing;  // while kFilling from the host to the device
     bool prefetched = false;
     uint64_t last_use = 0;
 
@@ -255,6 +256,10 @@ class Residency {
                  uint64_t homes, uint64_t fetch, uint64_t budget) const;
   Status CheckFetch(int group, Tier tier, RoleMask roles) const;
   Status FetchChunk(Lock& lk, int id, Tier tier, const FetchOptions& opt);
+  // FetchChunk's way for a read on the caller's stream: pins a copy still
+  // landing on the device and makes the stream wait for it. False when the
+  // copy is not landing.
+  Result<bool> PinLanding(int id, Tier tier, const FetchOptions& opt);
   void Unpin(const Hold& hold);
   // The copy at `tier` may not be filled or written into: a view holds its
   // old bytes.
@@ -267,6 +272,7 @@ class Residency {
   // The tier to fill chunk `c` at `tier` from (`tier` itself: zeros).
   Tier SourceOf(const Chunk& c, Tier tier) const;
   Status Fill(Lock& lk, int id, Tier tier, Tier from, Reason why);
+  Status Transfer(Lock& lk, int id, Tier tier, Tier from);
   Status Allocate(Lock& lk, int id, Tier tier, Reason why);
   Status TryAllocate(Chunk& c, Tier tier);
   // The copy at `tier` to evict for chunk `requester` (-1: none), or -1.

@@ -89,11 +89,7 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, Reason why) {
   if (src != nullptr) ++src->readers;
   dst.state = CopyState::kFilling;
   const uint64_t version = c.version;
-  const transport::Place to = PlaceOf(c, tier);
-  lk.unlock();
-  Status status = src == nullptr ? mover_->Zero(to, c.bytes)
-                                 : mover_->Copy(PlaceOf(c, from), to, c.bytes);
-  lk.lock();
+  Status status = Transfer(lk, id, tier, from);
   if (src != nullptr) --src->readers;
   const bool valid = status.ok() && version == c.version;
   dst.state = valid ? CopyState::kValid : CopyState::kStale;
@@ -102,6 +98,30 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, Reason why) {
     dst.last_use = ++clock_;
   }
   changed_.notify_all();
+  return status;
+}
+
+// Fill's transfer, run without the lock; returns with it held. A copy to
+// the device keeps its event in `landing` meanwhile (PinLanding).
+Status Residency::Transfer(Lock& lk, int id, Tier tier, Tier from) {
+  Chunk& c = chunks_[id];
+  Copy& dst = c.copy[tier];
+  const transport::Place to = PlaceOf(c, tier);
+  Status status;
+  if (from == tier) {
+    lk.unlock();
+    status = mover_->Zero(to, c.bytes);
+  } else if (tier == Tier::kDevice) {
+    Result<tier::Event> landing = mover_->Start(PlaceOf(c, from), to, c.bytes);
+    if (landing.ok()) dst.landing = *landing;
+    lk.unlock();
+    status = landing.ok() ? landing->Wait() : landing.status();
+  } else {
+    lk.unlock();
+    status = mover_->Copy(PlaceOf(c, from), to, c.bytes);
+  }
+  lk.lock();
+  dst.landing = tier::Event();
   return status;
 }
 

@@ -164,6 +164,9 @@ class Device {
   // Copies in `direction` issued from now on start only after `event`
   // completed; the call itself does not wait (on CUDA, the stream waits).
   virtual Status OrderAfter(Direction direction, const Event& event) = 0;
+  // The caller's `stream` (as in a Fence) waits for `event` before the work
+  // queued on it later; the call itself does not wait.
+  virtual Status StreamWait(void* stream, const Event& event) = 0;
 };
 
 // kInvalidArgument for a zero budget, a budget below the alignment or an

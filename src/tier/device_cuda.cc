@@ -227,17 +227,22 @@ class CudaDevice : public ArenaDevice {
     return Event(std::move(event));
   }
 
+  Status OrderAfter(Direction direction, const Event& event) override {
+    return StreamWait(
+        direction == Direction::kToDevice ? gpu_->to_device : gpu_->to_host,
+        event);
+  }
+
   // An event of this device orders the stream; any other (complete from
   // the start) is waited for here.
-  Status OrderAfter(Direction direction, const Event& event) override {
+  Status StreamWait(void* stream, const Event& event) override {
     auto* cuda = dynamic_cast<CudaEvent*>(event.impl());
     if (cuda == nullptr) return event.Wait();
     ScopedDevice on(gpu_->ordinal);
     if (!on.status().ok()) return on.status();
-    cudaStream_t stream =
-        direction == Direction::kToDevice ? gpu_->to_device : gpu_->to_host;
-    return STRATA_CUDA_STATUS(cudaStreamWaitEvent(stream, cuda->raw(), 0),
-                              "device tier: ordering copies after a fence");
+    return STRATA_CUDA_STATUS(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), cuda->raw(), 0),
+        "device tier: making a stream wait for a copy or a fence");
   }
 
  protected:

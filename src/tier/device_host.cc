@@ -174,6 +174,11 @@ class HostDevice : public ArenaDevice {
     return Event(std::make_shared<StreamMark>(stream, stream->Mark()));
   }
 
+  Status StreamWait(void* stream, const Event& event) override {
+    static_cast<HostStream*>(stream)->Queue([event] { (void)event.Wait(); });
+    return Status();
+  }
+
   // The queue's worker waits, as a CUDA stream waits for an event.
   Status OrderAfter(Direction direction, const Event& event) override {
     WorkQueue& queue =

@@ -93,7 +93,8 @@ static void CheckOutOfOrderRelease(void) {
   WritePatterns(engine);
   strata_view *a = NULL, *b = NULL;
   CHECK_OK(strata_group_fetch(engine, 0, STRATA_TIER_HOST, kCompute, 0, &a));
-  CHECK_OK(strata_group_fetch(engine, 0, STRATA_TIER_DEVICE, kCompute, 0, &b));
+  CHECK_OK(strata_group_fetch_on(engine, 0, STRATA_TIER_DEVICE, kCompute, 0,
+                                 NULL, &b));
   CHECK_OK(strata_view_release(a));
   for (int round = 0; round < 3; ++round) {
     for (int32_t g = 1; g < NUM_GROUPS; ++g) {

@@ -10,9 +10,11 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/store/layout.h"
+#include "tests/testutil/fake_stream.h"
 #include "tests/testutil/gated_device.h"
 
 namespace strata::store {
@@ -368,6 +370,49 @@ TEST_F(ResidencyTest, APinReleasedAfterItsResidencyIsGoneFails) {
   EXPECT_NE(late.message().find("engine was destroyed first"),
             std::string::npos)
       << late.message();
+}
+
+// FetchOptions::stream: a read of a copy still landing on the device (a
+// late prefetch) returns at once, and the caller's stream waits for the
+// copy: its kernel runs only once the copy landed, and sees the bytes.
+TEST_F(ResidencyTest, AReadOnTheCallersStreamDoesNotWaitForALandingCopy) {
+  Open(2);
+  const int g = AddGroup("g");
+  Pin first = Hold(g, kHost, {.roles = kCompute, .write = true});
+  std::memset(HostBytes(g), 5, 64 * kKiB);
+  ASSERT_TRUE(first.Release().ok());
+  device_->Hold();
+  std::future<Status> prefetch = std::async(std::launch::async, [&] {
+    return residency_->Prefetch(g, kDevice, kCompute, -1);
+  });
+  while (device_->held() == 0) std::this_thread::yield();
+  testutil::FakeStream stream;
+  std::future<Result<Residency::Fetched>> fetch =
+      std::async(std::launch::async, [&] {
+        return residency_->Fetch(g, kDevice,
+                                 {.roles = kCompute, .stream = &stream});
+      });
+  const bool returned =
+      fetch.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "the fetch waited for the landing copy";
+  EXPECT_GT(device_->held(), 0u);
+  std::vector<char> seen(64 * kKiB);
+  const char* on_device = static_cast<const char*>(
+      residency_->Address(g, Role::kCompute, kDevice, 0));
+  stream.Queue([&] { std::memcpy(seen.data(), on_device, seen.size()); });
+  std::future<void> kernels =
+      std::async(std::launch::async, [&] { stream.Run(); });
+  EXPECT_EQ(kernels.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout)
+      << "the kernel ran before the copy landed";
+  device_->Release();
+  kernels.get();
+  ASSERT_TRUE(prefetch.get().ok());
+  Result<Residency::Fetched> fetched = fetch.get();
+  ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
+  for (size_t i = 0; i < seen.size(); ++i) {
+    ASSERT_EQ(seen[i], 5) << "byte " << i << " the kernel read";
+  }
 }
 
 }  // namespace

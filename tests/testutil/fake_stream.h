@@ -28,7 +28,7 @@ class FakeStream : public HostStream {
   // The fence naming the work queued so far.
   Fence fence() { return {.stream = this}; }
 
-  void Queue(std::function<void()> work) {
+  void Queue(std::function<void()> work) override {
     std::lock_guard<std::mutex> lock(mu_);
     queued_.push_back(std::move(work));
     ++marked_;

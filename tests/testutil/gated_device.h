@@ -81,6 +81,9 @@ class GatedDevice : public tier::Device {
   Result<tier::Event> Record(const Fence& fence) override {
     return inner_->Record(fence);
   }
+  Status StreamWait(void* stream, const tier::Event& event) override {
+    return inner_->StreamWait(stream, event);
+  }
   Status OrderAfter(tier::Direction direction,
                     const tier::Event& event) override {
     return inner_->OrderAfter(direction, event);
