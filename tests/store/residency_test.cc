@@ -83,6 +83,23 @@ class ResidencyTest : public testing::Test {
     return residency_->counters().hits == hits + 1;
   }
 
+  // Writes `byte` over the group's host copy.
+  void WriteHost(int group, char byte) {
+    Pin pin = Hold(group, kHost, {.roles = kCompute, .write = true});
+    std::memset(HostBytes(group), byte, 64 * kKiB);
+    ASSERT_TRUE(pin.Release().ok());
+  }
+  // A prefetch of the group to the device whose copy is held in flight
+  // (device_->Release() lets it land).
+  std::future<Status> PrefetchHeld(int group) {
+    device_->Hold();
+    std::future<Status> prefetch = std::async(std::launch::async, [=, this] {
+      return residency_->Prefetch(group, kDevice, kCompute, -1);
+    });
+    while (device_->held() == 0) std::this_thread::yield();
+    return prefetch;
+  }
+
   char* HostBytes(int group) {
     return static_cast<char*>(
         residency_->Address(group, Role::kCompute, kHost, 0));
@@ -232,15 +249,8 @@ TEST_F(ResidencyTest, WriteFetchWaitsForTheTransferReadingItsCopy) {
   Open(2);
   const int g = AddGroup("g");
   FetchOptions write{.roles = kCompute, .write = true};
-  Pin first = Hold(g, kHost, write);
-  std::memset(HostBytes(g), 1, 64 * kKiB);
-  ASSERT_TRUE(first.Release().ok());
-
-  device_->Hold();
-  std::future<Status> prefetch = std::async(std::launch::async, [&] {
-    return residency_->Prefetch(g, kDevice, kCompute, -1);
-  });
-  while (device_->held() == 0) std::this_thread::yield();
+  WriteHost(g, 1);
+  std::future<Status> prefetch = PrefetchHeld(g);
   std::future<Status> writer = std::async(std::launch::async, [&] {
     STRATA_ASSIGN_OR_RETURN(Residency::Fetched fetched,
                             residency_->Fetch(g, kHost, write));
@@ -267,9 +277,7 @@ TEST_F(ResidencyTest, WriteFetchWaitsForTheTransferReadingItsCopy) {
 TEST_F(ResidencyTest, OutOfOrderReleaseKeepsTheOtherFetchPinned) {
   Open(2);
   const int g = AddGroup("g"), a = AddGroup("a"), b = AddGroup("b");
-  Pin write = Hold(g, kHost, {.roles = kCompute, .write = true});
-  std::memset(HostBytes(g), 7, 64 * kKiB);
-  ASSERT_TRUE(write.Release().ok());
+  WriteHost(g, 7);
   Pin on_host = Hold(g, kHost);
   Pin on_device = Hold(g, kDevice);
   ASSERT_TRUE(on_host.Release().ok());
@@ -333,9 +341,7 @@ TEST_F(ResidencyTest, ReleasingTheWriteViewEndsTheWriteWhileAReadViewIsHeld) {
 TEST_F(ResidencyTest, AStaleCopyAViewHoldsIsNotRefilledUnderIt) {
   Open(2);
   const int g = AddGroup("g");
-  Pin first = Hold(g, kHost, {.roles = kCompute, .write = true});
-  std::memset(HostBytes(g), 1, 64 * kKiB);
-  ASSERT_TRUE(first.Release().ok());
+  WriteHost(g, 1);
   Pin reader = Hold(g, kHost);
   Pin writer = Hold(g, kDevice, {.roles = kCompute, .write = true});
   std::memset(residency_->Address(g, Role::kCompute, kDevice, 0), 2, 64 * kKiB);
@@ -378,14 +384,8 @@ TEST_F(ResidencyTest, APinReleasedAfterItsResidencyIsGoneFails) {
 TEST_F(ResidencyTest, AReadOnTheCallersStreamDoesNotWaitForALandingCopy) {
   Open(2);
   const int g = AddGroup("g");
-  Pin first = Hold(g, kHost, {.roles = kCompute, .write = true});
-  std::memset(HostBytes(g), 5, 64 * kKiB);
-  ASSERT_TRUE(first.Release().ok());
-  device_->Hold();
-  std::future<Status> prefetch = std::async(std::launch::async, [&] {
-    return residency_->Prefetch(g, kDevice, kCompute, -1);
-  });
-  while (device_->held() == 0) std::this_thread::yield();
+  WriteHost(g, 5);
+  std::future<Status> prefetch = PrefetchHeld(g);
   testutil::FakeStream stream;
   std::future<Result<Residency::Fetched>> fetch =
       std::async(std::launch::async, [&] {
