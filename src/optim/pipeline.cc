@@ -129,7 +129,7 @@ Status OffloadOptimizer::Impl::InspectGroups() {
         g.write_behind = true;
       }
       if ((needed & RoleBit(c.role)) && c.home != Tier::kHost) {
-        g.host_working += c.bytes;
+        g.host_working += tier::PinnedPool::SizeClass(c.bytes);
       }
     }
   }
@@ -156,27 +156,31 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
   }
   // The host holds the staging ring, and for the step one group's roles
   // that live elsewhere, beside what the host tier is home to (already
-  // taken from its budget at registration).
+  // taken from its budget at registration); all in the pool's size
+  // classes, as they are allocated.
+  const uint64_t host_ring =
+      tier::PinnedPool::SizeClass(bytes) * options_.grad_buffers;
   uint64_t working = 0;
   for (const Group& g : groups_) working = std::max(working, g.host_working);
   // Cached copies (of a warm-up pass, a Load) hold room that the checks
   // below need, and the buffers come from the allocators, which do not
   // evict: the residency manager makes the room first.
-  for (const auto& [tier, need] : {std::pair{Tier::kDevice, ring},
-                                   std::pair{Tier::kHost, ring + working}}) {
+  for (const auto& [tier, need] :
+       {std::pair{Tier::kDevice, ring},
+        std::pair{Tier::kHost, host_ring + working}}) {
     STRATA_RETURN_IF_ERROR(parts_.residency->MakeRoom(tier, need));
   }
   const uint64_t host_free = parts_.host->free_bytes();
-  if (ring + working > host_free) {
+  if (host_ring + working > host_free) {
     return Status::ResourceExhausted(fmt::format(
         "the host budget has {} left beside the roles homed "
         "there, and the optimizer needs {}: {} gradient staging "
         "buffers of {} and {} for one group's step (its roles "
         "homed off the host); raise the host budget by {}, "
         "lower grad_buffers, or home fewer roles on the host",
-        HumanBytes(host_free), HumanBytes(ring + working),
-        options_.grad_buffers, HumanBytes(bytes), HumanBytes(working),
-        HumanBytes(ring + working - host_free)));
+        HumanBytes(host_free), HumanBytes(host_ring + working),
+        options_.grad_buffers, HumanBytes(tier::PinnedPool::SizeClass(bytes)),
+        HumanBytes(working), HumanBytes(host_ring + working - host_free)));
   }
   slots_.resize(options_.grad_buffers);
   for (Slot& s : slots_) {
