@@ -1,5 +1,6 @@
 #include "src/store/residency.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
@@ -277,7 +278,14 @@ Result<Residency::Fetched> Residency::Fetch(int group, Tier tier,
   }
   const int position = opt.record ? position_ : -1;
   Hold hold{.group = group, .tier = tier, .write = false, .chunks = {}};
-  for (int id : ChunksOf(group, opt.roles)) {
+  // Largest first: each chunk is placed while the tier has the most room in
+  // one piece, so the fetch's own small chunks cannot split the room a
+  // large one needs (Note [Eviction order]).
+  std::vector<int> ids = ChunksOf(group, opt.roles);
+  std::stable_sort(ids.begin(), ids.end(), [this](int a, int b) {
+    return chunks_[a].bytes > chunks_[b].bytes;
+  });
+  for (int id : ids) {
     if (Status s = FetchChunk(lk, id, tier, opt); !s.ok()) {
       Unpin(hold);
       return s;

@@ -28,7 +28,10 @@
 // whose next use comes after q, so speculation never evicts data needed
 // sooner than what it brings in; when nothing qualifies the prefetch is
 // abandoned (counted, not an error). A demand fetch waits while copies at
-// the tier are in flight, and fails only when everything there is pinned.
+// the tier are in flight or fenced, and fails only when no copy there can
+// go: its error then says what stays (homes, copies fetched by views). A
+// fetch places its chunks largest first, so that its own small chunks do
+// not split the room a large one needs.
 //
 // Note [Fences]
 // A GPU runs a caller's kernels long after the CPU queued them, so the end
@@ -275,6 +278,7 @@ class Residency {
   Status Transfer(Lock& lk, int id, Tier tier, Tier from);
   Status Allocate(Lock& lk, int id, Tier tier, Reason why);
   Status TryAllocate(Chunk& c, Tier tier);
+  std::string Occupants(Tier tier) const;
   // The copy at `tier` to evict for chunk `requester` (-1: none), or -1.
   int PickVictim(Tier tier, int requester, Reason why) const;
   uint64_t FreeBytes(Tier tier) const;  // device or host

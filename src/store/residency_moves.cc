@@ -145,7 +145,8 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, Reason why) {
   Chunk& c = chunks_[id];
   for (;;) {
     if (c.copy[tier].allocated()) return Status();
-    if (TryAllocate(c, tier).ok()) return Status();
+    const Status tried = TryAllocate(c, tier);
+    if (tried.ok()) return Status();
     const int victim = PickVictim(tier, id, why);
     if (victim >= 0) {
       STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
@@ -158,14 +159,34 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, Reason why) {
       changed_.wait(lk);
       continue;
     }
-    const uint64_t free = FreeBytes(tier);
     return Status::ResourceExhausted(
-        TierLabel(tier) + " tier: cannot fit " + HumanBytes(c.bytes) + " for " +
-        Describe(c) + ": " + HumanBytes(free) +
-        " free and every other copy there is fetched "
-        "(pinned); release groups or raise the " +
+        "no room for " + Describe(c) + " after evicting every copy that can " +
+        "go (" + tried.message() + "); what stays on " + TierLabel(tier) +
+        ": " + Occupants(tier) + ". Release views or raise the " +
         TierLabel(tier) + " budget");
   }
+}
+
+// For Allocate's error: what holds a tier once nothing can be evicted.
+std::string Residency::Occupants(Tier tier) const {
+  uint64_t homes = 0, held = 0;
+  std::string fetched;
+  int named = 0;
+  for (const Chunk& c : chunks_) {
+    const Copy& copy = c.copy[tier];
+    if (!copy.allocated()) continue;
+    if (c.home == tier) {
+      homes += c.bytes;
+    } else if (copy.pins > 0 && named < 4) {
+      fetched += (named++ > 0 ? ", " : "") + Describe(c);
+    } else {
+      held += c.bytes;
+    }
+  }
+  std::string out = HumanBytes(homes) + " of homes";
+  if (named > 0) out += "; copies fetched (pinned) by views: " + fetched;
+  if (held > 0) out += "; " + HumanBytes(held) + " of other copies in use";
+  return out;
 }
 
 Status Residency::TryAllocate(Chunk& c, Tier tier) {
