@@ -278,20 +278,15 @@ Result<Residency::Fetched> Residency::Fetch(int group, Tier tier,
   }
   const int position = opt.record ? position_ : -1;
   Hold hold{.group = group, .tier = tier, .write = false, .chunks = {}};
-  // Largest first: each chunk is placed while the tier has the most room in
-  // one piece, so the fetch's own small chunks cannot split the room a
-  // large one needs (Note [Eviction order]).
   std::vector<int> ids = ChunksOf(group, opt.roles);
-  std::stable_sort(ids.begin(), ids.end(), [this](int a, int b) {
-    return chunks_[a].bytes > chunks_[b].bytes;
-  });
-  for (int id : ids) {
-    if (Status s = FetchChunk(lk, id, tier, opt); !s.ok()) {
-      Unpin(hold);
-      return s;
-    }
-    hold.chunks.push_back(id);
+  Status placed = PinAll(lk, ids, opt, hold);
+  if (placed.code() == StatusCode::kResourceExhausted) {
+    // Note [Eviction order]: the fetch's own copies split the room that
+    // eviction made; they go, and are placed again into all of it.
+    STRATA_RETURN_IF_ERROR(DropUnpinned(lk, ids, tier));
+    placed = PinAll(lk, ids, opt, hold);
   }
+  STRATA_RETURN_IF_ERROR(placed);
   if (opt.write) {
     auto unread = [&] {
       for (int id : hold.chunks) {
@@ -310,6 +305,41 @@ Result<Residency::Fetched> Residency::Fetch(int group, Tier tier,
   holds_.emplace(pin, std::move(hold));
   return Fetched{.position = position,
                  .pin = internal::PinOwner::Make(pin_owner_, pin)};
+}
+
+// Fetch's chunks made valid and pinned at hold.tier, largest first: each is
+// placed while the tier has the most room in one piece, so the fetch's own
+// small chunks cannot split the room a large one needs. On failure nothing
+// stays pinned.
+Status Residency::PinAll(Lock& lk, std::vector<int>& ids,
+                         const FetchOptions& opt, Hold& hold) {
+  std::stable_sort(ids.begin(), ids.end(), [this](int a, int b) {
+    return chunks_[a].bytes > chunks_[b].bytes;
+  });
+  for (int id : ids) {
+    if (Status s = FetchChunk(lk, id, hold.tier, opt); !s.ok()) {
+      Unpin(hold);
+      hold.chunks.clear();
+      return s;
+    }
+    hold.chunks.push_back(id);
+  }
+  return Status();
+}
+
+// Drops the copies of `ids` at `tier` that nothing holds (not homes).
+Status Residency::DropUnpinned(Lock& lk, const std::vector<int>& ids,
+                               Tier tier) {
+  for (int id : ids) {
+    const Chunk& c = chunks_[id];
+    const Copy& copy = c.copy[tier];
+    if (c.home == tier || !copy.allocated() || copy.busy() || copy.pins > 0 ||
+        copy.readers > 0 || copy.fenced() || WriteDownBlocked(c, tier)) {
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(Drop(lk, id, tier));
+  }
+  return Status();
 }
 
 // Makes one chunk valid at `tier` for a demand fetch and pins it there,

@@ -31,7 +31,9 @@
 // the tier are in flight or fenced, and fails only when no copy there can
 // go: its error then says what stays (homes, copies fetched by views). A
 // fetch places its chunks largest first, so that its own small chunks do
-// not split the room a large one needs.
+// not split the room a large one needs; and when its own first chunks,
+// placed into holes between copies that were evicted later, split that
+// room, it drops them and places them all again, once.
 //
 // Note [Fences]
 // A GPU runs a caller's kernels long after the CPU queued them, so the end
@@ -258,6 +260,9 @@ class Residency {
   Status Starves(const GroupLayout& layout, const std::string& other, Tier t,
                  uint64_t homes, uint64_t fetch, uint64_t budget) const;
   Status CheckFetch(int group, Tier tier, RoleMask roles) const;
+  Status PinAll(Lock& lk, std::vector<int>& ids, const FetchOptions& opt,
+                Hold& hold);
+  Status DropUnpinned(Lock& lk, const std::vector<int>& ids, Tier tier);
   Status FetchChunk(Lock& lk, int id, Tier tier, const FetchOptions& opt);
   // FetchChunk's way for a read on the caller's stream: pins a copy still
   // landing on the device and makes the stream wait for it. False when the

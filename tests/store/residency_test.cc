@@ -63,6 +63,23 @@ class ResidencyTest : public testing::Test {
     return residency_->AddGroup(std::move(*layout));
   }
 
+  // A group of `tensors`, homed on the host, whose `device_roles` may be
+  // fetched to the device.
+  int Add(const std::string& name, std::vector<TensorSpec> tensors,
+          RoleMask device_roles) {
+    Placement placement;
+    placement.device_roles = device_roles;
+    GroupSpec spec{.name = name,
+                   .tensors = std::move(tensors),
+                   .use_default_placement = true,
+                   .placement = {}};
+    auto layout = BuildGroupLayout(spec, placement);
+    EXPECT_TRUE(layout.ok()) << layout.status().ToString();
+    auto id = residency_->AddGroup(std::move(*layout));
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : -1;
+  }
+
   Status FetchAndRelease(int group, Tier tier) {
     STRATA_ASSIGN_OR_RETURN(
         Residency::Fetched fetched,
@@ -425,29 +442,38 @@ TEST_F(ResidencyTest, AReadOnTheCallersStreamDoesNotWaitForALandingCopy) {
 TEST_F(ResidencyTest, AFetchIsNotRefusedForRoomThatEvictionCanMake) {
   OpenBytes(96 * kKiB);
   const RoleMask both = kCompute | RoleBit(Role::kMaster);
-  auto add = [&](const std::string& name, std::vector<TensorSpec> tensors,
-                 RoleMask device_roles) {
-    Placement placement;
-    placement.device_roles = device_roles;
-    GroupSpec spec{.name = name,
-                   .tensors = std::move(tensors),
-                   .use_default_placement = true,
-                   .placement = {}};
-    auto layout = BuildGroupLayout(spec, placement);
-    EXPECT_TRUE(layout.ok()) << layout.status().ToString();
-    auto id = residency_->AddGroup(std::move(*layout));
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-    return id.ok() ? *id : -1;
-  };
   const int g0 =
-      add("g0", {{"w", {16 * 1024}, DType::kBFloat16, kCompute}}, kCompute);
+      Add("g0", {{"w", {16 * 1024}, DType::kBFloat16, kCompute}}, kCompute);
   const int g1 =
-      add("g1",
+      Add("g1",
           {{"w", {8 * 1024}, DType::kBFloat16, both},
            {"v", {8 * 1024}, DType::kBFloat16, RoleBit(Role::kMaster)}},
           both);
   ASSERT_TRUE(FetchAndRelease(g0, kDevice).ok());
   auto fetched = residency_->Fetch(g1, kDevice, {.roles = both});
+  EXPECT_TRUE(fetched.ok()) << fetched.status().ToString();
+}
+
+// The same across fetches: a 160 KiB device holds cached copies a (48
+// KiB), x (64) and c (48), x least recently used. g (64 + 64 + 32 KiB)
+// places its first chunk in x's hole, which leaves two 48 KiB pieces for
+// its second 64 KiB chunk once a and c are evicted. The fetch then drops
+// its own copies and places them again into the room eviction made.
+TEST_F(ResidencyTest, AFetchReplacesItsOwnChunksRatherThanFail) {
+  OpenBytes(160 * kKiB);
+  const int a =
+      Add("a", {{"w", {24 * 1024}, DType::kBFloat16, kCompute}}, kCompute);
+  const int x =
+      Add("x", {{"w", {32 * 1024}, DType::kBFloat16, kCompute}}, kCompute);
+  const int c =
+      Add("c", {{"w", {24 * 1024}, DType::kBFloat16, kCompute}}, kCompute);
+  const RoleMask roles =
+      kCompute | RoleBit(Role::kMaster) | RoleBit(Role::kState1);
+  const int g = Add("g", {{"w", {16 * 1024}, DType::kBFloat16, roles}}, roles);
+  for (int group : {a, x, c, a, c}) {
+    ASSERT_TRUE(FetchAndRelease(group, kDevice).ok());
+  }
+  auto fetched = residency_->Fetch(g, kDevice, {.roles = roles});
   EXPECT_TRUE(fetched.ok()) << fetched.status().ToString();
 }
 
