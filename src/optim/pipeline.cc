@@ -141,47 +141,55 @@ Status OffloadOptimizer::Impl::InspectGroups() {
   return Status();
 }
 
+// Cached copies (of a warm-up pass, a Load) hold room that the buffers
+// need, and the buffers come from the allocators, which do not evict: the
+// residency manager makes the room first. On the device, the ring lives
+// beside the homes there and the largest fetch, in whole allocation units.
+Status OffloadOptimizer::Impl::MakeDeviceRoom(uint64_t bytes) {
+  const uint64_t unit = parts_.device->info().alignment;
+  const uint64_t ring =
+      (bytes + unit - 1) / unit * unit * options_.grad_buffers;
+  const uint64_t spare = parts_.residency->SpareBytes(Tier::kDevice);
+  if (ring > spare) {
+    return Status::ResourceExhausted(fmt::format(
+        "the device budget has {} beside the roles homed there and the "
+        "largest group's fetch, and {} gradient buffers of {} need {}; "
+        "raise the device budget by {} or lower grad_buffers",
+        HumanBytes(spare), options_.grad_buffers, HumanBytes(bytes),
+        HumanBytes(ring), HumanBytes(ring - spare)));
+  }
+  return parts_.residency->MakeRoom(Tier::kDevice, ring);
+}
+
+// The host holds the staging ring, and for the step one group's roles that
+// live elsewhere, beside what the host tier is home to (already taken from
+// its budget at registration); all in the pool's size classes, as they are
+// allocated.
+Status OffloadOptimizer::Impl::MakeHostRoom(uint64_t bytes) {
+  const uint64_t slot = tier::PinnedPool::SizeClass(bytes);
+  const uint64_t ring = slot * options_.grad_buffers;
+  uint64_t working = 0;
+  for (const Group& g : groups_) working = std::max(working, g.host_working);
+  STRATA_RETURN_IF_ERROR(
+      parts_.residency->MakeRoom(Tier::kHost, ring + working));
+  const uint64_t host_free = parts_.host->free_bytes();
+  if (ring + working <= host_free) return Status();
+  return Status::ResourceExhausted(
+      fmt::format("the host budget has {} left beside the roles homed "
+                  "there, and the optimizer needs {}: {} gradient staging "
+                  "buffers of {} and {} for one group's step (its roles "
+                  "homed off the host); raise the host budget by {}, "
+                  "lower grad_buffers, or home fewer roles on the host",
+                  HumanBytes(host_free), HumanBytes(ring + working),
+                  options_.grad_buffers, HumanBytes(slot), HumanBytes(working),
+                  HumanBytes(ring + working - host_free)));
+}
+
 Status OffloadOptimizer::Impl::AllocateSlots() {
   uint64_t bytes = 0;
   for (const Group& g : groups_) bytes = std::max(bytes, g.compute_bytes);
-  const uint64_t budget = parts_.device->info().budget;
-  const uint64_t ring = bytes * options_.grad_buffers;
-  if (ring + bytes > budget) {
-    return Status::ResourceExhausted(
-        fmt::format("the device budget ({}) cannot hold {} gradient buffers "
-                    "of {} and a group's compute copy beside them; raise the "
-                    "device budget to at least {} or lower grad_buffers",
-                    HumanBytes(budget), options_.grad_buffers,
-                    HumanBytes(bytes), HumanBytes(ring + bytes)));
-  }
-  // The host holds the staging ring, and for the step one group's roles
-  // that live elsewhere, beside what the host tier is home to (already
-  // taken from its budget at registration); all in the pool's size
-  // classes, as they are allocated.
-  const uint64_t host_ring =
-      tier::PinnedPool::SizeClass(bytes) * options_.grad_buffers;
-  uint64_t working = 0;
-  for (const Group& g : groups_) working = std::max(working, g.host_working);
-  // Cached copies (of a warm-up pass, a Load) hold room that the checks
-  // below need, and the buffers come from the allocators, which do not
-  // evict: the residency manager makes the room first.
-  for (const auto& [tier, need] :
-       {std::pair{Tier::kDevice, ring},
-        std::pair{Tier::kHost, host_ring + working}}) {
-    STRATA_RETURN_IF_ERROR(parts_.residency->MakeRoom(tier, need));
-  }
-  const uint64_t host_free = parts_.host->free_bytes();
-  if (host_ring + working > host_free) {
-    return Status::ResourceExhausted(fmt::format(
-        "the host budget has {} left beside the roles homed "
-        "there, and the optimizer needs {}: {} gradient staging "
-        "buffers of {} and {} for one group's step (its roles "
-        "homed off the host); raise the host budget by {}, "
-        "lower grad_buffers, or home fewer roles on the host",
-        HumanBytes(host_free), HumanBytes(host_ring + working),
-        options_.grad_buffers, HumanBytes(tier::PinnedPool::SizeClass(bytes)),
-        HumanBytes(working), HumanBytes(host_ring + working - host_free)));
-  }
+  STRATA_RETURN_IF_ERROR(MakeDeviceRoom(bytes));
+  STRATA_RETURN_IF_ERROR(MakeHostRoom(bytes));
   slots_.resize(options_.grad_buffers);
   for (Slot& s : slots_) {
     Result<void*> device = parts_.device->Allocate(bytes);

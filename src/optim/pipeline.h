@@ -127,6 +127,8 @@ class OffloadOptimizer::Impl {
   }
 
   Status InspectGroups();
+  Status MakeDeviceRoom(uint64_t bytes);  // for the gradient buffers
+  Status MakeHostRoom(uint64_t bytes);
   Status AllocateSlots();
   bool Deferred() const;
   void WorkerLoop();

@@ -76,6 +76,19 @@ uint64_t Residency::NvmeHomedBytes(int group, RoleMask roles) const {
   return total;
 }
 
+uint64_t Residency::SpareBytes(Tier tier) const {
+  STRATA_CHECK(tier != Tier::kNvme);
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t fetch = 0;
+  for (const Group& g : groups_) {
+    fetch = std::max(fetch, g.footprint.fetched[tier]);
+  }
+  const uint64_t budget =
+      tier == Tier::kDevice ? device_->info().budget : host_->info().budget;
+  const uint64_t taken = homed_[tier] + fetch;
+  return budget > taken ? budget - taken : 0;
+}
+
 // In the bytes each tier's allocator takes: size classes on the host,
 // whole alignment units on the device and NVMe.
 Residency::Footprint Residency::FootprintOf(const GroupLayout& layout) const {

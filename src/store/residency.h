@@ -96,6 +96,10 @@ class Residency {
   // for the host).
   uint64_t GroupBytes(int group, Tier tier, RoleMask roles, Homed homed) const;
   uint64_t NvmeHomedBytes(int group, RoleMask roles) const;
+  // Bytes of the device or host budget beside every home there and the
+  // largest fetch of any one group (CheckFits): what a caller may take
+  // from the tier's allocator for good without starving a fetch.
+  uint64_t SpareBytes(Tier tier) const;
 
   // Trace bookkeeping, under the residency lock because eviction reads it.
   void BeginStep();

@@ -3,11 +3,13 @@
 // smallest host budget Create accepts (found by bisection, in 4 KiB pages)
 // runs three steps, and one page less is refused, naming the host budget.
 // Create used to count chunk bytes where the host pool takes size classes,
-// and accepted budgets that failed at step 1.
+// and accepted budgets that failed at step 1. The same for the device.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "strata/engine.h"
 #include "strata/offload_optimizer.h"
@@ -18,6 +20,80 @@ namespace {
 
 constexpr uint64_t kPage = 4096;
 
+// Members are destroyed optimizer first, then the engine.
+struct Rig {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<OffloadOptimizer> optimizer;
+  Status status;  // of the first step that failed
+};
+
+Rig Build(const EngineOptions& options, const std::vector<GroupSpec>& specs) {
+  Rig rig;
+  auto engine = Engine::Open(options);
+  rig.status = engine.status();
+  if (!engine.ok()) return rig;
+  rig.engine = std::move(*engine);
+  for (const GroupSpec& spec : specs) {
+    rig.status = rig.engine->RegisterGroup(spec).status();
+    if (!rig.status.ok()) return rig;
+  }
+  auto optimizer = OffloadOptimizer::Create(rig.engine.get(), {});
+  rig.status = optimizer.status();
+  if (optimizer.ok()) rig.optimizer = std::move(*optimizer);
+  return rig;
+}
+
+// One training step: each group's compute fetched to the device for its
+// backward, its gradients handed off.
+Status Step(Rig& rig) {
+  Engine& engine = *rig.engine;
+  engine.BeginStep();
+  STRATA_RETURN_IF_ERROR(rig.optimizer->BeginStep({.lr = 1e-3}));
+  for (int g = engine.group_count() - 1; g >= 0; --g) {
+    STRATA_ASSIGN_OR_RETURN(
+        GroupView w,
+        engine.Fetch(g, Tier::kDevice, {.roles = RoleBit(Role::kCompute)}));
+    STRATA_ASSIGN_OR_RETURN(GradientBuffer grads,
+                            rig.optimizer->AcquireGradients(g));
+    STRATA_RETURN_IF_ERROR(w.pin.Release());
+    STRATA_RETURN_IF_ERROR(rig.optimizer->HandOff(grads));
+  }
+  STRATA_RETURN_IF_ERROR(rig.optimizer->FinishStep().status());
+  return engine.EndStep();
+}
+
+// The smallest multiple of `unit` in [unit, hi] for which `open` gives an
+// optimizer, by bisection; then checks that it runs three steps and that
+// one unit less is refused naming `budget` ("host budget", ...).
+void ExpectTheSmallestAcceptedRuns(const std::function<Rig(uint64_t)>& open,
+                                   uint64_t unit, uint64_t hi,
+                                   const std::string& budget) {
+  uint64_t lo = unit;
+  while (lo < hi) {
+    const uint64_t mid = (lo + hi) / 2 / unit * unit;
+    if (open(mid).optimizer != nullptr) {
+      hi = mid;
+    } else {
+      lo = mid + unit;
+    }
+  }
+  {
+    Rig rig = open(lo);
+    ASSERT_NE(rig.optimizer, nullptr) << rig.status.ToString();
+    for (int step = 0; step < 3; ++step) {
+      const Status s = Step(rig);
+      ASSERT_TRUE(s.ok()) << "step " << step + 1 << " at a " << budget << " of "
+                          << lo << " bytes: " << s.ToString();
+    }
+  }
+  // Refused by registration or by Create, whichever needs more.
+  const Rig below = open(lo - unit);
+  EXPECT_EQ(below.status.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(below.status.message().find("aise the " + budget),
+            std::string::npos)
+      << below.status.message();
+}
+
 struct Model {
   DType dtype;
   int groups;
@@ -27,15 +103,8 @@ struct Model {
 
 class BudgetTest : public testing::TestWithParam<Model> {
  protected:
-  // Rig members are destroyed optimizer first, then the engine.
-  struct Rig {
-    std::unique_ptr<Engine> engine;
-    std::unique_ptr<OffloadOptimizer> optimizer;
-    Status status;
-  };
-
+  // The optimizer state and gradients on NVMe, compute on the host.
   Rig Open(uint64_t host_budget) {
-    Rig rig;
     EngineOptions o;
     o.device = "host";
     o.device_budget = 4 << 20;
@@ -46,77 +115,24 @@ class BudgetTest : public testing::TestWithParam<Model> {
     o.placement.home = {Tier::kHost, Tier::kNvme, Tier::kNvme, Tier::kNvme,
                         Tier::kNvme};
     o.placement.device_roles = RoleBit(Role::kCompute);
-    auto engine = Engine::Open(o);
-    rig.status = engine.status();
-    if (!engine.ok()) return rig;
-    rig.engine = std::move(*engine);
     const Model& m = GetParam();
+    std::vector<GroupSpec> specs(m.groups);
     for (int g = 0; g < m.groups; ++g) {
-      GroupSpec spec;
-      spec.name = "layer." + std::to_string(g);
-      spec.tensors = {{"w", {m.n}, m.dtype, kAllRoles}};
-      if (m.bias)
-        spec.tensors.push_back({"b", {m.n / 7 + 1}, m.dtype, kAllRoles});
-      rig.status = rig.engine->RegisterGroup(spec).status();
-      if (!rig.status.ok()) return rig;
-    }
-    auto optimizer = OffloadOptimizer::Create(rig.engine.get(), {});
-    rig.status = optimizer.status();
-    if (optimizer.ok()) rig.optimizer = std::move(*optimizer);
-    return rig;
-  }
-
-  static Status Step(Rig& rig) {
-    Engine& engine = *rig.engine;
-    engine.BeginStep();
-    STRATA_RETURN_IF_ERROR(rig.optimizer->BeginStep({.lr = 1e-3}));
-    for (int g = engine.group_count() - 1; g >= 0; --g) {
-      STRATA_ASSIGN_OR_RETURN(
-          GroupView w,
-          engine.Fetch(g, Tier::kDevice, {.roles = RoleBit(Role::kCompute)}));
-      STRATA_ASSIGN_OR_RETURN(GradientBuffer grads,
-                              rig.optimizer->AcquireGradients(g));
-      STRATA_RETURN_IF_ERROR(w.pin.Release());
-      STRATA_RETURN_IF_ERROR(rig.optimizer->HandOff(grads));
-    }
-    STRATA_RETURN_IF_ERROR(rig.optimizer->FinishStep().status());
-    return engine.EndStep();
-  }
-
-  // The smallest host budget, in whole pages, that Create accepts.
-  uint64_t SmallestAccepted() {
-    uint64_t lo = kPage, hi = 16 << 20;
-    while (lo < hi) {
-      const uint64_t mid = (lo + hi) / 2 / kPage * kPage;
-      if (Open(mid).optimizer != nullptr) {
-        hi = mid;
-      } else {
-        lo = mid + kPage;
+      specs[g].name = "layer." + std::to_string(g);
+      specs[g].tensors = {{"w", {m.n}, m.dtype, kAllRoles}};
+      if (m.bias) {
+        specs[g].tensors.push_back({"b", {m.n / 7 + 1}, m.dtype, kAllRoles});
       }
     }
-    return lo;
+    return Build(o, specs);
   }
 
   testutil::ScratchDir dir_;
 };
 
-TEST_P(BudgetTest, TheSmallestBudgetCreateAcceptsRuns) {
-  const uint64_t smallest = SmallestAccepted();
-  {
-    Rig rig = Open(smallest);
-    ASSERT_NE(rig.optimizer, nullptr) << rig.status.ToString();
-    for (int step = 0; step < 3; ++step) {
-      const Status s = Step(rig);
-      ASSERT_TRUE(s.ok()) << "step " << step + 1 << " at a host budget of "
-                          << smallest << " bytes: " << s.ToString();
-    }
-  }
-  Rig below = Open(smallest - kPage);
-  EXPECT_EQ(below.status.code(), StatusCode::kResourceExhausted);
-  // Refused by registration or by Create, whichever needs more.
-  EXPECT_NE(below.status.message().find("aise the host budget"),
-            std::string::npos)
-      << below.status.message();
+TEST_P(BudgetTest, TheSmallestHostBudgetCreateAcceptsRuns) {
+  ExpectTheSmallestAcceptedRuns([this](uint64_t b) { return Open(b); }, kPage,
+                                16 << 20, "host budget");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -125,6 +141,32 @@ INSTANTIATE_TEST_SUITE_P(
                     Model{DType::kFloat32, 4, 12345, false},
                     Model{DType::kBFloat16, 3, 33333, true},
                     Model{DType::kFloat32, 5, 5000, true}));
+
+// The same for the device budget, with compute copies homed on the device
+// but one, fetched there: the gradient buffers live beside those homes and
+// that fetch. (Create used to check them against the whole budget.)
+TEST(DeviceBudgetTest, TheSmallestDeviceBudgetCreateAcceptsRuns) {
+  auto open = [](uint64_t device_budget) {
+    EngineOptions o;
+    o.device = "host";
+    o.device_budget = device_budget;
+    o.host_budget = 16 << 20;
+    o.placement.home = {Tier::kDevice, Tier::kHost, Tier::kHost, Tier::kHost,
+                        Tier::kHost};
+    o.placement.device_roles = RoleBit(Role::kCompute);
+    std::vector<GroupSpec> specs(3);
+    for (int g = 0; g < 3; ++g) {
+      specs[g].name = "layer." + std::to_string(g);
+      specs[g].tensors = {
+          {"w", {5000 + 3000 * (g % 2)}, DType::kBFloat16, kAllRoles}};
+    }
+    specs[1].use_default_placement = false;  // the largest, fetched
+    specs[1].placement = o.placement;
+    specs[1].placement.home[static_cast<int>(Role::kCompute)] = Tier::kHost;
+    return Build(o, specs);
+  };
+  ExpectTheSmallestAcceptedRuns(open, 256, 4 << 20, "device budget");
+}
 
 }  // namespace
 }  // namespace strata
