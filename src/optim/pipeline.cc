@@ -143,8 +143,9 @@ Status OffloadOptimizer::Impl::InspectGroups() {
 
 // Cached copies (of a warm-up pass, a Load) hold room that the buffers
 // need, and the buffers come from the allocators, which do not evict: the
-// residency manager makes the room first. On the device, the ring lives
-// beside the homes there and the largest fetch, in whole allocation units.
+// residency manager evicts them first (Note [Eviction order]). On the device,
+// the ring lives beside the homes there and the largest fetch, in whole
+// allocation units.
 Status OffloadOptimizer::Impl::MakeDeviceRoom(uint64_t bytes) {
   const uint64_t unit = parts_.device->info().alignment;
   const uint64_t ring =
@@ -158,7 +159,7 @@ Status OffloadOptimizer::Impl::MakeDeviceRoom(uint64_t bytes) {
         HumanBytes(spare), options_.grad_buffers, HumanBytes(bytes),
         HumanBytes(ring), HumanBytes(ring - spare)));
   }
-  return parts_.residency->MakeRoom(Tier::kDevice, ring);
+  return parts_.residency->EvictCached(Tier::kDevice);
 }
 
 // The host holds the staging ring, and for the step one group's roles that
@@ -170,8 +171,7 @@ Status OffloadOptimizer::Impl::MakeHostRoom(uint64_t bytes) {
   const uint64_t ring = slot * options_.grad_buffers;
   uint64_t working = 0;
   for (const Group& g : groups_) working = std::max(working, g.host_working);
-  STRATA_RETURN_IF_ERROR(
-      parts_.residency->MakeRoom(Tier::kHost, ring + working));
+  STRATA_RETURN_IF_ERROR(parts_.residency->EvictCached(Tier::kHost));
   const uint64_t host_free = parts_.host->free_bytes();
   if (ring + working <= host_free) return Status();
   return Status::ResourceExhausted(

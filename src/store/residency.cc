@@ -177,6 +177,13 @@ Status Residency::Starves(const GroupLayout& layout, const std::string& other,
 
 Result<int> Residency::AddGroup(GroupLayout layout) {
   Lock lk(mu_);
+  // Homes are held for good: no cached copy may split the room around
+  // them (Note [Eviction order]). Eviction may drop the lock, so the check
+  // comes after it.
+  const Footprint footprint = FootprintOf(layout);
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    if (footprint.homed[t] > 0) STRATA_RETURN_IF_ERROR(EvictCached(lk, t));
+  }
   STRATA_RETURN_IF_ERROR(CheckFits(layout));
   const int id = static_cast<int>(groups_.size());
   Group& g = groups_.emplace_back();
@@ -193,7 +200,7 @@ Result<int> Residency::AddGroup(GroupLayout layout) {
     return s;
   }
   g.chunks = std::move(ids);
-  g.footprint = FootprintOf(g.layout);
+  g.footprint = footprint;
   for (Tier t : kTiers) homed_[t] += g.footprint.homed[t];
   return id;
 }

@@ -33,7 +33,12 @@
 // fetch places its chunks largest first, so that its own small chunks do
 // not split the room a large one needs; and when its own first chunks,
 // placed into holes between copies that were evicted later, split that
-// room, it drops them and places them all again, once.
+// room, it drops them and places them all again, once. Memory held for
+// good (homes at registration, the optimizer's buffers) is allocated only
+// once every unpinned cached copy at the tier has gone: best fit then puts
+// it at the low end, beside the earlier homes, and the room for copies
+// that come and go stays one range. So with nothing else pinned, a fetch
+// that registration admitted finds its room.
 //
 // Note [Fences]
 // A GPU runs a caller's kernels long after the CPU queued them, so the end
@@ -127,12 +132,11 @@ class Residency {
   // explicit prefetch, which may evict like a demand fetch). Pins nothing.
   Status Prefetch(int group, Tier tier, RoleMask roles, int position);
   Status Evict(int group, Tier tier);
-  // Evicts unpinned cached copies at `tier` (device or host) in the order
-  // eviction picks them, until `bytes` are free there or none is left,
-  // for memory that a caller takes from the tier's allocator directly (the
-  // optimizer's buffers). Returns a failed write-back; free room that is
-  // still short is for the caller to report.
-  Status MakeRoom(Tier tier, uint64_t bytes);
+  // Evicts every unpinned cached copy at `tier` (device or host), before a
+  // caller takes memory for good from the tier's allocator (the
+  // optimizer's buffers; Note [Eviction order]). Returns a failed
+  // write-back.
+  Status EvictCached(Tier tier);
 
   // The address of `tensor` in `role` at `tier`; valid while pinned there.
   void* Address(int group, Role role, Tier tier, uint64_t offset) const;
@@ -296,6 +300,7 @@ class Residency {
   bool MustWriteDown(const Chunk& c, Tier tier) const;
   bool WriteDownBlocked(const Chunk& c, Tier tier) const;
   Status Drop(Lock& lk, int id, Tier tier);
+  Status EvictCached(Lock& lk, Tier tier);
   Status WriteDown(Lock& lk, int id, Tier tier);
   void FreeCopy(Chunk& c, Tier tier);
   void Invalidate(Chunk& c, Tier keep);

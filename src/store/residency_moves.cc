@@ -129,15 +129,20 @@ uint64_t Residency::FreeBytes(Tier tier) const {
   return tier == Tier::kDevice ? device_->free_bytes() : host_->free_bytes();
 }
 
-Status Residency::MakeRoom(Tier tier, uint64_t bytes) {
+Status Residency::EvictCached(Tier tier) {
   STRATA_CHECK(tier != Tier::kNvme);
   Lock lk(mu_);
-  while (FreeBytes(tier) < bytes) {
+  return EvictCached(lk, tier);
+}
+
+// Note [Eviction order]: memory held for good is allocated with no cached
+// copy in its way.
+Status Residency::EvictCached(Lock& lk, Tier tier) {
+  for (;;) {
     const int victim = PickVictim(tier, -1, Reason::Demand());
-    if (victim < 0) break;
+    if (victim < 0) return Status();
     STRATA_RETURN_IF_ERROR(Drop(lk, victim, tier));
   }
-  return Status();
 }
 
 // Note [Eviction order].

@@ -477,5 +477,22 @@ TEST_F(ResidencyTest, AFetchReplacesItsOwnChunksRatherThanFail) {
   EXPECT_TRUE(fetched.ok()) << fetched.status().ToString();
 }
 
+// Homes registered after copies were cached: g0's copy is cached on a 96
+// KiB device, then g1 homes 32 KiB there. Its home must not split the room
+// g2 (64 KiB, fetched) needs beside it: registration drops cached copies
+// before it allocates homes.
+TEST_F(ResidencyTest, HomesRegisteredLaterDoNotSplitTheRoomForFetches) {
+  OpenBytes(96 * kKiB);
+  const int g0 =
+      Add("g0", {{"w", {16 * 1024}, DType::kBFloat16, kCompute}}, kCompute);
+  ASSERT_TRUE(FetchAndRelease(g0, kDevice).ok());
+  ASSERT_TRUE(TryAddGroup("g1", 32 * kKiB, kDevice).ok());
+  ASSERT_TRUE(FetchAndRelease(g0, kDevice).ok());
+  const int g2 =
+      Add("g2", {{"w", {32 * 1024}, DType::kBFloat16, kCompute}}, kCompute);
+  auto fetched = residency_->Fetch(g2, kDevice, {.roles = kCompute});
+  EXPECT_TRUE(fetched.ok()) << fetched.status().ToString();
+}
+
 }  // namespace
 }  // namespace strata::store
