@@ -172,15 +172,21 @@ class Residency {
   //                                                       if a write fetch
   //                                                       intervened)
   //
-  // Beside the state, on a kValid copy: `pins` counts unreleased fetches and
-  // `readers` the fills copying from it; a copy with either is not dropped,
-  // and a write fetch waits for its readers. A pinned copy made kStale by a
-  // write elsewhere keeps its old bytes for the view that holds it: nothing
-  // fills it (or writes down into it) until its pins are gone. `prefetched`
-  // marks a kValid copy that a prefetch made and no fetch used yet. A home copy
-  // is never kAbsent. Every write fetch bumps the chunk's version, and a
-  // transfer validates its destination only if the version it started with
-  // still holds; version 0 means never written: the chunk reads as zeros.
+  // Beside the state: `pins` counts unreleased fetches and `readers` the
+  // fills copying from the copy; a copy with either is not dropped, and a
+  // write fetch waits for its readers. Pins sit on kValid copies, with two
+  // exceptions. A read on the caller's stream may pin a kFilling copy to
+  // the device, whose fill keeps its event in `landing` meanwhile
+  // (PinLanding); the fill then ends as above. A pinned copy made kStale by
+  // a write elsewhere keeps its old bytes for the view that holds it:
+  // nothing fills it (or writes down into it) until its pins are gone.
+  // `fences` counts the releases whose device work has not yet run (Note
+  // [Fences]); until it is 0 the copy is treated like a busy one. Its
+  // state is unchanged meanwhile. `prefetched` marks a kValid copy that a
+  // prefetch made and no fetch used yet. A home copy is never kAbsent.
+  // Every write fetch bumps the chunk's version, and a transfer validates
+  // its destination only if the version it started with still holds;
+  // version 0 means never written: the chunk reads as zeros.
   enum class CopyState { kAbsent, kStale, kFilling, kValid, kFlushing };
   struct Copy {
     CopyState state = CopyState::kAbsent;

@@ -494,5 +494,31 @@ TEST_F(ResidencyTest, HomesRegisteredLaterDoNotSplitTheRoomForFetches) {
   EXPECT_TRUE(fetched.ok()) << fetched.status().ToString();
 }
 
+// Note [Fences]: a copy released with a fence is not evicted before the
+// work the fence names ran; a fetch that needs its room waits, and Evict
+// waits too.
+TEST_F(ResidencyTest, AFencedCopyStaysUntilItsWorkRan) {
+  Open(2);
+  const int g = AddGroup("g"), a = AddGroup("a"), b = AddGroup("b");
+  testutil::FakeStream stream;
+  Pin pin = Hold(g, kDevice);
+  stream.Queue([] {});  // a kernel still reading g
+  ASSERT_EQ(residency_->FirstPinnedGroup(), g);
+  ASSERT_TRUE(pin.Release(stream.fence()).ok());
+  Pin pin_a = Hold(a, kDevice);
+  std::future<Status> fetch_b = std::async(
+      std::launch::async, [&] { return FetchAndRelease(b, kDevice); });
+  std::future<Status> evict = std::async(
+      std::launch::async, [&] { return residency_->Evict(g, kDevice); });
+  EXPECT_EQ(fetch_b.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout)
+      << "g's copy was evicted before its fence";
+  EXPECT_EQ(evict.wait_for(std::chrono::milliseconds(0)),
+            std::future_status::timeout);
+  stream.Run();
+  EXPECT_TRUE(fetch_b.get().ok());
+  EXPECT_TRUE(evict.get().ok());
+}
+
 }  // namespace
 }  // namespace strata::store
