@@ -281,6 +281,10 @@ struct FetchOptions {
   RoleMask roles = kAllRoles;  // of the roles the group has
   bool write = false;          // the caller will write: the copies fetched
                                // become the only valid ones (dirty)
+  bool discard = false;        // with write: the caller overwrites every tensor
+                         // byte, so nothing is read first (their bytes are
+                         // undefined until written; the padding between
+                         // tensors reads as zeros)
   bool record = true;  // false: not part of the step's trace (for agents,
                        // like the optimizer pipeline, that read ahead on
                        // their own and run beside the training thread)

@@ -157,19 +157,26 @@ Status PrepareTemp(Env& env, const Paths& p) {
   return env.CreateDir(p.tmp);
 }
 
-// Fetches each of `roles` of group `g` to the host in turn (for writing
-// when `write`), outside the trace, hands its view to `use` and releases
-// it: so a checkpoint holds at most one role of one group at a time.
+// How ForEachRole fetches: to read, or to overwrite every tensor byte (a
+// discard fetch: nothing is read first).
+enum class Access { kRead, kOverwrite };
+
+// Fetches each of `roles` of group `g` to the host in turn, outside the
+// trace, hands its view to `use` and releases it: so a checkpoint holds at
+// most one role of one group at a time.
 template <typename Use>
-Status ForEachRole(Engine& engine, int g, RoleMask roles, bool write, Use use) {
+Status ForEachRole(Engine& engine, int g, RoleMask roles, Access access,
+                   Use use) {
+  const bool write = access == Access::kOverwrite;
   for (int r = 0; r < kNumRoles; ++r) {
     const Role role = static_cast<Role>(r);
     if ((roles & RoleBit(role)) == 0) continue;
-    STRATA_ASSIGN_OR_RETURN(
-        GroupView view,
-        engine.Fetch(
-            g, Tier::kHost,
-            {.roles = RoleBit(role), .write = write, .record = false}));
+    STRATA_ASSIGN_OR_RETURN(GroupView view,
+                            engine.Fetch(g, Tier::kHost,
+                                         {.roles = RoleBit(role),
+                                          .write = write,
+                                          .discard = write,
+                                          .record = false}));
     const Status s = use(role, view);
     const Status released = view.pin.Release();
     if (!s.ok()) return s;
@@ -185,7 +192,8 @@ Status WriteGroup(Env& env, Engine& engine, int g, const std::string& path,
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, env.NewFile(path));
   Hasher hasher = NewHasher();
   Status s = ForEachRole(
-      engine, g, entry.roles, false, [&](Role role, const GroupView& view) {
+      engine, g, entry.roles, Access::kRead,
+      [&](Role role, const GroupView& view) {
         for (const TensorEntry& t : entry.tensors) {
           if ((t.roles & RoleBit(role)) == 0) continue;
           const TensorView* data = view.Find(t.name, role);
@@ -337,7 +345,8 @@ Status LoadGroup(Env& env, Engine& engine, int g, const std::string& path,
                  const GroupEntry& entry, uint64_t* bytes) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, env.OpenFile(path));
   return ForEachRole(
-      engine, g, entry.roles, true, [&](Role role, const GroupView& view) {
+      engine, g, entry.roles, Access::kOverwrite,
+      [&](Role role, const GroupView& view) {
         for (const TensorView& t : view.tensors) {
           const TensorEntry* saved = entry.Find(t.name);
           STRATA_CHECK(saved != nullptr && t.bytes == RoleBytes(*saved, role));

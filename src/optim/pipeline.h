@@ -135,7 +135,11 @@ class OffloadOptimizer::Impl {
   void WriterLoop();
   Status RunTask(const Task& task);
   Status ConsumeGradients(const Task& task);
-  Result<Pin> FetchToWrite(int group, RoleMask roles);
+  // Whether a fetch to write keeps the bytes there, or the caller
+  // overwrites them all (FetchOptions::discard).
+  enum class Contents { kKept, kDiscarded };
+  Result<Pin> FetchToWrite(int group, RoleMask roles,
+                           Contents contents = Contents::kKept);
   Status StepGroup(int group, const void* grads, FloatType grad_type);
   // Prefetches the state of the groups that step after `group` (-1: the
   // first), in the last step's order.

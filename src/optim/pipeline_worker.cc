@@ -68,7 +68,10 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     free_slot();
     return sum.ok() ? status : sum.status();
   }
-  Result<Pin> grads = FetchToWrite(task.group, kGradBit);
+  // The first micro-batch overwrites the accumulator: nothing is read.
+  Result<Pin> grads =
+      FetchToWrite(task.group, kGradBit,
+                   task.first ? Contents::kDiscarded : Contents::kKept);
   if (!grads.ok()) {
     free_slot();
     return grads.status();
@@ -99,12 +102,15 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
 
 // The pipeline's fetches: to the host, for writing, outside the trace (the
 // pipeline reads ahead on its own); chunks are then reached by Address().
-Result<Pin> OffloadOptimizer::Impl::FetchToWrite(int group, RoleMask roles) {
+Result<Pin> OffloadOptimizer::Impl::FetchToWrite(int group, RoleMask roles,
+                                                 Contents contents) {
   STRATA_ASSIGN_OR_RETURN(
       store::Residency::Fetched fetched,
-      parts_.residency->Fetch(
-          group, Tier::kHost,
-          {.roles = roles, .write = true, .record = false}));
+      parts_.residency->Fetch(group, Tier::kHost,
+                              {.roles = roles,
+                               .write = true,
+                               .discard = contents == Contents::kDiscarded,
+                               .record = false}));
   return std::move(fetched.pin);
 }
 

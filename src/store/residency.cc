@@ -259,7 +259,8 @@ sched::Trace Residency::TraceSnapshot() const {
   return trace_;
 }
 
-Status Residency::CheckFetch(int group, Tier tier, RoleMask roles) const {
+Status Residency::CheckFetch(int group, Tier tier,
+                             const FetchOptions& opt) const {
   if (group < 0 || group >= static_cast<int>(groups_.size())) {
     return Status::InvalidArgument("no group " + std::to_string(group) + " (" +
                                    std::to_string(groups_.size()) +
@@ -271,13 +272,19 @@ Status Residency::CheckFetch(int group, Tier tier, RoleMask roles) const {
   }
   const GroupLayout& layout = groups_[group].layout;
   if (tier == Tier::kDevice &&
-      (roles & layout.roles & ~layout.device_roles) != 0) {
+      (opt.roles & layout.roles & ~layout.device_roles) != 0) {
     return Status::InvalidArgument(
         "group '" + layout.name +
         "': a role asked for is not in its placement's "
         "device_roles; fetch it to the host");
   }
-  if ((roles & layout.roles) == 0) {
+  if (opt.discard && !opt.write) {
+    return Status::InvalidArgument(
+        "FetchOptions::discard needs write: a discard fetch hands out "
+        "memory whose tensor bytes are undefined until the caller writes "
+        "them all");
+  }
+  if ((opt.roles & layout.roles) == 0) {
     return Status::InvalidArgument("group '" + layout.name +
                                    "' has none of the requested roles");
   }
@@ -291,7 +298,7 @@ Status Residency::CheckFetch(int group, Tier tier, RoleMask roles) const {
 Result<Residency::Fetched> Residency::Fetch(int group, Tier tier,
                                             const FetchOptions& opt) {
   Lock lk(mu_);
-  STRATA_RETURN_IF_ERROR(CheckFetch(group, tier, opt.roles));
+  STRATA_RETURN_IF_ERROR(CheckFetch(group, tier, opt));
   if (opt.record && trace_.in_step()) {
     position_ =
         trace_.OnFetch({.group = group, .tier = tier, .roles = opt.roles});
@@ -376,14 +383,14 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
   if (landing) return Status();
   const auto start = std::chrono::steady_clock::now();
   bool hit = false;
-  Status s = Ensure(lk, id, tier, Reason::Demand(), &hit);
+  Status s = Ensure(lk, id, tier, Reason::For(opt), &hit);
   // A write fetch hands its copy out only once no transfer is still copying
   // from it; the copy may move meanwhile, so ensure it again. Such a wait
   // is a stall, not a hit.
   while (s.ok() && opt.write && dst.readers > 0) {
     hit = false;
     changed_.wait(lk);
-    s = Ensure(lk, id, tier, Reason::Demand(), nullptr);
+    s = Ensure(lk, id, tier, Reason::For(opt), nullptr);
   }
   if (opt.record) {
     counters_.hits += hit;

@@ -231,14 +231,22 @@ class Residency {
       kHop,       // the host copy a demand fetch to the device passes through
       kPrefetch,  // Engine::Prefetch, a caller's explicit prefetch
       kPlanned,   // a prefetch of the plan for trace `position`
+      kDiscard,   // a write fetch that overwrites the chunk: nothing is
+                  // read, only the padding between tensors is zeroed
     };
     Kind kind = Kind::kDemand;
     int position = -1;  // for kPlanned
 
     static Reason Demand() { return {Kind::kDemand, -1}; }
+    static Reason For(const FetchOptions& opt) {
+      return {opt.discard ? Kind::kDiscard : Kind::kDemand, -1};
+    }
     static Reason Planned(int position) { return {Kind::kPlanned, position}; }
     // Demands wait for writers and for room; prefetches give up.
-    bool demand() const { return kind == Kind::kDemand || kind == Kind::kHop; }
+    bool demand() const {
+      return kind == Kind::kDemand || kind == Kind::kHop ||
+             kind == Kind::kDiscard;
+    }
     bool prefetch() const {
       return kind == Kind::kPrefetch || kind == Kind::kPlanned;
     }
@@ -273,7 +281,7 @@ class Residency {
                   uint64_t budget) const;
   Status Starves(const GroupLayout& layout, const std::string& other, Tier t,
                  uint64_t homes, uint64_t fetch, uint64_t budget) const;
-  Status CheckFetch(int group, Tier tier, RoleMask roles) const;
+  Status CheckFetch(int group, Tier tier, const FetchOptions& opt) const;
   Status PinAll(Lock& lk, std::vector<int>& ids, const FetchOptions& opt,
                 Hold& hold);
   Status DropUnpinned(Lock& lk, const std::vector<int>& ids, Tier tier);
@@ -294,7 +302,9 @@ class Residency {
   // The tier to fill chunk `c` at `tier` from (`tier` itself: zeros).
   Tier SourceOf(const Chunk& c, Tier tier) const;
   Status Fill(Lock& lk, int id, Tier tier, Tier from, Reason why);
-  Status Transfer(Lock& lk, int id, Tier tier, Tier from);
+  Status Transfer(Lock& lk, int id, Tier tier, Tier from, Reason why);
+  // Zeros the bytes of chunk `c` at `to` that no tensor covers.
+  Status ZeroPadding(const Chunk& c, const transport::Place& to);
   Status Allocate(Lock& lk, int id, Tier tier, Reason why);
   Status TryAllocate(Chunk& c, Tier tier);
   std::string Occupants(Tier tier) const;

@@ -2,7 +2,10 @@
 // Fill), how room is made for it (Note [Eviction order]) and how a copy is
 // dropped or written toward its home. The contract is in residency.h; the
 // public entry points are in residency.cc.
+#include <algorithm>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "common/text.h"
 #include "src/store/residency.h"
@@ -40,7 +43,8 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
       changed_.wait(lk);
       continue;
     }
-    const Tier from = SourceOf(c, tier);
+    const Tier from =
+        why.kind == Reason::Kind::kDiscard ? tier : SourceOf(c, tier);
     const Copy& src = c.copy[from];
     if (from != tier && (src.busy() || src.fenced())) {
       changed_.wait(lk);
@@ -58,7 +62,7 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
     status = Fill(lk, id, tier, from, why);
     if (!status.ok()) break;
   }
-  if (status.ok() && why.kind == Reason::Kind::kDemand) dst.prefetched = false;
+  if (status.ok() && why.demand()) dst.prefetched = false;
   return status;
 }
 
@@ -89,7 +93,7 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, Reason why) {
   if (src != nullptr) ++src->readers;
   dst.state = CopyState::kFilling;
   const uint64_t version = c.version;
-  Status status = Transfer(lk, id, tier, from);
+  Status status = Transfer(lk, id, tier, from, why);
   if (src != nullptr) --src->readers;
   const bool valid = status.ok() && version == c.version;
   dst.state = valid ? CopyState::kValid : CopyState::kStale;
@@ -103,12 +107,15 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, Reason why) {
 
 // Fill's transfer, run without the lock; returns with it held. A copy to
 // the device keeps its event in `landing` meanwhile (PinLanding).
-Status Residency::Transfer(Lock& lk, int id, Tier tier, Tier from) {
+Status Residency::Transfer(Lock& lk, int id, Tier tier, Tier from, Reason why) {
   Chunk& c = chunks_[id];
   Copy& dst = c.copy[tier];
   const transport::Place to = PlaceOf(c, tier);
   Status status;
-  if (from == tier) {
+  if (why.kind == Reason::Kind::kDiscard) {
+    lk.unlock();
+    status = ZeroPadding(c, to);
+  } else if (from == tier) {
     lk.unlock();
     status = mover_->Zero(to, c.bytes);
   } else if (tier == Tier::kDevice) {
@@ -123,6 +130,29 @@ Status Residency::Transfer(Lock& lk, int id, Tier tier, Tier from) {
   lk.lock();
   dst.landing = tier::Event();
   return status;
+}
+
+// The layout is fixed after registration, so this reads it without the lock.
+Status Residency::ZeroPadding(const Chunk& c, const transport::Place& to) {
+  const GroupLayout& layout = groups_[c.group].layout;
+  const uint64_t width = layout.chunks[layout.chunk_of_role[c.role]].width;
+  std::vector<std::pair<uint64_t, uint64_t>> used;  // byte ranges of tensors
+  for (const TensorLayout& t : layout.tensors) {
+    if ((t.roles & RoleBit(c.role)) == 0) continue;
+    used.emplace_back(t.offset[c.role], t.offset[c.role] + t.elements * width);
+  }
+  std::sort(used.begin(), used.end());
+  uint64_t at = 0;
+  used.emplace_back(c.bytes, c.bytes);
+  for (const auto& [begin, end] : used) {
+    if (begin > at) {
+      STRATA_RETURN_IF_ERROR(mover_->Zero(
+          transport::Place::Memory(to.tier, static_cast<char*>(to.ptr) + at),
+          begin - at));
+    }
+    at = std::max(at, end);
+  }
+  return Status();
 }
 
 uint64_t Residency::FreeBytes(Tier tier) const {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -518,6 +519,45 @@ TEST_F(ResidencyTest, AFencedCopyStaysUntilItsWorkRan) {
   stream.Run();
   EXPECT_TRUE(fetch_b.get().ok());
   EXPECT_TRUE(evict.get().ok());
+}
+
+// A discard fetch (the caller overwrites every tensor byte) reads nothing:
+// the device holds g's only valid bytes, and a discard write at the host
+// copies none of them down; the padding between g's tensors reads as zeros
+// there, though the device copy's padding held other bytes.
+TEST_F(ResidencyTest, ADiscardFetchReadsNothingAndZerosThePadding) {
+  Open(2);
+  const int g = Add("g",
+                    {{"w", {1001}, DType::kBFloat16, kCompute},
+                     {"b", {3}, DType::kBFloat16, kCompute}},
+                    kCompute);
+  const uint64_t bytes =
+      residency_->GroupBytes(g, kDevice, kCompute, Residency::Homed::kIncluded);
+  Pin device = Hold(g, kDevice, {.roles = kCompute, .write = true});
+  std::memset(residency_->Address(g, Role::kCompute, kDevice, 0), 0xab, bytes);
+  ASSERT_TRUE(device.Release().ok());
+
+  const auto moved = mover_->bytes();
+  Pin host =
+      Hold(g, kHost, {.roles = kCompute, .write = true, .discard = true});
+  EXPECT_EQ(mover_->bytes(), moved) << "a discard fetch read the chunk";
+  const auto* chunk = reinterpret_cast<const unsigned char*>(HostBytes(g));
+  std::vector<bool> tensor(bytes, false);
+  for (const TensorLayout& t : residency_->layout(g).tensors) {
+    const uint64_t at = t.offset[Role::kCompute];
+    std::fill(tensor.begin() + at, tensor.begin() + at + t.elements * 2, true);
+  }
+  int padding = 0;
+  for (uint64_t i = 0; i < bytes; ++i) {
+    if (tensor[i]) continue;
+    ++padding;
+    ASSERT_EQ(chunk[i], 0) << "padding byte " << i;
+  }
+  EXPECT_GT(padding, 0) << "the layout has no padding to check";
+  EXPECT_EQ(residency_->Fetch(g, kHost, {.roles = kCompute, .discard = true})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace
