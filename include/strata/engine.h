@@ -115,7 +115,7 @@ namespace strata {
 
 namespace internal {
 struct EngineAccess;  // the core's way past this API (src/store/)
-class PinOwner;       // the store's side of a Pin (src/store/residency.h)
+class PinOwner;       // the store's side of a Pin (src/store/pin_owner.h)
 }  // namespace internal
 
 enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
@@ -217,7 +217,9 @@ struct Fence {
 
 // The host-emulated device's stand-in for a CUDA stream: work queued that
 // completes later, as a GPU's kernels do. Tests implement it to model a
-// framework's kernels (tests/testutil/fake_stream.h).
+// framework's kernels (tests/testutil/fake_stream.h). A stream must outlive
+// the engine's use of it: the fences recorded on it, and the fetches made
+// for it.
 class HostStream {
  public:
   virtual ~HostStream() = default;
@@ -281,10 +283,10 @@ struct FetchOptions {
   RoleMask roles = kAllRoles;  // of the roles the group has
   bool write = false;          // the caller will write: the copies fetched
                                // become the only valid ones (dirty)
-  bool discard = false;        // with write: the caller overwrites every tensor
-                         // byte, so nothing is read first (their bytes are
-                         // undefined until written; the padding between
-                         // tensors reads as zeros)
+  // With write: the caller overwrites every tensor byte, so nothing is read
+  // first (those bytes are undefined until written; the padding between
+  // tensors reads as zeros).
+  bool discard = false;
   bool record = true;  // false: not part of the step's trace (for agents,
                        // like the optimizer pipeline, that read ahead on
                        // their own and run beside the training thread)
