@@ -82,6 +82,12 @@
 //   A write fetch itself first waits for any transfer still copying from
 //   the copy it hands out (a prefetch of the group to the device, say),
 //   even when that copy is already resident; the wait counts as a stall.
+// - An OffloadOptimizer may queue a group's update to run after its
+//   FinishStep returned (clipping or skip-on-overflow in overlap mode).
+//   Fetch(), Save() and Load() wait for it to land. If it failed, fetches
+//   of the group and Save() fail with its error until a Load() (a discard
+//   fetch, which replaces the bytes, does not). Prefetches do not wait: a
+//   copy they make of the old bytes is invalidated by the update.
 //
 // Ownership: the Engine owns every tier. Views point into tier memory and
 // are valid only while their pin is held. Destroy every view (or release
@@ -323,6 +329,9 @@ struct EngineStats {
   uint64_t trace_invalidations = 0;
   uint64_t steps = 0;
   double stall_seconds = 0;  // time Fetch() spent waiting for data
+  // Time Fetch() (and Save, Load) waited for an optimizer update queued
+  // under the next forward (strata/offload_optimizer.h, Exactness).
+  double update_wait_seconds = 0;
 };
 
 struct EngineInfo {
@@ -376,8 +385,10 @@ class STRATA_EXPORT Engine {
   // dirty); copies homed at `tier` stay. kFailedPrecondition while the
   // group is fetched there.
   Status Evict(int group, Tier tier);
-  // Waits for every prefetch and write-behind; returns the first error of
-  // a background transfer since the last call.
+  // Waits for every prefetch and write-behind, and for the optimizer's
+  // updates queued under the next forward; returns the first error of a
+  // background transfer since the last call (a failed update's comes from
+  // Fetch() of its group and Save()).
   Status Drain();
 
   void BeginStep();

@@ -66,11 +66,15 @@
 // - Every mode gives bit-identical results, equal to cpu_adam's Step over
 //   the whole model in memory with the same hyperparameters.
 // - Global-norm clipping and skip-on-overflow need every group's gradients
-//   before any group may be updated. With either on, the steps wait for the
-//   end of backward (FinishStep) instead of overlapping with it; the
-//   gradients are kept in kGrad meanwhile. A skipped step changes no byte
-//   of the model: no master weight, optimizer state or compute copy (the
-//   kGrad chunks, scratch, hold its gradients).
+//   before any group may be updated. With either on, the gradients are
+//   kept in kGrad until backward ends, and FinishStep decides the clip
+//   coefficient and whether to skip. In kOverlap mode it then queues the
+//   updates to run under the next forward and returns: the engine's
+//   Fetch() of a group (and Save, Load) waits for that group's update, so
+//   the next forward never reads old parameters and waits only where the
+//   optimizer is behind. In kAfterBackward mode FinishStep runs them. A
+//   skipped step changes no byte of the model: no master weight, optimizer
+//   state or compute copy (the kGrad chunks, scratch, hold its gradients).
 // - The step counter is the pipeline's: a step that is skipped does not
 //   advance it. It is part of the state Save() writes.
 //
@@ -82,7 +86,11 @@
 // HandOff and FinishStep in order; the steps run on the pipeline's own
 // thread (CPU Adam in a TBB arena of `threads`), write-behind on another.
 // The caller must not fetch a group for writing while its step may run
-// (between its final HandOff and FinishStep).
+// (between its final HandOff and FinishStep; an update queued under the
+// next forward is waited for by the fetch itself). The budgets Create()
+// checks hold the caller's compute fetches beside the optimizer's work; a
+// view of the stepped roles (master, state) at the host is beyond them
+// while steps run: call Engine::Drain() before taking one.
 //
 // Failure: Create() fails when a trainable group lacks a role the
 // algorithm needs, or when budgets cannot hold the buffers, naming the
@@ -90,9 +98,11 @@
 // FinishStep() naming the group; groups already updated in that step keep
 // their update (load the last checkpoint). I/O and data-loss errors of the
 // engine come back from the call that met them and from FinishStep(),
-// which then ends the step even with hand-offs missing; one of a
-// write-behind that ends after FinishStep() returned comes back from the
-// next BeginStep() (which then starts no step) or Save(), once.
+// which then ends the step even with hand-offs missing; one of work that
+// ends after FinishStep() returned (a write-behind, an update under the
+// next forward) comes back from the next BeginStep() (which then starts no
+// step) or Save(), once. A group whose update failed also fails every
+// Fetch() of it and every Save() until Load() restores a checkpoint.
 #ifndef STRATA_OFFLOAD_OPTIMIZER_H_
 #define STRATA_OFFLOAD_OPTIMIZER_H_
 
@@ -154,13 +164,15 @@ struct GradientBuffer {
 };
 
 struct OptimStepReport {
-  int64_t step = 0;         // steps applied so far (after this one)
-  bool skipped = false;     // non-finite gradients, skip_on_overflow
-  double grad_norm = 0.0;   // global L2 norm of the unscaled gradients
-  double clip_coef = 1.0;   // applied to the unscaled gradients
-  double step_seconds = 0;  // CPU optimizer time, all groups
-  // Of step_seconds, the part that ran before FinishStep() was called
-  // (hidden under backward when the caller computes meanwhile).
+  int64_t step = 0;        // steps applied so far (after this one)
+  bool skipped = false;    // non-finite gradients, skip_on_overflow
+  double grad_norm = 0.0;  // global L2 norm of the unscaled gradients
+  double clip_coef = 1.0;  // applied to the unscaled gradients
+  // CPU optimizer time since the last FinishStep() returned: this step's
+  // updates, or with updates under the next forward, the last step's.
+  double step_seconds = 0;
+  // Of step_seconds, the part that ran while FinishStep() was not waiting
+  // (hidden under the caller's compute).
   double hidden_seconds = 0;
   double finish_wait_seconds = 0;   // FinishStep() blocked
   double acquire_wait_seconds = 0;  // AcquireGradients() blocked on a buffer
@@ -193,8 +205,9 @@ class STRATA_EXPORT OffloadOptimizer {
   // block.
   Status HandOff(const GradientBuffer& buffer, const Fence& after = {});
   // After backward: waits for every group's step (and runs them first when
-  // they had to wait for the global norm). Every trainable group must have
-  // been handed off micro_batches times.
+  // they had to wait for the global norm; with clipping or skipping in
+  // kOverlap mode, queues them under the next forward instead). Every
+  // trainable group must have been handed off micro_batches times.
   Result<OptimStepReport> FinishStep();
 
   int64_t step() const;  // steps applied so far

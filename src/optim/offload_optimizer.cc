@@ -151,7 +151,10 @@ Status OffloadOptimizer::Save(const std::string& dir,
 }
 
 Status OffloadOptimizer::Load(const std::string& dir, std::string* user_state) {
-  STRATA_RETURN_IF_ERROR(impl_->Quiesce());
+  // A failed update or write-behind is what a Load repairs: its error,
+  // reported or not, does not stop it.
+  if (impl_->in_step_) return impl_->Quiesce();  // refused: inside a step
+  static_cast<void>(impl_->Quiesce());
   int64_t step = 0;
   std::string caller;
   auto check = [&](const std::string& text) {
@@ -163,6 +166,7 @@ Status OffloadOptimizer::Load(const std::string& dir, std::string* user_state) {
     return s;
   }
   impl_->step_ = step;
+  impl_->ClearFailedUpdates();
   if (user_state != nullptr) *user_state = std::move(caller);
   return Status();
 }

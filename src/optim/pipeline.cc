@@ -83,6 +83,10 @@ bool OffloadOptimizer::Impl::Deferred() const {
          options_.skip_on_overflow;
 }
 
+bool OffloadOptimizer::Impl::UnderNextForward() const {
+  return Deferred() && options_.mode == OptimMode::kOverlap;
+}
+
 Status OffloadOptimizer::Impl::InspectGroups() {
   const store::Residency& residency = *parts_.residency;
   RoleMask needed =
@@ -223,18 +227,15 @@ Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
     if (!error_.ok()) {
       const Status late = std::exchange(error_, Status());
       return Status(late.code(),
-                    "a write-behind of the last step failed after FinishStep "
-                    "returned (its update stays in host memory and is "
-                    "written at the next eviction): " +
+                    "work of the last step that ran after FinishStep "
+                    "returned failed: " +
                         late.message());
     }
     this_step_.assign(groups_.size(), GroupStep());
     // A step that ended on an error may leave buffers never handed off.
     for (Slot& slot : slots_) slot.acquired = false;
-    hyper_ = hyper;
-    clip_coef_ = 1.0f;
-    step_seconds_ = hidden_seconds_ = acquire_wait_ = 0;
-    finishing_ = false;
+    current_ = {hyper, 1.0f, step_ + 1};
+    acquire_wait_ = 0;
     this_order_.clear();
     in_step_ = true;
   }
@@ -335,7 +336,7 @@ Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer,
   ++now.handoffs;
   const bool final = now.handoffs == options_.micro_batches;
   if (final) this_order_.push_back(buffer.group);
-  tasks_.push_back({buffer.group, index, now.handoffs == 1, final});
+  tasks_.push_back({buffer.group, index, now.handoffs == 1, final, current_});
   changed_.notify_all();
   return Status();
 }
@@ -347,7 +348,9 @@ Status OffloadOptimizer::Impl::Quiesce() {
         "updates; call it after FinishStep()");
   }
   std::unique_lock<std::mutex> lk(mu_);
-  changed_.wait(lk, [this] { return writes_.empty() && writing_ == 0; });
+  changed_.wait(lk, [this] {
+    return tasks_.empty() && running_ == 0 && writes_.empty() && writing_ == 0;
+  });
   return std::exchange(error_, Status());
 }
 
@@ -379,7 +382,7 @@ Status OffloadOptimizer::Impl::ReduceNorms(OptimStepReport* report) const {
     total += this_step_[id].sum_squares;
     if (!this_step_[id].finite && bad < 0) bad = id;
   }
-  report->grad_norm = std::sqrt(total) / hyper_.loss_scale;
+  report->grad_norm = std::sqrt(total) / current_.hyper.loss_scale;
   if (bad < 0) return Status();
   if (options_.skip_on_overflow) {
     report->skipped = true;
@@ -394,20 +397,19 @@ Status OffloadOptimizer::Impl::ReduceNorms(OptimStepReport* report) const {
                  : "groups whose gradients came earlier were updated"));
 }
 
-// Called with mu_ held (through `lk`): the deferred steps, with the clip
-// coefficient the norm gives.
-Status OffloadOptimizer::Impl::RunDeferredSteps(
-    std::unique_lock<std::mutex>& lk, double grad_norm) {
+// Called with mu_ held.
+float OffloadOptimizer::Impl::QueueDeferredSteps(double grad_norm) {
+  StepParams params = current_;
   if (options_.clip_norm > 0) {
-    clip_coef_ = static_cast<float>(
+    params.clip_coef = static_cast<float>(
         std::min(1.0, options_.clip_norm / (grad_norm + 1e-6)));
   }
-  for (size_t id = 0; id < groups_.size(); ++id) {
-    if (groups_[id].trainable) tasks_.push_back({static_cast<int>(id)});
+  for (auto it = this_order_.rbegin(); it != this_order_.rend(); ++it) {
+    parts_.pending->Mark(*it);
+    tasks_.push_back({*it, -1, false, false, params});
   }
   changed_.notify_all();
-  changed_.wait(lk, [this] { return tasks_.empty() && running_ == 0; });
-  return std::exchange(error_, Status());
+  return params.clip_coef;
 }
 
 Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
@@ -425,14 +427,18 @@ Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
   OptimStepReport report;
   STRATA_RETURN_IF_ERROR(ReduceNorms(&report));
   if (!report.skipped && Deferred()) {
-    STRATA_RETURN_IF_ERROR(RunDeferredSteps(lk, report.grad_norm));
+    report.clip_coef = QueueDeferredSteps(report.grad_norm);
+    if (!UnderNextForward()) {
+      changed_.wait(lk, [this] { return tasks_.empty() && running_ == 0; });
+      STRATA_RETURN_IF_ERROR(std::exchange(error_, Status()));
+    }
   }
-  report.clip_coef = clip_coef_;
   if (!report.skipped) ++step_;
   order_ = this_order_;
   report.step = step_;
-  report.step_seconds = step_seconds_;
-  report.hidden_seconds = hidden_seconds_;
+  report.step_seconds = std::exchange(step_seconds_, 0);
+  report.hidden_seconds = std::exchange(hidden_seconds_, 0);
+  finishing_ = false;
   report.finish_wait_seconds = Seconds(Clock::now() - start);
   report.acquire_wait_seconds = acquire_wait_;
   return report;

@@ -10,24 +10,48 @@
 // Options, and what each costs when clipping (or skipping) is on:
 // 1. Defer: keep each group's gradients (fp32, in its kGrad chunk, where
 //    the engine may spill them to NVMe), record its sum of squares, and
-//    run every step after backward. Costs the whole optimizer time in the
-//    open (no overlap), plus 4 B/param of gradient storage; no extra pass.
-// 2. Speculate: step each group as if clip_coef were 1, keep its old
-//    master/m/v, and redo the groups from the old copies when the norm says
-//    clip. Costs 12 B/param of extra memory (the host budget would have to
-//    hold the model's optimizer state twice) and 24 B/param of extra
-//    copying on every step, 85% more memory traffic than the 28 B/param
-//    step itself, and then the full step again whenever clipping fires,
-//    which early in training is most steps.
+//    step every group once backward has ended. Adds no byte of traffic
+//    beyond the 4 B/param of gradients kept. When they run:
+//    a. in FinishStep: the whole optimizer time in the open;
+//    b. under the next forward (Note [Steps under the next forward]).
+// 2. Speculate: step each group during backward as if clip_coef were 1,
+//    and redo from the old state when the norm says clip. Exact only if the
+//    old state survives the speculative step: 12 B/param more host memory
+//    for state homed there, or a second set of NVMe extents for state homed
+//    on NVMe (written instead of the old ones, switched to after the
+//    check), plus the redo, a whole step in the open, on every step that
+//    clips, which early in training is most of them.
 // 3. Delay the update by a step (ZeRO-Offload's DPU): not exact.
-// How: we implement 1. It is the cheapest exact scheme: it adds no byte of
-// traffic, only the exposed optimizer time, and with clipping and skipping
-// off (the default) steps overlap fully. Norms are summed per group in
-// group order, so the global norm does not depend on arrival order, and a
-// group's sum of squares is taken over the same bytes in every mode.
-// Limits: with clipping on, the optimizer does not hide under backward.
-// It could hide under the next forward instead (group i's step must end
-// before forward fetches group i); not done yet.
+// How: kAfterBackward runs 1a (the baseline); kOverlap with clipping or
+// skip-on-overflow on runs 1b. Norms are summed per group in group order,
+// so the global norm does not depend on arrival order, and a group's sum
+// of squares is taken over the same bytes in every mode; each queued step
+// carries the hyperparameters, clip coefficient and step number it was
+// decided with (StepParams), since it may run after the next BeginStep.
+// Limits: 1b hides the optimizer under the forward, a third of the
+// compute, where the unclipped overlap has the backward, two thirds. State
+// on the host steps in far less than that (strata-sim: overlap with
+// clipping within a few percent of without); state on NVMe at a ratio of
+// compute to I/O floor below about 3 does not, and would need 2 with
+// double extents (docs/PERF.md, strata-sim with clipping).
+//
+// Note [Steps under the next forward]
+// With clipping or skip-on-overflow in kOverlap mode, FinishStep waits for
+// the gradients to be consumed (their norms), decides clip and skip, and
+// queues one step per trained group in the order the next forward will
+// fetch them: the reverse of this step's hand-off order. It marks each
+// group pending in the engine (store::PendingUpdates) before it returns,
+// and the worker settles the group when its step is done. Engine::Fetch
+// (and Save, Load) wait for a pending group, so the next forward's fetch
+// of group i waits for group i's step only, and never reads old bytes
+// even when it asks in another order. The optimizer's own fetches go to
+// the residency manager and do not wait. Prefetches do not wait either: a
+// copy of the old compute bytes they make is invalidated by the step's
+// write fetch (versions, src/store/residency.h). The next step's hand-offs
+// queue behind the steps (one FIFO, one worker), so a group's gradients
+// of step k+1 overwrite its kGrad only after step k's update read it. A
+// failed step leaves its group failed in PendingUpdates: fetches of it
+// fail with the error, and Save refuses, until a checkpoint is loaded.
 //
 // Note [Threads and cores]
 // Only two kinds of work need a core of their own: the training thread
@@ -74,6 +98,8 @@ class OffloadOptimizer::Impl {
   Result<OptimStepReport> Finish();
   // Between steps: waits for the write-behind; its error, if any.
   Status Quiesce();
+  // After a Load: fetches of groups whose update failed may go on.
+  void ClearFailedUpdates() { parts_.pending->ClearFailed(); }
   Engine* engine() const { return engine_; }
   const store::Residency& residency() const { return *parts_.residency; }
 
@@ -81,8 +107,7 @@ class OffloadOptimizer::Impl {
   OffloadOptimizerOptions options_;
 
   // Owned by the training thread (OffloadOptimizer's caller); the worker
-  // reads step_ during a step, while only Finish changes it, after the
-  // worker went idle.
+  // never reads them (each task carries its step number).
   int64_t step_ = 0;
   bool in_step_ = false;
 
@@ -111,11 +136,19 @@ class OffloadOptimizer::Impl {
     bool acquired = false;
     bool pending = false;  // handed off, not yet consumed by the worker
   };
+  // What a group's step runs with, decided when it was queued (Note
+  // [Exact steps under overlap]).
+  struct StepParams {
+    StepHyper hyper;
+    float clip_coef = 1.0f;
+    int64_t step = 1;  // this step's number, from 1 (bias correction)
+  };
   struct Task {
     int group = -1;
     int slot = -1;  // gradients to consume; -1: a deferred step
     bool first = false;
     bool final = false;
+    StepParams params;
   };
   static constexpr RoleMask kGradBit = RoleBit(Role::kGrad);
 
@@ -130,24 +163,32 @@ class OffloadOptimizer::Impl {
   Status MakeDeviceRoom(uint64_t bytes);  // for the gradient buffers
   Status MakeHostRoom(uint64_t bytes);
   Status AllocateSlots();
+  // Steps wait for the global norm (clipping, skipping, kAfterBackward).
   bool Deferred() const;
+  // ... and run under the next forward (Note [Steps under the next
+  // forward]) rather than in FinishStep.
+  bool UnderNextForward() const;
   void WorkerLoop();
   void WriterLoop();
   Status RunTask(const Task& task);
+  Status StepDeferred(const Task& task);
   Status ConsumeGradients(const Task& task);
   // Whether a fetch to write keeps the bytes there, or the caller
   // overwrites them all (FetchOptions::discard).
   enum class Contents { kKept, kDiscarded };
   Result<Pin> FetchToWrite(int group, RoleMask roles,
                            Contents contents = Contents::kKept);
-  Status StepGroup(int group, const void* grads, FloatType grad_type);
+  Status StepGroup(int group, const void* grads, FloatType grad_type,
+                   const StepParams& params);
   // Prefetches the state of the groups that step after `group` (-1: the
   // first), in the last step's order.
   void ReadAhead(int group);
   // Finish's passes, each called with mu_ held.
   Status CheckHandOffs() const;
   Status ReduceNorms(OptimStepReport* report) const;
-  Status RunDeferredSteps(std::unique_lock<std::mutex>& lk, double grad_norm);
+  // Queues every trained group's step, marked pending, in the next
+  // forward's order; returns the clip coefficient.
+  float QueueDeferredSteps(double grad_norm);
 
   // Fixed after Init.
   Engine* engine_ = nullptr;
@@ -157,13 +198,8 @@ class OffloadOptimizer::Impl {
   std::thread worker_;
   std::thread writer_;
 
-  // Fixed during a step: set by BeginStep (hyper_) and Finish (clip_coef_,
-  // before it queues the deferred steps) under mu_, read by the worker
-  // without it.
-  StepHyper hyper_;
-  float clip_coef_ = 1.0f;
-
   // Guarded by mu_.
+  StepParams current_;  // this step's, set by BeginStep
   std::mutex mu_;
   std::condition_variable changed_;  // any of the below changed
   std::vector<GroupStep> this_step_;

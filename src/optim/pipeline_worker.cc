@@ -32,10 +32,25 @@ void OffloadOptimizer::Impl::WorkerLoop() {
 
 Status OffloadOptimizer::Impl::RunTask(const Task& task) {
   if (task.slot >= 0) return ConsumeGradients(task);
+  Status status = StepDeferred(task);
+  parts_.pending->Settle(
+      task.group,
+      status.ok()
+          ? status
+          : Status(status.code(),
+                   fmt::format("the update of group '{}' at step {} "
+                               "failed, so its bytes are not the "
+                               "model's; load the last checkpoint: {}",
+                               parts_.residency->layout(task.group).name,
+                               task.params.step, status.message())));
+  return status;
+}
+
+Status OffloadOptimizer::Impl::StepDeferred(const Task& task) {
   STRATA_ASSIGN_OR_RETURN(Pin grads, FetchToWrite(task.group, kGradBit));
   const void* base =
       parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
-  Status status = StepGroup(task.group, base, FloatType::kF32);
+  Status status = StepGroup(task.group, base, FloatType::kF32, task.params);
   Status released = grads.Release();
   return status.ok() ? released : status;
 }
@@ -63,7 +78,7 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     Result<SumSquaresResult> sum = cpu_->SumSquares(s.host, g.compute, g.n);
     if (sum.ok()) record(*sum);
     if (sum.ok() && sum->finite) {
-      status = StepGroup(task.group, s.host, g.compute);
+      status = StepGroup(task.group, s.host, g.compute, task.params);
     }
     free_slot();
     return sum.ok() ? status : sum.status();
@@ -93,7 +108,7 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     if (sum.ok()) record(*sum);
     status = sum.status();
     if (status.ok() && sum->finite && !Deferred()) {
-      status = StepGroup(task.group, acc, FloatType::kF32);
+      status = StepGroup(task.group, acc, FloatType::kF32, task.params);
     }
   }
   Status released = grads->Release();
@@ -115,7 +130,8 @@ Result<Pin> OffloadOptimizer::Impl::FetchToWrite(int group, RoleMask roles,
 }
 
 Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
-                                         FloatType grad_type) {
+                                         FloatType grad_type,
+                                         const StepParams& params) {
   const Group& g = groups_[group];
   {
     // Write-behind keeps one group in flight: the previous group's state
@@ -143,9 +159,10 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   b.n = g.n;
   StepOptions step;
   step.algo = options_.algo;
-  step.hyper = {hyper_.lr,           hyper_.beta1,    hyper_.beta2, hyper_.eps,
-                hyper_.weight_decay, hyper_.lr_decay, step_ + 1};
-  step.prep = {static_cast<float>(1.0 / hyper_.loss_scale), clip_coef_};
+  const StepHyper& h = params.hyper;
+  step.hyper = {h.lr,           h.beta1,    h.beta2,    h.eps,
+                h.weight_decay, h.lr_decay, params.step};
+  step.prep = {static_cast<float>(1.0 / h.loss_scale), params.clip_coef};
   step.overflow = OverflowPolicy::kStopAtNonFinite;
   Result<StepReport> report = cpu_->Step(step, b);
   if (report.ok() && g.compute == FloatType::kF32) {

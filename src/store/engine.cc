@@ -14,6 +14,7 @@
 #include "src/sched/planner.h"
 #include "src/store/engine_internal.h"
 #include "src/store/layout.h"
+#include "src/store/pending_updates.h"
 #include "src/store/residency.h"
 #include "src/tier/device.h"
 #include "src/tier/nvme_store.h"
@@ -59,6 +60,8 @@ class Engine::Impl {
   std::unique_ptr<transport::Mover> mover_;
   std::unique_ptr<store::Residency> residency_;
   std::unique_ptr<sched::Executor> executor_;
+  // Updates the optimizer queued and demand fetches wait for.
+  store::PendingUpdates pending_;
 
  private:
   sched::PlanInput MakePlanInput() const;
@@ -134,6 +137,12 @@ Result<int> Engine::Impl::Register(const GroupSpec& spec) {
 
 Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
                                       const FetchOptions& opt) {
+  if (group >= 0 && group < residency_->group_count()) {
+    // A discard fetch replaces the bytes a failed update left.
+    STRATA_RETURN_IF_ERROR(pending_.Wait(
+        group, opt.discard ? store::PendingUpdates::Failed::kIgnore
+                           : store::PendingUpdates::Failed::kReport));
+  }
   STRATA_ASSIGN_OR_RETURN(store::Residency::Fetched fetched,
                           residency_->Fetch(group, tier, opt));
   if (fetched.position >= 0 && options_.prefetch) {
@@ -260,6 +269,7 @@ EngineStats Engine::Impl::Stats() const {
     at(Tier::kNvme) = {nvme.capacity, nvme.used, nvme.peak};
   }
   s.bytes = mover_->bytes();
+  s.update_wait_seconds = pending_.waited_seconds();
   const sched::Trace trace = residency_->TraceSnapshot();
   s.trace_invalidations = trace.invalidations();
   s.steps = trace.steps();
@@ -305,7 +315,11 @@ Status Engine::Evict(int group, Tier tier) {
   return impl_->residency_->Evict(group, tier);
 }
 
-Status Engine::Drain() { return impl_->executor_->Drain(); }
+Status Engine::Drain() {
+  // A failed update's error stays with its group (Fetch, Save).
+  static_cast<void>(impl_->pending_.WaitAll());
+  return impl_->executor_->Drain();
+}
 
 void Engine::BeginStep() { impl_->residency_->BeginStep(); }
 
@@ -316,11 +330,16 @@ std::string Engine::Explain() const { return impl_->Explain(); }
 EngineStats Engine::stats() const { return impl_->Stats(); }
 
 Status Engine::Save(const std::string& dir, const SaveOptions& options) {
+  STRATA_RETURN_IF_ERROR(impl_->pending_.WaitAll());
   return ckpt::Save(*this, *impl_->residency_, impl_->options_, dir, options);
 }
 
 Status Engine::Load(const std::string& dir, LoadResult* result) {
-  return ckpt::Load(*this, *impl_->residency_, dir, result);
+  // A failed update is what a Load repairs: its error does not stop it.
+  static_cast<void>(impl_->pending_.WaitAll());
+  STRATA_RETURN_IF_ERROR(ckpt::Load(*this, *impl_->residency_, dir, result));
+  impl_->pending_.ClearFailed();
+  return Status();
 }
 
 namespace internal {
@@ -330,7 +349,8 @@ EngineParts EngineAccess::Parts(Engine& engine) {
   return {.device = impl->device_.get(),
           .host = impl->host_.get(),
           .residency = impl->residency_.get(),
-          .mover = impl->mover_.get()};
+          .mover = impl->mover_.get(),
+          .pending = &impl->pending_};
 }
 
 Result<std::unique_ptr<Engine>> EngineAccess::Open(const EngineOptions& options,

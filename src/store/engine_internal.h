@@ -10,6 +10,7 @@
 
 #include <memory>
 
+#include "src/store/pending_updates.h"
 #include "src/store/residency.h"
 #include "src/tier/device.h"
 #include "src/tier/pinned_pool.h"
@@ -24,6 +25,7 @@ struct EngineParts {
   tier::PinnedPool* host = nullptr;
   store::Residency* residency = nullptr;
   transport::Mover* mover = nullptr;  // every byte moved goes through it
+  store::PendingUpdates* pending = nullptr;  // Engine::Fetch waits for these
 };
 
 // What Engine::Open does not take: hooks for tests.

@@ -41,8 +41,10 @@ struct Run {
 
   // `swap_dir` empty: every role on the host; otherwise the master and the
   // state on NVMe, with a host budget of about half the state.
+  // `clip_norm` > 0 in overlap mode runs the steps under the next forward.
   static std::unique_ptr<Run> Open(const std::string& swap_dir, OptimMode mode,
-                                   OptimAlgo algo = OptimAlgo::kAdamW) {
+                                   OptimAlgo algo = OptimAlgo::kAdamW,
+                                   double clip_norm = 0) {
     auto run = std::make_unique<Run>();
     EngineOptions options;
     options.device = "host";
@@ -69,6 +71,7 @@ struct Run {
     OffloadOptimizerOptions o;
     o.algo = algo;
     o.mode = mode;
+    o.clip_norm = clip_norm;
     o.threads = 2;
     auto optimizer = OffloadOptimizer::Create(run->engine.get(), o);
     EXPECT_TRUE(optimizer.ok()) << optimizer.status().message();
@@ -130,8 +133,11 @@ struct Run {
     }
   }
 
+  // Once the updates queued under the next forward have landed: a view of
+  // a group's state beside the optimizer's work is beyond the budgets.
   Snapshot Take() {
     Snapshot out;
+    EXPECT_TRUE(engine->Drain().ok());
     for (int g = 0; g < kGroups; ++g) {
       auto view = engine->Fetch(g, Tier::kHost, {kStepped});
       EXPECT_TRUE(view.ok()) << view.status().message();
@@ -147,8 +153,10 @@ struct Run {
 };
 
 // The state after `steps` steps of an uninterrupted run from Fill's start.
-Snapshot Uninterrupted(const std::string& swap_dir, int steps) {
-  auto run = Run::Open(swap_dir, OptimMode::kOverlap);
+Snapshot Uninterrupted(const std::string& swap_dir, int steps,
+                       double clip_norm = 0) {
+  auto run =
+      Run::Open(swap_dir, OptimMode::kOverlap, OptimAlgo::kAdamW, clip_norm);
   if (run == nullptr) return {};
   run->Fill(Role::kMaster, 42);
   run->Steps(0, steps);
@@ -163,6 +171,19 @@ class ResumeTest : public testing::Test {
     return dir;
   }
   std::string Checkpoint() const { return scratch_.path() + "/ckpt"; }
+
+  // Loads Checkpoint(), saved at step 3, into a fresh run and steps it on
+  // to `expected`, the uninterrupted run's step 6.
+  void ExpectResumesFromStep3(const Snapshot& expected, double clip_norm = 0) {
+    auto run = Run::Open(Swap("parent"), OptimMode::kOverlap, OptimAlgo::kAdamW,
+                         clip_norm);
+    ASSERT_NE(run, nullptr);
+    const Status loaded = run->optimizer->Load(Checkpoint());
+    ASSERT_TRUE(loaded.ok()) << loaded.message();
+    EXPECT_EQ(run->optimizer->step(), 3);
+    run->Steps(3, 6);
+    EXPECT_TRUE(run->Take() == expected);
+  }
 
   testutil::ScratchDir scratch_;
 };
@@ -232,13 +253,40 @@ TEST_F(ResumeTest, AKilledSaveLeavesACheckpointThatResumesExactly) {
     ASSERT_GE(child, 0);
     ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
         << "the child exited with " << WEXITSTATUS(wstatus);
-    auto run = Run::Open(Swap("parent"), OptimMode::kOverlap);
-    ASSERT_NE(run, nullptr);
-    const Status loaded = run->optimizer->Load(Checkpoint());
-    ASSERT_TRUE(loaded.ok()) << loaded.message();
-    EXPECT_EQ(run->optimizer->step(), 3);
-    run->Steps(3, 6);
-    EXPECT_TRUE(run->Take() == expected);
+    ExpectResumesFromStep3(expected);
+  }
+}
+
+// With clipping, the updates of a step run after its FinishStep returned.
+// A child killed while they run (its last step's updates in flight, or in
+// the Save that waits for them) leaves the checkpoint of step 3, which
+// resumes to the uninterrupted run's step 6.
+TEST_F(ResumeTest, AKillWhileUpdatesRunAfterFinishStepLeavesAnExactCheckpoint) {
+  constexpr double kClip = 10;  // the gradients' norm is about 29
+  const Snapshot expected = Uninterrupted(Swap("a"), 6, kClip);
+  ASSERT_FALSE(expected.empty());
+  for (const bool in_save : {false, true}) {
+    SCOPED_TRACE(in_save ? "killed in Save" : "killed after FinishStep");
+    fs::remove_all(Checkpoint());
+    int wstatus = 0;
+    const pid_t child = ckpt_test::RunInChild(
+        [&] {
+          auto run = Run::Open(Swap("child"), OptimMode::kOverlap,
+                               OptimAlgo::kAdamW, kClip);
+          if (run == nullptr) _exit(2);
+          run->Fill(Role::kMaster, 42);
+          run->Steps(0, 3);
+          if (!run->optimizer->Save(Checkpoint()).ok()) _exit(4);
+          run->Steps(3, 5);
+          if (!in_save) raise(SIGKILL);
+          ckpt_test::KillAtSaveStage(ckpt::SaveStage::kDataFileWritten, 1);
+          static_cast<void>(run->optimizer->Save(Checkpoint()));
+        },
+        &wstatus);
+    ASSERT_GE(child, 0);
+    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+        << "the child exited with " << WEXITSTATUS(wstatus);
+    ExpectResumesFromStep3(expected, kClip);
   }
 }
 
