@@ -69,6 +69,41 @@ TEST(SimCliTest, StreamsStateFromNvmeAndReportsEveryFigure) {
   }
 }
 
+// Issue #18: the clipping and overflow paths, each step reported as it
+// went, and the unclipped overlap run beside them.
+TEST(SimCliTest, ClippingAndSkippedStepsAreInjectedAndReported) {
+  strata::testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  const Outcome run =
+      Sim("--params 2M --layers 4 --device-budget 8M --host-budget 64M "
+          "--state-home host --steps 4 --tflops 1 --clip-norm 1 "
+          "--clip-fires-every 2 --skip-on-overflow --overflow-every 3 "
+          "--compare-unclipped --no-baseline --json " +
+              json,
+          dir.path());
+  ASSERT_EQ(run.status, 0) << run.err;
+  std::ifstream in(json);
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(doc.is_object());
+  ASSERT_EQ(doc["runs"].size(), 2u);
+  const nlohmann::json& clipped = doc["runs"][0];
+  EXPECT_TRUE(clipped["clipping"].get<bool>());
+  ASSERT_EQ(clipped["steps"].size(), 4u);
+  for (int s = 0; s < 4; ++s) {
+    const nlohmann::json& step = clipped["steps"][s];
+    EXPECT_EQ(step["clipped"].get<bool>(), s == 1 || s == 3) << s;
+    EXPECT_EQ(step["skipped"].get<bool>(), s == 2) << s;
+    EXPECT_TRUE(step["stall"].contains("updates"));
+  }
+  EXPECT_EQ(clipped["clipped_steps"], 2);
+  EXPECT_EQ(clipped["skipped_steps"], 1);
+  const nlohmann::json& plain = doc["runs"][1];
+  EXPECT_EQ(plain["mode"], "overlap");
+  EXPECT_FALSE(plain["clipping"].get<bool>());
+  EXPECT_EQ(plain["clipped_steps"], 0);
+  EXPECT_EQ(plain["skipped_steps"], 0);
+}
+
 TEST(SimCliTest, BadInputExitsOneWithTheReason) {
   strata::testutil::ScratchDir dir;
   const std::pair<std::string, std::string> cases[] = {
@@ -80,6 +115,10 @@ TEST(SimCliTest, BadInputExitsOneWithTheReason) {
       {"--params 4M --layers 4 --state-home host --device-budget 1M "
        "--host-budget 64M",
        "device budget"},
+      {"--params 4M --layers 4 --state-home host --clip-fires-every 2",
+       "give --clip-norm too"},
+      {"--params 4M --layers 4 --state-home host --overflow-every 2",
+       "give --skip-on-overflow too"},
   };
   for (const auto& [args, why] : cases) {
     const Outcome run = Sim(args, dir.path());

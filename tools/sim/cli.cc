@@ -73,6 +73,19 @@ void AddRunOptions(CLI::App& app, CliOptions& cli, Texts& text) {
   app.add_option("--clip-norm", o.optimizer.clip_norm,
                  "Global-norm clipping (0: off)")
       ->capture_default_str();
+  app.add_option("--clip-fires-every", o.clip_fires_every,
+                 "With --clip-norm: the gradients' norm is twice the clip "
+                 "norm every N-th step, half of it otherwise (0: never)")
+      ->capture_default_str();
+  app.add_flag("--skip-on-overflow", o.optimizer.skip_on_overflow,
+               "Skip a step whose gradients are not finite");
+  app.add_option("--overflow-every", o.overflow_every,
+                 "Put a NaN in the gradients every N-th step (needs "
+                 "--skip-on-overflow; 0: never)")
+      ->capture_default_str();
+  app.add_flag("--compare-unclipped", o.compare_unclipped,
+               "Also run overlap mode with clipping and skipping off, for "
+               "the cost of exactness in the same run");
   app.add_option("--threads", o.optimizer.threads,
                  "CPU optimizer threads (0: all cores but one)")
       ->capture_default_str();
@@ -103,6 +116,25 @@ Status ResolveModes(const Texts& text, SimOptions* o) {
   }
   if (o->modes.empty()) {
     return Status::InvalidArgument("--mode: give at least one mode");
+  }
+  if (o->clip_fires_every < 0 || o->overflow_every < 0) {
+    return Status::InvalidArgument(
+        "--clip-fires-every and --overflow-every must be >= 0 (0: never)");
+  }
+  if (o->clip_fires_every > 0 && !(o->optimizer.clip_norm > 0)) {
+    return Status::InvalidArgument(
+        "--clip-fires-every needs clipping on: give --clip-norm too");
+  }
+  if (o->overflow_every > 0 && !o->optimizer.skip_on_overflow) {
+    return Status::InvalidArgument(
+        "--overflow-every injects NaN gradients, which fail the step "
+        "unless it is skipped: give --skip-on-overflow too");
+  }
+  if ((o->clip_fires_every > 0 || o->overflow_every > 0) &&
+      o->device != "host") {
+    return Status::InvalidArgument(
+        "--clip-fires-every and --overflow-every write the gradients on "
+        "the CPU: run them with --device host");
   }
   return Status::Ok();
 }
@@ -200,10 +232,13 @@ nlohmann::ordered_json StepJson(const StepFigures& f) {
   }
   return {{"seconds", f.seconds},
           {"compute_seconds", f.compute_seconds},
+          {"clipped", f.clipped},
+          {"skipped", f.skipped},
           {"stall",
            {{"fetch", f.fetch_stall},
             {"gradient_buffers", f.gradient_wait},
-            {"optimizer", f.optimizer_wait}}},
+            {"optimizer", f.optimizer_wait},
+            {"updates", f.update_wait}}},
           {"optimizer_seconds", f.optimizer_seconds},
           {"optimizer_hidden_fraction", f.hidden_fraction},
           {"bytes", bytes}};
@@ -217,7 +252,15 @@ nlohmann::ordered_json RunJson(const ModeRun& run) {
     peaks[std::string(TierName(static_cast<Tier>(t)))] = {
         {"peak", run.peak[t]}, {"budget", run.budget[t]}};
   }
+  int clipped = 0, skipped = 0;
+  for (const StepFigures& f : run.steps) {
+    clipped += f.clipped;
+    skipped += f.skipped;
+  }
   return {{"mode", OptimModeName(run.mode)},
+          {"clipping", run.clipping},
+          {"clipped_steps", clipped},
+          {"skipped_steps", skipped},
           {"steady_step_seconds", SteadySeconds(run.steps)},
           {"offload_efficiency", run.offload_efficiency},
           {"memory", peaks},
@@ -225,14 +268,20 @@ nlohmann::ordered_json RunJson(const ModeRun& run) {
 }
 
 void PrintRun(const ModeRun& run, const std::vector<StepFigures>& resident) {
-  std::printf("\nmode %s\n", std::string(OptimModeName(run.mode)).c_str());
-  std::printf("%-6s %9s %9s %9s %9s %9s %9s %8s\n", "step", "seconds",
-              "compute", "stall:f", "stall:g", "stall:o", "optim", "hidden");
+  std::printf("\nmode %s%s\n", std::string(OptimModeName(run.mode)).c_str(),
+              run.unclipped ? " (no clipping)" : "");
+  std::printf("%-6s %9s %9s %9s %9s %9s %9s %9s %8s %s\n", "step", "seconds",
+              "compute", "stall:f", "stall:g", "stall:o", "stall:u", "optim",
+              "hidden", "step");
   for (size_t i = 0; i < run.steps.size(); ++i) {
     const StepFigures& f = run.steps[i];
-    std::printf("%-6zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.0f%%\n", i,
-                f.seconds, f.compute_seconds, f.fetch_stall, f.gradient_wait,
-                f.optimizer_wait, f.optimizer_seconds, 100 * f.hidden_fraction);
+    std::printf("%-6zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.0f%% %s\n",
+                i, f.seconds, f.compute_seconds, f.fetch_stall, f.gradient_wait,
+                f.optimizer_wait, f.update_wait, f.optimizer_seconds,
+                100 * f.hidden_fraction,
+                f.skipped   ? "skipped"
+                : f.clipped ? "clipped"
+                            : "");
   }
   std::printf("steady step %.2f s; resident %.2f s; offload_efficiency %.3f\n",
               SteadySeconds(run.steps), SteadySeconds(resident),

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <memory>
 
+#include "cpu_adam/convert.h"
 #include "strata/aio.h"
 #include "tools/sim/busy.h"
 
@@ -75,21 +78,51 @@ Result<Run> Build(const SimOptions& o, bool resident) {
   return run;
 }
 
-// Small finite gradients (bf16/fp16 bit patterns of about 0.01) so the
-// optimizer does real arithmetic.
-void WriteGradients(const GradientBuffer& buffer, DType dtype) {
+// What step `s` hands off: every gradient element equal to `value`, and
+// a NaN in the first layer's when `poison`.
+struct Gradients {
+  float value = 0.01f;
+  bool poison = false;
+};
+
+// Without clipping, small finite gradients (about 0.01) so the optimizer
+// does real arithmetic. With it, gradients whose global norm (summed over
+// the micro-batches) is half the clip norm, or twice it on the steps where
+// clipping should fire.
+Gradients GradientsFor(const SimOptions& o, int s) {
+  Gradients g;
+  const auto every = [s](int n) { return n > 0 && (s + 1) % n == 0; };
+  g.poison = every(o.overflow_every);
+  const double clip = o.optimizer.clip_norm;
+  if (clip > 0) {
+    const double norm = every(o.clip_fires_every) ? 2 * clip : clip / 2;
+    g.value = static_cast<float>(
+        norm / (o.optimizer.micro_batches * std::sqrt(double(o.params))));
+  }
+  return g;
+}
+
+void WriteGradients(const GradientBuffer& buffer, DType dtype,
+                    const Gradients& g, int layer) {
   if (buffer.on_cuda) return;  // zeroed by AcquireGradients: valid too
+  const float nan = std::numeric_limits<float>::quiet_NaN();
   for (const TensorView& t : buffer.tensors) {
     if (dtype == DType::kFloat32) {
-      std::fill_n(static_cast<float*>(t.data), t.bytes / 4, 0.01f);
+      std::fill_n(static_cast<float*>(t.data), t.bytes / 4, g.value);
+      if (g.poison && layer == 0) static_cast<float*>(t.data)[0] = nan;
     } else {
-      const uint16_t v = dtype == DType::kBFloat16 ? 0x3c24 : 0x211f;
-      std::fill_n(static_cast<uint16_t*>(t.data), t.bytes / 2, v);
+      const auto half = [dtype](float f) {
+        return dtype == DType::kBFloat16 ? cpu_adam::F32ToBf16(f)
+                                         : cpu_adam::F32ToF16(f);
+      };
+      std::fill_n(static_cast<uint16_t*>(t.data), t.bytes / 2, half(g.value));
+      if (g.poison && layer == 0) static_cast<uint16_t*>(t.data)[0] = half(nan);
     }
   }
 }
 
-Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
+Status Pass(const SimOptions& o, Run& run, bool forward, const Gradients& g,
+            StepFigures* f) {
   Engine& engine = *run.engine;
   for (int i = 0; i < o.layers; ++i) {
     const int l = forward ? i : o.layers - 1 - i;
@@ -105,7 +138,7 @@ Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
     }
     STRATA_RETURN_IF_ERROR(Busy(seconds, run.on_cuda));
     f->compute_seconds += seconds;
-    if (!forward) WriteGradients(*grads, o.dtype);
+    if (!forward) WriteGradients(*grads, o.dtype, g, l);
     STRATA_RETURN_IF_ERROR(view.pin.Release());
     if (!forward) {
       STRATA_RETURN_IF_ERROR(run.optimizer->HandOff(*grads));
@@ -114,7 +147,7 @@ Status Pass(const SimOptions& o, Run& run, bool forward, StepFigures* f) {
   return Status::Ok();
 }
 
-Result<StepFigures> OneStep(const SimOptions& o, Run& run) {
+Result<StepFigures> OneStep(const SimOptions& o, Run& run, int s) {
   StepFigures f;
   const EngineStats before = run.engine->stats();
   const Clock::time_point start = Clock::now();
@@ -122,15 +155,19 @@ Result<StepFigures> OneStep(const SimOptions& o, Run& run) {
   StepHyper hyper;
   hyper.lr = 1e-4;
   STRATA_RETURN_IF_ERROR(run.optimizer->BeginStep(hyper));
+  const Gradients g = GradientsFor(o, s);
   for (int mb = 0; mb < o.optimizer.micro_batches; ++mb) {
-    STRATA_RETURN_IF_ERROR(Pass(o, run, true, &f));
-    STRATA_RETURN_IF_ERROR(Pass(o, run, false, &f));
+    STRATA_RETURN_IF_ERROR(Pass(o, run, true, g, &f));
+    STRATA_RETURN_IF_ERROR(Pass(o, run, false, g, &f));
   }
   STRATA_ASSIGN_OR_RETURN(OptimStepReport report, run.optimizer->FinishStep());
   STRATA_RETURN_IF_ERROR(run.engine->EndStep());
   f.seconds = Since(start);
   const EngineStats after = run.engine->stats();
   f.fetch_stall = after.stall_seconds - before.stall_seconds;
+  f.update_wait = after.update_wait_seconds - before.update_wait_seconds;
+  f.clipped = report.clip_coef < 1.0;
+  f.skipped = report.skipped;
   f.gradient_wait = report.acquire_wait_seconds;
   f.optimizer_wait = report.finish_wait_seconds;
   f.optimizer_seconds = report.step_seconds;
@@ -153,13 +190,16 @@ Result<std::vector<StepFigures>> Steps(
   STRATA_ASSIGN_OR_RETURN(Run run, Build(o, resident));
   std::vector<StepFigures> steps;
   for (int s = 0; s < o.steps; ++s) {
-    STRATA_ASSIGN_OR_RETURN(StepFigures f, OneStep(o, run));
+    STRATA_ASSIGN_OR_RETURN(StepFigures f, OneStep(o, run, s));
     steps.push_back(f);
     progress(
         fmt::format("{} step {}/{}: {:.2f} s (compute {:.2f} s, "
-                    "optimizer {:.2f} s, {:.0f}% hidden)",
+                    "optimizer {:.2f} s, {:.0f}% hidden){}",
                     label, s + 1, o.steps, f.seconds, f.compute_seconds,
-                    f.optimizer_seconds, 100 * f.hidden_fraction));
+                    f.optimizer_seconds, 100 * f.hidden_fraction,
+                    f.skipped   ? ", skipped"
+                    : f.clipped ? ", clipped"
+                                : ""));
   }
   if (peaks != nullptr) {
     const EngineStats stats = run.engine->stats();
@@ -187,13 +227,27 @@ Result<SimResult> Simulate(
     const SimOptions& options,
     const std::function<void(const std::string&)>& progress) {
   SimResult result;
+  std::vector<SimOptions> runs;
   for (OptimMode mode : options.modes) {
-    SimOptions o = options;
-    o.optimizer.mode = mode;
+    runs.push_back(options);
+    runs.back().optimizer.mode = mode;
+  }
+  if (options.compare_unclipped) {
+    runs.push_back(options);
+    runs.back().optimizer.mode = OptimMode::kOverlap;
+    runs.back().optimizer.clip_norm = 0;
+    runs.back().optimizer.skip_on_overflow = false;
+    runs.back().overflow_every = 0;
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const SimOptions& o = runs[i];
     ModeRun run;
-    run.mode = mode;
+    run.mode = o.optimizer.mode;
+    run.clipping = o.optimizer.clip_norm > 0 || o.optimizer.skip_on_overflow;
+    run.unclipped = i == options.modes.size();
     const std::string label =
-        "offloaded (" + std::string(OptimModeName(mode)) + ")";
+        fmt::format("offloaded ({}{})", OptimModeName(run.mode),
+                    run.unclipped ? ", no clipping" : "");
     STRATA_ASSIGN_OR_RETURN(run.steps, Steps(o, false, label, progress, &run));
     result.runs.push_back(std::move(run));
   }

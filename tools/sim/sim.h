@@ -10,7 +10,11 @@
 // spinning on a CUDA device, a timed busy loop on the host-emulated one.
 //
 // Each optimizer mode asked for runs the offloaded model from scratch, in
-// the order given, so the modes compare on the same machine minutes apart.
+// the order given, so the modes compare on the same machine minutes apart;
+// with compare_unclipped, overlap mode without clipping runs last.
+// With clipping on, the synthetic gradients have a global norm of half the
+// clip norm (clipping fires on no step) or, every clip_fires_every-th step,
+// twice it; overflow_every puts a NaN in them (the step is skipped).
 // offload_efficiency is the step time of the same model and compute run
 // fully resident (every role in memory, unlimited budgets, overlap mode:
 // the fastest it trains without offload), measured once in the same
@@ -53,6 +57,15 @@ struct SimOptions {
   std::vector<OptimMode> modes = {OptimMode::kOverlap};
   OffloadOptimizerOptions optimizer;  // its mode is each of `modes` in turn
   bool resident_baseline = true;
+  // With clipping on, the gradients' global norm is half of clip_norm, and
+  // twice it on every clip_fires_every-th step (0: never).
+  int clip_fires_every = 0;
+  // A NaN in the first layer's gradients every overflow_every-th step (0:
+  // never); needs optimizer.skip_on_overflow.
+  int overflow_every = 0;
+  // Also runs overlap mode with clipping and skipping off, for the cost of
+  // exactness in the same invocation.
+  bool compare_unclipped = false;
 };
 
 struct StepFigures {
@@ -61,14 +74,19 @@ struct StepFigures {
   double fetch_stall = 0;     // Fetch() waited (includes write-backs)
   double gradient_wait = 0;   // a gradient buffer was not free yet
   double optimizer_wait = 0;  // FinishStep() waited for the optimizer
+  double update_wait = 0;     // forward waited for a step's updates
   double optimizer_seconds = 0;
-  double hidden_fraction = 0;  // of optimizer_seconds, under backward
+  double hidden_fraction = 0;  // of optimizer_seconds, under compute
+  bool clipped = false;        // the clip coefficient was below 1
+  bool skipped = false;        // non-finite gradients: skipped
   std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes = {};
 };
 
 // One optimizer mode's offloaded run.
 struct ModeRun {
   OptimMode mode = OptimMode::kOverlap;
+  bool clipping = false;   // clipping or skipping on
+  bool unclipped = false;  // the compare_unclipped run
   std::vector<StepFigures> steps;
   std::array<uint64_t, kNumTiers> peak = {};
   std::array<uint64_t, kNumTiers> budget = {};
