@@ -197,6 +197,7 @@ typedef struct strata_engine_stats {
   uint64_t trace_invalidations;
   uint64_t steps;
   double stall_seconds;
+  double update_wait_seconds; /* fetches waited for optimizer updates */
 } strata_engine_stats;
 
 STRATA_EXPORT strata_status strata_engine_get_stats(const strata_engine* engine,
@@ -211,8 +212,9 @@ STRATA_EXPORT strata_status strata_engine_explain(const strata_engine* engine,
                                                   char* buffer, size_t capacity,
                                                   size_t* required);
 
-/* Waits for every prefetch and write-behind; returns the first error of a
- * background transfer since the last call. */
+/* Waits for every prefetch and write-behind, and for optimizer updates
+ * queued under the next forward; returns the first error of a background
+ * transfer since the last call. */
 STRATA_EXPORT strata_status strata_engine_drain(strata_engine* engine);
 
 /* Bracket one training step (see engine.h, Steps). */

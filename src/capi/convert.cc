@@ -3,6 +3,7 @@
 #include "src/capi/convert.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 
@@ -49,7 +50,9 @@ Status WriteVersioned(T value, size_t v1_size, const char* type, T* out) {
 // The first released layouts.
 constexpr size_t kOptionsV1Size = sizeof(strata_engine_options);
 constexpr size_t kEngineInfoV1Size = sizeof(strata_engine_info);
-constexpr size_t kStatsV1Size = sizeof(strata_engine_stats);
+// Stats gained update_wait_seconds after v1.
+constexpr size_t kStatsV1Size =
+    offsetof(strata_engine_stats, update_wait_seconds);
 constexpr size_t kGroupSpecV1Size = sizeof(strata_group_spec);
 constexpr size_t kTensorInfoV1Size = sizeof(strata_tensor_info);
 
@@ -164,6 +167,7 @@ strata_engine_stats ToCStats(const EngineStats& cc) {
   c.trace_invalidations = cc.trace_invalidations;
   c.steps = cc.steps;
   c.stall_seconds = cc.stall_seconds;
+  c.update_wait_seconds = cc.update_wait_seconds;
   return c;
 }
 

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +221,16 @@ static void CheckStats(strata_engine* engine) {
   CHECK(stats.bytes[STRATA_TIER_HOST][STRATA_TIER_DEVICE] > 0);
   CHECK(stats.evictions > 0 && stats.writebacks > 0);
   CHECK(stats.fetches >= 4 * NUM_GROUPS && stats.steps == 2);
+  CHECK(stats.update_wait_seconds == 0); /* no optimizer */
+  /* A caller built against the first layout (up to stall_seconds) gets it
+   * filled, and nothing past it. */
+  strata_engine_stats v1;
+  memset(&v1, 0xab, sizeof(v1));
+  v1.struct_size = offsetof(strata_engine_stats, update_wait_seconds);
+  CHECK_OK(strata_engine_get_stats(engine, &v1));
+  CHECK(v1.steps == 2 && v1.stall_seconds == stats.stall_seconds);
+  const unsigned char* tail = (const unsigned char*)&v1.update_wait_seconds;
+  CHECK(tail[0] == 0xab && tail[sizeof(double) - 1] == 0xab);
 }
 
 /* Drops every copy above the homes: everything but HOST_GROUP's compute
