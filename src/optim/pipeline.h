@@ -173,11 +173,10 @@ class OffloadOptimizer::Impl {
   Status RunTask(const Task& task);
   Status StepDeferred(const Task& task);
   Status ConsumeGradients(const Task& task);
-  // Whether a fetch to write keeps the bytes there, or the caller
-  // overwrites them all (FetchOptions::discard).
-  enum class Contents { kKept, kDiscarded };
-  Result<Pin> FetchToWrite(int group, RoleMask roles,
-                           Contents contents = Contents::kKept);
+  // How the pipeline uses a chunk it fetches to the host: reads it, updates
+  // it, or overwrites every byte (FetchOptions::discard: nothing is read).
+  enum class Access { kRead, kUpdate, kOverwrite };
+  Result<Pin> FetchToHost(int group, RoleMask roles, Access access);
   Status StepGroup(int group, const void* grads, FloatType grad_type,
                    const StepParams& params);
   // Prefetches the state of the groups that step after `group` (-1: the

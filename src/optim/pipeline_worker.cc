@@ -47,7 +47,10 @@ Status OffloadOptimizer::Impl::RunTask(const Task& task) {
 }
 
 Status OffloadOptimizer::Impl::StepDeferred(const Task& task) {
-  STRATA_ASSIGN_OR_RETURN(Pin grads, FetchToWrite(task.group, kGradBit));
+  // Read only: written for the step's gradients, the chunk stays clean, and
+  // nothing writes it back to NVMe.
+  STRATA_ASSIGN_OR_RETURN(Pin grads,
+                          FetchToHost(task.group, kGradBit, Access::kRead));
   const void* base =
       parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
   Status status = StepGroup(task.group, base, FloatType::kF32, task.params);
@@ -84,9 +87,8 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     return sum.ok() ? status : sum.status();
   }
   // The first micro-batch overwrites the accumulator: nothing is read.
-  Result<Pin> grads =
-      FetchToWrite(task.group, kGradBit,
-                   task.first ? Contents::kDiscarded : Contents::kKept);
+  Result<Pin> grads = FetchToHost(
+      task.group, kGradBit, task.first ? Access::kOverwrite : Access::kUpdate);
   if (!grads.ok()) {
     free_slot();
     return grads.status();
@@ -115,16 +117,16 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
   return status.ok() ? released : status;
 }
 
-// The pipeline's fetches: to the host, for writing, outside the trace (the
-// pipeline reads ahead on its own); chunks are then reached by Address().
-Result<Pin> OffloadOptimizer::Impl::FetchToWrite(int group, RoleMask roles,
-                                                 Contents contents) {
+// The pipeline's fetches: to the host, outside the trace (the pipeline reads
+// ahead on its own); chunks are then reached by Address().
+Result<Pin> OffloadOptimizer::Impl::FetchToHost(int group, RoleMask roles,
+                                                Access access) {
   STRATA_ASSIGN_OR_RETURN(
       store::Residency::Fetched fetched,
       parts_.residency->Fetch(group, Tier::kHost,
                               {.roles = roles,
-                               .write = true,
-                               .discard = contents == Contents::kDiscarded,
+                               .write = access != Access::kRead,
+                               .discard = access == Access::kOverwrite,
                                .record = false}));
   return std::move(fetched.pin);
 }
@@ -142,7 +144,8 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   }
   ReadAhead(group);
   const Clock::time_point start = Clock::now();
-  STRATA_ASSIGN_OR_RETURN(Pin state, FetchToWrite(group, g.step_roles));
+  STRATA_ASSIGN_OR_RETURN(Pin state,
+                          FetchToHost(group, g.step_roles, Access::kUpdate));
   store::Residency& residency = *parts_.residency;
   auto chunk = [&](Role role) {
     return residency.Address(group, role, Tier::kHost, 0);

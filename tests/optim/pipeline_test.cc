@@ -380,6 +380,38 @@ TEST(OffloadOptimizerTest, AFailedUpdateUnderTheNextForwardStopsItsReaders) {
   EXPECT_EQ(o.step(), 2);
 }
 
+// A step dirties every group's master, m, v and gradients once, so each is
+// written to NVMe once at most per step (maybe in a later step, when it is
+// evicted then): the gradients are written when they are kept and only
+// read by the step. (A step that fetched them for writing dirtied them
+// again, and wrote them twice.)
+TEST(OffloadOptimizerTest, KeptGradientsGoToNvmeOncePerStep) {
+  testutil::ScratchDir scratch;
+  auto engine = NvmeStateEngine(scratch.path(), 8 * kMiB, 4 * kMiB);
+  ASSERT_NE(engine, nullptr);
+  for (const OptimMode mode :
+       {OptimMode::kAfterBackward, OptimMode::kOverlap}) {
+    SCOPED_TRACE(std::string(OptimModeName(mode)));
+    auto opt = OffloadOptimizer::Create(engine.get(),
+                                        {.mode = mode, .clip_norm = 1e9});
+    ASSERT_TRUE(opt.ok()) << opt.status().message();
+    const uint64_t before = engine->stats().bytes[1][2];
+    constexpr int kSteps = 4;
+    for (int s = 0; s < kSteps; ++s) {
+      ASSERT_TRUE((*opt)->BeginStep({}).ok());
+      for (int g = 3; g >= 0; --g) {
+        auto buffer = (*opt)->AcquireGradients(g);
+        ASSERT_TRUE(buffer.ok()) << buffer.status().message();
+        ASSERT_TRUE((*opt)->HandOff(*buffer).ok());
+      }
+      ASSERT_TRUE((*opt)->FinishStep().ok());
+    }
+    ASSERT_TRUE(engine->Drain().ok());
+    const uint64_t chunk = 401408;  // 100000 fp32 in 4 KiB extents
+    EXPECT_LE(engine->stats().bytes[1][2] - before, kSteps * 16 * chunk);
+  }
+}
+
 TEST(OffloadOptimizerTest, CallsOutOfOrderAreRefused) {
   auto engine = OneGroupEngine(kAllRoles);
   auto opt = OffloadOptimizer::Create(engine.get(), {});
