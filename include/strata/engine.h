@@ -313,8 +313,14 @@ struct EngineStats {
     uint64_t peak = 0;
   };
   std::array<TierStats, kNumTiers> tiers;
-  // bytes[from][to] moved between tiers (indices are Tier values).
-  std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes = {};
+  // Bytes moved between tiers: [from][to], indices are Tier values.
+  using TierBytes = std::array<std::array<uint64_t, kNumTiers>, kNumTiers>;
+  TierBytes bytes = {};
+  // The same bytes by the role of the chunk that moved: role_bytes[role]
+  // [from][to] (Role, then Tier values); summed over the roles, they are
+  // `bytes`. The optimizer's gradient hand-off (device -> host, in the
+  // compute dtype) counts as Role::kGrad.
+  std::array<TierBytes, kNumRoles> role_bytes = {};
   // Fetch() figures count recorded fetches only (FetchOptions::record): the
   // training thread's, not an agent's like the optimizer pipeline.
   uint64_t fetches = 0;               // chunk fetches by Fetch()

@@ -119,13 +119,14 @@ Status Residency::Transfer(Lock& lk, int id, Tier tier, Tier from, Reason why) {
     lk.unlock();
     status = mover_->Zero(to, c.bytes);
   } else if (tier == Tier::kDevice) {
-    Result<tier::Event> landing = mover_->Start(PlaceOf(c, from), to, c.bytes);
+    Result<tier::Event> landing =
+        mover_->Start(c.role, PlaceOf(c, from), to, c.bytes);
     if (landing.ok()) dst.landing = *landing;
     lk.unlock();
     status = landing.ok() ? landing->Wait() : landing.status();
   } else {
     lk.unlock();
-    status = mover_->Copy(PlaceOf(c, from), to, c.bytes);
+    status = mover_->Copy(c.role, PlaceOf(c, from), to, c.bytes);
   }
   lk.lock();
   dst.landing = tier::Event();
@@ -314,7 +315,7 @@ Status Residency::WriteDown(Lock& lk, int id, Tier tier) {
   if (status.ok()) {
     lower.state = CopyState::kFilling;
     lk.unlock();
-    status = mover_->Copy(PlaceOf(c, tier), PlaceOf(c, to), c.bytes);
+    status = mover_->Copy(c.role, PlaceOf(c, tier), PlaceOf(c, to), c.bytes);
     lk.lock();
     const bool valid = status.ok() && version == c.version;
     lower.state = valid ? CopyState::kValid : CopyState::kStale;
