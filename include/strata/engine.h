@@ -386,6 +386,9 @@ class STRATA_EXPORT Engine {
   // Makes the group's chunks of `opt.roles` valid at `tier` (device or
   // host) and pins them there; the view's pin releases exactly this fetch.
   Result<GroupView> Fetch(int group, Tier tier, const FetchOptions& opt = {});
+  // Fetch in the background, pinning nothing: it evicts as Fetch does,
+  // except the group's own copies, and gives up (abandoned_prefetches, not
+  // an error) when nothing else can go. Drain() returns its errors.
   Status Prefetch(int group, Tier tier, RoleMask roles = kAllRoles);
   // Drops the group's cached copies at `tier` (written down first when
   // dirty); copies homed at `tier` stay. kFailedPrecondition while the

@@ -195,6 +195,7 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, Reason why) {
       changed_.wait(lk);
       continue;
     }
+    if (why.prefetch()) return Status::Unavailable("no room for a prefetch");
     return Status::ResourceExhausted(
         "no room for " + Describe(c) + " after evicting every copy that can " +
         "go (" + tried.message() + "); what stays on " + TierLabel(tier) +
@@ -253,6 +254,12 @@ int Residency::PickVictim(Tier tier, int requester, Reason why) const {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const Chunk& c = chunks_[i];
     const Copy& copy = c.copy[tier];
+    // A prefetch pins nothing, so it would otherwise evict the chunks of
+    // its group that it made valid a moment ago, to place the next one.
+    if (why.prefetch() && requester >= 0 &&
+        c.group == chunks_[requester].group) {
+      continue;
+    }
     if (static_cast<int>(i) == requester || c.home == tier ||
         !copy.allocated() || copy.busy() || copy.pins > 0 || copy.readers > 0 ||
         copy.fenced() || WriteDownBlocked(c, tier)) {

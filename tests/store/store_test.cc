@@ -170,6 +170,42 @@ TEST_F(StoreTest, RoleBytesCountEachRoleApart) {
   expect("the compute copy's read to the device");
 }
 
+// A prefetch pins nothing, so it used to make room for a group's master by
+// evicting the compute copy it had just read for the same group: the
+// bytes came from NVMe twice. Now it gives up instead (an abandoned
+// prefetch, not an error) and what it read stays.
+TEST_F(StoreTest, APrefetchKeepsWhatItReadOfItsGroup) {
+  // Room for one group (32 KiB compute, 64 KiB master) and a third more.
+  auto engine = Open(256 * kKiB, 160 * kKiB, 1024 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  const int a = *engine->RegisterGroup(Layer("layer.0", 16 * 1024));
+  const int b = *engine->RegisterGroup(Layer("layer.1", 16 * 1024));
+  for (int g : {a, b}) {
+    auto view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    Fill(*view, g);
+    ASSERT_TRUE(view->pin.Release().ok());
+    ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());
+  }
+  auto held = engine->Fetch(b, Tier::kHost);  // 96 KiB pinned
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  const EngineStats before = engine->stats();
+  ASSERT_TRUE(engine->Prefetch(a, Tier::kHost).ok());
+  ASSERT_TRUE(engine->Drain().ok());
+  auto compute = engine->Fetch(a, Tier::kHost, {RoleBit(Role::kCompute)});
+  ASSERT_TRUE(compute.ok()) << compute.status().ToString();
+  Check(*compute, a);
+  const EngineStats after = engine->stats();
+  const int kC = static_cast<int>(Role::kCompute);
+  const int kNvme = 2, kHost = 1;
+  EXPECT_EQ(
+      after.role_bytes[kC][kNvme][kHost] - before.role_bytes[kC][kNvme][kHost],
+      32 * kKiB)
+      << "the compute copy was read twice";
+  EXPECT_EQ(after.abandoned_prefetches - before.abandoned_prefetches, 1u);
+  EXPECT_EQ(after.hits - before.hits, 1u);
+}
+
 TEST_F(StoreTest, HostAndDeviceHomesRoundTrip) {
   for (Tier home : {Tier::kHost, Tier::kDevice}) {
     auto engine = Open(512 * kKiB, 512 * kKiB, 0, home);
