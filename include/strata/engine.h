@@ -313,8 +313,14 @@ struct EngineStats {
     uint64_t peak = 0;
   };
   std::array<TierStats, kNumTiers> tiers;
-  // bytes[from][to] moved between tiers (indices are Tier values).
-  std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes = {};
+  // Bytes moved between tiers: [from][to], indices are Tier values.
+  using TierBytes = std::array<std::array<uint64_t, kNumTiers>, kNumTiers>;
+  TierBytes bytes = {};
+  // The same bytes by the role of the chunk that moved: role_bytes[role]
+  // [from][to] (Role, then Tier values); summed over the roles, they are
+  // `bytes`. The optimizer's gradient hand-off (device -> host, in the
+  // compute dtype) counts as Role::kGrad.
+  std::array<TierBytes, kNumRoles> role_bytes = {};
   // Fetch() figures count recorded fetches only (FetchOptions::record): the
   // training thread's, not an agent's like the optimizer pipeline.
   uint64_t fetches = 0;               // chunk fetches by Fetch()
@@ -380,6 +386,9 @@ class STRATA_EXPORT Engine {
   // Makes the group's chunks of `opt.roles` valid at `tier` (device or
   // host) and pins them there; the view's pin releases exactly this fetch.
   Result<GroupView> Fetch(int group, Tier tier, const FetchOptions& opt = {});
+  // Fetch in the background, pinning nothing: it evicts as Fetch does,
+  // except the group's own copies, and gives up (abandoned_prefetches, not
+  // an error) when nothing else can go. Drain() returns its errors.
   Status Prefetch(int group, Tier tier, RoleMask roles = kAllRoles);
   // Drops the group's cached copies at `tier` (written down first when
   // dirty); copies homed at `tier` stay. kFailedPrecondition while the

@@ -327,10 +327,10 @@ Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer,
   Slot& s = slots_[index];
   STRATA_ASSIGN_OR_RETURN(tier::Event written, parts_.device->Record(after));
   STRATA_ASSIGN_OR_RETURN(
-      s.d2h,
-      parts_.mover->Start(transport::Place::Memory(Tier::kDevice, s.device),
-                          transport::Place::Memory(Tier::kHost, s.host),
-                          g.compute_bytes, written));
+      s.d2h, parts_.mover->Start(
+                 Role::kGrad, transport::Place::Memory(Tier::kDevice, s.device),
+                 transport::Place::Memory(Tier::kHost, s.host), g.compute_bytes,
+                 written));
   s.acquired = false;
   s.pending = true;
   ++now.handoffs;

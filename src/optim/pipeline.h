@@ -180,7 +180,7 @@ class OffloadOptimizer::Impl {
   Status StepGroup(int group, const void* grads, FloatType grad_type,
                    const StepParams& params);
   // Prefetches the state of the groups that step after `group` (-1: the
-  // first), in the last step's order.
+  // first): the deferred steps queued, else in the last step's order.
   void ReadAhead(int group);
   // Finish's passes, each called with mu_ held.
   Status CheckHandOffs() const;

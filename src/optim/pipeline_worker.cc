@@ -142,10 +142,12 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
     changed_.wait(lk,
                   [this] { return stop_ || writes_.size() + writing_ <= 1; });
   }
-  ReadAhead(group);
   const Clock::time_point start = Clock::now();
   STRATA_ASSIGN_OR_RETURN(Pin state,
                           FetchToHost(group, g.step_roles, Access::kUpdate));
+  // Only now: the read-ahead's prefetches may evict any unpinned copy, and
+  // this group's state, read ahead for this step, was one until the pin.
+  ReadAhead(group);
   store::Residency& residency = *parts_.residency;
   auto chunk = [&](Role role) {
     return residency.Address(group, role, Tier::kHost, 0);
@@ -199,7 +201,9 @@ void OffloadOptimizer::Impl::ReadAhead(int group) {
         next.push_back(t.group);
       }
     }
-    if (next.empty()) {
+    // Deferred steps run in another order than order_, and are all queued
+    // before the first runs: none queued, none is due before a backward.
+    if (next.empty() && !Deferred()) {
       auto it = order_.begin();
       if (group >= 0) {
         it = std::find(order_.begin(), order_.end(), group);

@@ -269,6 +269,7 @@ EngineStats Engine::Impl::Stats() const {
     at(Tier::kNvme) = {nvme.capacity, nvme.used, nvme.peak};
   }
   s.bytes = mover_->bytes();
+  s.role_bytes = mover_->role_bytes();
   s.update_wait_seconds = pending_.waited_seconds();
   const sched::Trace trace = residency_->TraceSnapshot();
   s.trace_invalidations = trace.invalidations();

@@ -27,9 +27,12 @@
 // is being followed. A prefetch for trace position q may only drop copies
 // whose next use comes after q, so speculation never evicts data needed
 // sooner than what it brings in; when nothing qualifies the prefetch is
-// abandoned (counted, not an error). A demand fetch waits while copies at
-// the tier are in flight or fenced, and fails only when no copy there can
-// go: its error then says what stays (homes, copies fetched by views). A
+// abandoned (counted, not an error). A caller's prefetch (Engine::Prefetch)
+// may drop any copy but those of its own group (it pins nothing, so it
+// would drop what it just read), and is abandoned when none can go once
+// no copy is in flight. A demand fetch waits while copies at the tier are
+// in flight or fenced, and fails only when no copy there can go: its
+// error then says what stays (homes, copies fetched by views). A
 // fetch places its chunks largest first, so that its own small chunks do
 // not split the room a large one needs; and when its own first chunks,
 // placed into holes between copies that were evicted later, split that
@@ -129,7 +132,8 @@ class Residency {
   // (the hold then stays).
   Status Release(uint64_t pin, const Fence& after);
   // Background fetch for trace position `position` (-1: a caller's
-  // explicit prefetch, which may evict like a demand fetch). Pins nothing.
+  // explicit prefetch, which may evict like a demand fetch, except its own
+  // group's copies). Pins nothing (Note [Eviction order]).
   Status Prefetch(int group, Tier tier, RoleMask roles, int position);
   Status Evict(int group, Tier tier);
   // Evicts every unpinned cached copy at `tier` (device or host), before a

@@ -119,13 +119,14 @@ Status Residency::Transfer(Lock& lk, int id, Tier tier, Tier from, Reason why) {
     lk.unlock();
     status = mover_->Zero(to, c.bytes);
   } else if (tier == Tier::kDevice) {
-    Result<tier::Event> landing = mover_->Start(PlaceOf(c, from), to, c.bytes);
+    Result<tier::Event> landing =
+        mover_->Start(c.role, PlaceOf(c, from), to, c.bytes);
     if (landing.ok()) dst.landing = *landing;
     lk.unlock();
     status = landing.ok() ? landing->Wait() : landing.status();
   } else {
     lk.unlock();
-    status = mover_->Copy(PlaceOf(c, from), to, c.bytes);
+    status = mover_->Copy(c.role, PlaceOf(c, from), to, c.bytes);
   }
   lk.lock();
   dst.landing = tier::Event();
@@ -194,6 +195,7 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, Reason why) {
       changed_.wait(lk);
       continue;
     }
+    if (why.prefetch()) return Status::Unavailable("no room for a prefetch");
     return Status::ResourceExhausted(
         "no room for " + Describe(c) + " after evicting every copy that can " +
         "go (" + tried.message() + "); what stays on " + TierLabel(tier) +
@@ -252,6 +254,12 @@ int Residency::PickVictim(Tier tier, int requester, Reason why) const {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const Chunk& c = chunks_[i];
     const Copy& copy = c.copy[tier];
+    // A prefetch pins nothing, so it would otherwise evict the chunks of
+    // its group that it made valid a moment ago, to place the next one.
+    if (why.prefetch() && requester >= 0 &&
+        c.group == chunks_[requester].group) {
+      continue;
+    }
     if (static_cast<int>(i) == requester || c.home == tier ||
         !copy.allocated() || copy.busy() || copy.pins > 0 || copy.readers > 0 ||
         copy.fenced() || WriteDownBlocked(c, tier)) {
@@ -314,7 +322,7 @@ Status Residency::WriteDown(Lock& lk, int id, Tier tier) {
   if (status.ok()) {
     lower.state = CopyState::kFilling;
     lk.unlock();
-    status = mover_->Copy(PlaceOf(c, tier), PlaceOf(c, to), c.bytes);
+    status = mover_->Copy(c.role, PlaceOf(c, tier), PlaceOf(c, to), c.bytes);
     lk.lock();
     const bool valid = status.ok() && version == c.version;
     lower.state = valid ? CopyState::kValid : CopyState::kStale;

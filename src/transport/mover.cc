@@ -16,11 +16,14 @@ Result<tier::Event> Mover::Issue(const Place& from, const Place& to,
   return device_->CopyToHost(to.ptr, from.ptr, bytes);
 }
 
-void Mover::Count(const Place& from, const Place& to, uint64_t bytes) {
-  bytes_[static_cast<int>(from.tier)][static_cast<int>(to.tier)] += bytes;
+void Mover::Count(Role role, const Place& from, const Place& to,
+                  uint64_t bytes) {
+  role_bytes_[static_cast<int>(role)][static_cast<int>(from.tier)]
+             [static_cast<int>(to.tier)] += bytes;
 }
 
-Status Mover::Copy(const Place& from, const Place& to, uint64_t bytes) {
+Status Mover::Copy(Role role, const Place& from, const Place& to,
+                   uint64_t bytes) {
   Status status;
   if (from.tier == Tier::kNvme && to.tier == Tier::kHost) {
     STRATA_CHECK(nvme_ != nullptr && from.extent.bytes == bytes);
@@ -32,11 +35,11 @@ Status Mover::Copy(const Place& from, const Place& to, uint64_t bytes) {
     Result<tier::Event> event = Issue(from, to, bytes);
     status = event.ok() ? event->Wait() : event.status();
   }
-  if (status.ok()) Count(from, to, bytes);
+  if (status.ok()) Count(role, from, to, bytes);
   return status;
 }
 
-Result<tier::Event> Mover::Start(const Place& from, const Place& to,
+Result<tier::Event> Mover::Start(Role role, const Place& from, const Place& to,
                                  uint64_t bytes, const tier::Event& after) {
   if (!after.Poll()) {
     STRATA_RETURN_IF_ERROR(device_->OrderAfter(to.tier == Tier::kDevice
@@ -45,7 +48,7 @@ Result<tier::Event> Mover::Start(const Place& from, const Place& to,
                                                after));
   }
   STRATA_ASSIGN_OR_RETURN(tier::Event event, Issue(from, to, bytes));
-  Count(from, to, bytes);
+  Count(role, from, to, bytes);
   return event;
 }
 
@@ -63,10 +66,24 @@ Status Mover::Zero(const Place& to, uint64_t bytes) {
   return Status();
 }
 
-std::array<std::array<uint64_t, kNumTiers>, kNumTiers> Mover::bytes() const {
-  std::array<std::array<uint64_t, kNumTiers>, kNumTiers> out = {};
-  for (int a = 0; a < kNumTiers; ++a) {
-    for (int b = 0; b < kNumTiers; ++b) out[a][b] = bytes_[a][b].load();
+EngineStats::TierBytes Mover::bytes() const {
+  EngineStats::TierBytes out = {};
+  for (const EngineStats::TierBytes& role : role_bytes()) {
+    for (int a = 0; a < kNumTiers; ++a) {
+      for (int b = 0; b < kNumTiers; ++b) out[a][b] += role[a][b];
+    }
+  }
+  return out;
+}
+
+std::array<EngineStats::TierBytes, kNumRoles> Mover::role_bytes() const {
+  std::array<EngineStats::TierBytes, kNumRoles> out = {};
+  for (int r = 0; r < kNumRoles; ++r) {
+    for (int a = 0; a < kNumTiers; ++a) {
+      for (int b = 0; b < kNumTiers; ++b) {
+        out[r][a][b] = role_bytes_[r][a][b].load();
+      }
+    }
   }
   return out;
 }

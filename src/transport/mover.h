@@ -1,5 +1,6 @@
 // How bytes move between tiers: every byte the engine moves goes through
-// here, so one counter sees them all (EngineStats::bytes). Copy() is one
+// here, so one counter sees them all, by the role of the chunk that moved
+// (EngineStats::bytes and role_bytes). Copy() is one
 // synchronous call per hop, run by the residency manager without its lock
 // held; Start() issues an asynchronous host<->device copy for a caller that
 // overlaps it with other work (the optimizer's gradient copies).
@@ -37,30 +38,33 @@ class Mover {
   // `nvme` may be null when there is no NVMe tier.
   Mover(tier::Device* device, tier::NvmeStore* nvme);
 
-  // Copies `bytes` from `from` to `to`, adjacent tiers; counts them once
-  // the copy succeeded.
-  Status Copy(const Place& from, const Place& to, uint64_t bytes);
-  // Issues a copy of `bytes` between the host and the device (either way)
-  // and returns its event; counts them once issued, as the device does.
-  // The copy starts after `after` (Note [Fences]; the call does not wait).
-  // Both ranges must stay valid until the event completes.
-  Result<tier::Event> Start(const Place& from, const Place& to, uint64_t bytes,
-                            const tier::Event& after = {});
+  // Copies `bytes` of a `role` chunk from `from` to `to`, adjacent tiers;
+  // counts them once the copy succeeded.
+  Status Copy(Role role, const Place& from, const Place& to, uint64_t bytes);
+  // Issues a copy of `bytes` of a `role` chunk between the host and the
+  // device (either way) and returns its event; counts them once issued, as
+  // the device does. The copy starts after `after` (Note [Fences]; the call
+  // does not wait). Both ranges must stay valid until the event completes.
+  Result<tier::Event> Start(Role role, const Place& from, const Place& to,
+                            uint64_t bytes, const tier::Event& after = {});
   // Fills `to` with zeros (a chunk that was never written).
   Status Zero(const Place& to, uint64_t bytes);
 
-  // bytes[from][to] moved so far.
-  std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes() const;
+  // bytes[from][to] moved so far, summed over the roles.
+  EngineStats::TierBytes bytes() const;
+  // The same by role: role_bytes()[role][from][to].
+  std::array<EngineStats::TierBytes, kNumRoles> role_bytes() const;
 
  private:
   // The device copy between `from` and `to`, uncounted.
   Result<tier::Event> Issue(const Place& from, const Place& to, uint64_t bytes);
-  void Count(const Place& from, const Place& to, uint64_t bytes);
+  void Count(Role role, const Place& from, const Place& to, uint64_t bytes);
 
   tier::Device* device_;
   tier::NvmeStore* nvme_;
-  std::array<std::array<std::atomic<uint64_t>, kNumTiers>, kNumTiers> bytes_ =
-      {};
+  using Counters =
+      std::array<std::array<std::atomic<uint64_t>, kNumTiers>, kNumTiers>;
+  std::array<Counters, kNumRoles> role_bytes_ = {};
 };
 
 }  // namespace strata::transport

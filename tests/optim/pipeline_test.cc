@@ -63,13 +63,17 @@ TEST_P(PipelineTest, FiftyStepsAreBitIdenticalToInMemoryAdamW) {
 // Issue #16: every byte goes through transport/, so EngineStats::bytes sees
 // the optimizer's own copies. The test moves gradients device-to-host only by
 // handing them off (its fetches to the device read; nothing it wrote there is
-// written back), so the counter must grow by exactly the bytes handed off.
+// written back), so the counter must grow by exactly the bytes handed off,
+// all of them counted as the gradient role's (EngineStats::role_bytes).
 TEST_P(PipelineTest, EngineStatsCountTheGradientCopies) {
   const int kDevice = static_cast<int>(Tier::kDevice);
   const int kHost = static_cast<int>(Tier::kHost);
+  const int kGrad = static_cast<int>(Role::kGrad);
   ASSERT_TRUE(Step(0).ok());  // the first step's fills are not the point
   for (int s = 1; s < 3; ++s) {
     const uint64_t before = engine_->stats().bytes[kDevice][kHost];
+    const uint64_t grads_before =
+        engine_->stats().role_bytes[kGrad][kDevice][kHost];
     uint64_t handed_off = 0;
     ASSERT_TRUE(optimizer_->BeginStep(Hyper(s)).ok());
     for (int mb = 0; mb < GetParam().micro_batches; ++mb) {
@@ -84,6 +88,9 @@ TEST_P(PipelineTest, EngineStatsCountTheGradientCopies) {
     ASSERT_TRUE(report.ok()) << report.status().message();
     EXPECT_GT(handed_off, 0u);
     EXPECT_EQ(engine_->stats().bytes[kDevice][kHost] - before, handed_off)
+        << "step " << s;
+    EXPECT_EQ(engine_->stats().role_bytes[kGrad][kDevice][kHost] - grads_before,
+              handed_off)
         << "step " << s;
   }
 }

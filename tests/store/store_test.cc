@@ -114,6 +114,98 @@ TEST_F(StoreTest, CrossTierRoundTrip) {
   EXPECT_GT(s.bytes[1][0], 0u);
 }
 
+// EngineStats::role_bytes puts each byte on the role of the chunk that
+// moved: a master-only round trip through NVMe moves the master's bytes
+// and nothing of the compute copy's, then a compute-only fetch to the
+// device moves the compute copy's only. The roles sum to `bytes`.
+TEST_F(StoreTest, RoleBytesCountEachRoleApart) {
+  auto engine = Open(256 * kKiB, 512 * kKiB, 1024 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  const int g = *engine->RegisterGroup(Layer("layer.0", 16 * 1024));
+  const uint64_t compute = 32 * kKiB, master = 64 * kKiB;  // bf16, fp32
+  const int kDev = 0, kHost = 1, kNvme = 2;
+  const int kC = static_cast<int>(Role::kCompute);
+  const int kM = static_cast<int>(Role::kMaster);
+  EngineStats::TierBytes want_c = {}, want_m = {};
+  auto expect = [&](const char* after) {
+    const EngineStats s = engine->stats();
+    EXPECT_EQ(s.role_bytes[kC], want_c) << "compute, after " << after;
+    EXPECT_EQ(s.role_bytes[kM], want_m) << "master, after " << after;
+    for (int r = 0; r < kNumRoles; ++r) {
+      if (r == kC || r == kM) continue;
+      EXPECT_EQ(s.role_bytes[r], EngineStats::TierBytes{}) << "role " << r;
+    }
+    for (int a = 0; a < kNumTiers; ++a) {
+      for (int b = 0; b < kNumTiers; ++b) {
+        EXPECT_EQ(s.bytes[a][b], want_c[a][b] + want_m[a][b]) << after;
+      }
+    }
+  };
+  auto view = engine->Fetch(g, Tier::kHost, {RoleBit(Role::kMaster), true});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Fill(*view, 1);
+  ASSERT_TRUE(view->pin.Release().ok());
+  ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());  // master: host -> NVMe
+  want_m[kHost][kNvme] = master;
+  expect("the master's write-down");
+  view = engine->Fetch(g, Tier::kHost, {RoleBit(Role::kMaster)});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Check(*view, 1);
+  ASSERT_TRUE(view->pin.Release().ok());
+  want_m[kNvme][kHost] = master;
+  expect("the master's read");
+  view = engine->Fetch(g, Tier::kDevice, {RoleBit(Role::kCompute), true});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Fill(*view, 2);
+  ASSERT_TRUE(view->pin.Release().ok());
+  ASSERT_TRUE(engine->Evict(g, Tier::kDevice).ok());  // compute: to the host
+  ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());    // ... and to NVMe
+  want_c[kDev][kHost] = want_c[kHost][kNvme] = compute;
+  expect("the compute copy's write-down");
+  view = engine->Fetch(g, Tier::kDevice, {RoleBit(Role::kCompute)});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Check(*view, 2);
+  ASSERT_TRUE(view->pin.Release().ok());
+  want_c[kNvme][kHost] = want_c[kHost][kDev] = compute;
+  expect("the compute copy's read to the device");
+}
+
+// A prefetch pins nothing, so it used to make room for a group's master by
+// evicting the compute copy it had just read for the same group: the
+// bytes came from NVMe twice. Now it gives up instead (an abandoned
+// prefetch, not an error) and what it read stays.
+TEST_F(StoreTest, APrefetchKeepsWhatItReadOfItsGroup) {
+  // Room for one group (32 KiB compute, 64 KiB master) and a third more.
+  auto engine = Open(256 * kKiB, 160 * kKiB, 1024 * kKiB);
+  ASSERT_NE(engine, nullptr);
+  const int a = *engine->RegisterGroup(Layer("layer.0", 16 * 1024));
+  const int b = *engine->RegisterGroup(Layer("layer.1", 16 * 1024));
+  for (int g : {a, b}) {
+    auto view = engine->Fetch(g, Tier::kHost, {kAllRoles, true});
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    Fill(*view, g);
+    ASSERT_TRUE(view->pin.Release().ok());
+    ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());
+  }
+  auto held = engine->Fetch(b, Tier::kHost);  // 96 KiB pinned
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  const EngineStats before = engine->stats();
+  ASSERT_TRUE(engine->Prefetch(a, Tier::kHost).ok());
+  ASSERT_TRUE(engine->Drain().ok());
+  auto compute = engine->Fetch(a, Tier::kHost, {RoleBit(Role::kCompute)});
+  ASSERT_TRUE(compute.ok()) << compute.status().ToString();
+  Check(*compute, a);
+  const EngineStats after = engine->stats();
+  const int kC = static_cast<int>(Role::kCompute);
+  const int kNvme = 2, kHost = 1;
+  EXPECT_EQ(
+      after.role_bytes[kC][kNvme][kHost] - before.role_bytes[kC][kNvme][kHost],
+      32 * kKiB)
+      << "the compute copy was read twice";
+  EXPECT_EQ(after.abandoned_prefetches - before.abandoned_prefetches, 1u);
+  EXPECT_EQ(after.hits - before.hits, 1u);
+}
+
 TEST_F(StoreTest, HostAndDeviceHomesRoundTrip) {
   for (Tier home : {Tier::kHost, Tier::kDevice}) {
     auto engine = Open(512 * kKiB, 512 * kKiB, 0, home);

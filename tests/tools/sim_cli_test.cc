@@ -60,6 +60,16 @@ TEST(SimCliTest, StreamsStateFromNvmeAndReportsEveryFigure) {
     // The optimizer state (48 MB) does not fit the 32 MiB host: streamed.
     EXPECT_GT(step["bytes"]["nvme->host"].get<uint64_t>(), 40'000'000u);
     EXPECT_GT(step["bytes"]["host->nvme"].get<uint64_t>(), 40'000'000u);
+    // Every byte is some role's: the roles sum to the tier pair's figure.
+    for (const auto& [pair, moved] : step["bytes"].items()) {
+      uint64_t sum = 0;
+      for (const auto& [role, pairs] : step["role_bytes"].items()) {
+        if (pairs.contains(pair)) sum += pairs[pair].get<uint64_t>();
+      }
+      EXPECT_EQ(sum, moved.get<uint64_t>()) << pair;
+    }
+    EXPECT_GT(step["role_bytes"]["master"]["nvme->host"].get<uint64_t>(), 0u);
+    EXPECT_GT(step["role_bytes"]["grad"]["device->host"].get<uint64_t>(), 0u);
     EXPECT_GT(r["offload_efficiency"].get<double>(), 0);
     for (const char* tier : {"device", "host"}) {
       EXPECT_LE(r["memory"][tier]["peak"].get<uint64_t>(),

@@ -221,14 +221,39 @@ plan::Floor PlanFloor(const CliOptions& cli, double* host_gb) {
   return plan::StepFloor(model, link_bytes, plan::RatesOf(cli.rates));
 }
 
-nlohmann::ordered_json StepJson(const StepFigures& f) {
+std::string PairName(int from, int to) {
+  return fmt::format("{}->{}", TierName(static_cast<Tier>(from)),
+                     TierName(static_cast<Tier>(to)));
+}
+
+// {"nvme->host": bytes, ...}, the pairs that moved nothing left out.
+nlohmann::ordered_json TierBytesJson(const EngineStats::TierBytes& moved) {
   nlohmann::ordered_json bytes = nlohmann::ordered_json::object();
   for (int a = 0; a < kNumTiers; ++a) {
     for (int b = 0; b < kNumTiers; ++b) {
-      if (f.bytes[a][b] == 0) continue;
-      bytes[fmt::format("{}->{}", TierName(static_cast<Tier>(a)),
-                        TierName(static_cast<Tier>(b)))] = f.bytes[a][b];
+      if (moved[a][b] != 0) bytes[PairName(a, b)] = moved[a][b];
     }
+  }
+  return bytes;
+}
+
+bool MovedAny(const EngineStats::TierBytes& moved) {
+  for (const auto& row : moved) {
+    for (uint64_t b : row) {
+      if (b != 0) return true;
+    }
+  }
+  return false;
+}
+
+nlohmann::ordered_json StepJson(const StepFigures& f) {
+  // {"master": {"nvme->host": bytes, ...}, ...}, roles that moved nothing
+  // left out.
+  nlohmann::ordered_json roles = nlohmann::ordered_json::object();
+  for (int r = 0; r < kNumRoles; ++r) {
+    if (!MovedAny(f.role_bytes[r])) continue;
+    roles[std::string(RoleName(static_cast<Role>(r)))] =
+        TierBytesJson(f.role_bytes[r]);
   }
   return {{"seconds", f.seconds},
           {"compute_seconds", f.compute_seconds},
@@ -241,7 +266,8 @@ nlohmann::ordered_json StepJson(const StepFigures& f) {
             {"updates", f.update_wait}}},
           {"optimizer_seconds", f.optimizer_seconds},
           {"optimizer_hidden_fraction", f.hidden_fraction},
-          {"bytes", bytes}};
+          {"bytes", TierBytesJson(f.bytes)},
+          {"role_bytes", roles}};
 }
 
 nlohmann::ordered_json RunJson(const ModeRun& run) {
@@ -267,6 +293,33 @@ nlohmann::ordered_json RunJson(const ModeRun& run) {
           {"steps", steps}};
 }
 
+// Each step's bytes by role and tier pair, in MB (1e6 bytes): one row per
+// role that moved anything, then the step's total.
+void PrintRoleBytes(const ModeRun& run) {
+  constexpr int kPairs[][2] = {{2, 1}, {1, 2}, {0, 1}, {1, 0}};
+  std::printf("%-6s %-8s", "bytes", "MB");
+  for (const auto& p : kPairs) {
+    std::printf(" %13s", PairName(p[0], p[1]).c_str());
+  }
+  std::printf("\n");
+  auto row = [&](size_t step, std::string_view what,
+                 const EngineStats::TierBytes& moved) {
+    std::printf("%-6zu %-8s", step, std::string(what).c_str());
+    for (const auto& p : kPairs)
+      std::printf(" %13.1f", moved[p[0]][p[1]] / 1e6);
+    std::printf("\n");
+  };
+  for (size_t i = 0; i < run.steps.size(); ++i) {
+    const StepFigures& f = run.steps[i];
+    for (int r = 0; r < kNumRoles; ++r) {
+      if (MovedAny(f.role_bytes[r])) {
+        row(i, RoleName(static_cast<Role>(r)), f.role_bytes[r]);
+      }
+    }
+    row(i, "all", f.bytes);
+  }
+}
+
 void PrintRun(const ModeRun& run, const std::vector<StepFigures>& resident) {
   std::printf("\nmode %s%s\n", std::string(OptimModeName(run.mode)).c_str(),
               run.unclipped ? " (no clipping)" : "");
@@ -283,6 +336,7 @@ void PrintRun(const ModeRun& run, const std::vector<StepFigures>& resident) {
                 : f.clipped ? "clipped"
                             : "");
   }
+  PrintRoleBytes(run);
   std::printf("steady step %.2f s; resident %.2f s; offload_efficiency %.3f\n",
               SteadySeconds(run.steps), SteadySeconds(resident),
               run.offload_efficiency);

@@ -176,6 +176,10 @@ Result<StepFigures> OneStep(const SimOptions& o, Run& run, int s) {
   for (int a = 0; a < kNumTiers; ++a) {
     for (int b = 0; b < kNumTiers; ++b) {
       f.bytes[a][b] = after.bytes[a][b] - before.bytes[a][b];
+      for (int r = 0; r < kNumRoles; ++r) {
+        f.role_bytes[r][a][b] =
+            after.role_bytes[r][a][b] - before.role_bytes[r][a][b];
+      }
     }
   }
   return f;

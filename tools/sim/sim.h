@@ -79,7 +79,10 @@ struct StepFigures {
   double hidden_fraction = 0;  // of optimizer_seconds, under compute
   bool clipped = false;        // the clip coefficient was below 1
   bool skipped = false;        // non-finite gradients: skipped
-  std::array<std::array<uint64_t, kNumTiers>, kNumTiers> bytes = {};
+  // Bytes moved during the step, [from][to], and by role (EngineStats::
+  // role_bytes): [role][from][to].
+  EngineStats::TierBytes bytes = {};
+  std::array<EngineStats::TierBytes, kNumRoles> role_bytes = {};
 };
 
 // One optimizer mode's offloaded run.
