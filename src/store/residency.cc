@@ -39,6 +39,7 @@ Residency::~Residency() {
   }
   for (Chunk& c : chunks_) {
     for (Tier t : kTiers) FreeCopy(c, t);
+    if (c.spare.valid()) nvme_->Free(c.spare);
   }
 }
 
@@ -297,6 +298,12 @@ Status Residency::CheckFetch(int group, Tier tier,
 // copy anywhere.
 Result<Residency::Fetched> Residency::Fetch(int group, Tier tier,
                                             const FetchOptions& opt) {
+  return FetchFor(group, tier, opt, false);
+}
+
+Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
+                                               const FetchOptions& opt,
+                                               bool speculative) {
   Lock lk(mu_);
   STRATA_RETURN_IF_ERROR(CheckFetch(group, tier, opt));
   if (opt.record && trace_.in_step()) {
@@ -314,6 +321,12 @@ Result<Residency::Fetched> Residency::Fetch(int group, Tier tier,
     placed = PinAll(lk, ids, opt, hold);
   }
   STRATA_RETURN_IF_ERROR(placed);
+  if (speculative) {
+    if (Status s = WriteDownForSpeculation(lk, hold); !s.ok()) {
+      Unpin(hold);
+      return s;
+    }
+  }
   if (opt.write) {
     auto unread = [&] {
       for (int id : hold.chunks) {
@@ -323,6 +336,7 @@ Result<Residency::Fetched> Residency::Fetch(int group, Tier tier,
     };
     changed_.wait(lk, unread);
     for (int id : hold.chunks) {
+      if (speculative) StartSpeculation(chunks_[id]);
       Invalidate(chunks_[id], tier);
       ++chunks_[id].writers;
     }

@@ -59,6 +59,21 @@
 // "kernels" are done when the call returns: tests model late kernels with
 // tests/testutil/fake_stream.h.
 //
+// Note [Speculative writes]
+// The optimizer steps a group before it knows whether the step stands
+// (Note [Exact steps under overlap] in src/optim/pipeline.h), so the bytes
+// it overwrites must survive until it does. A chunk homed on NVMe may get
+// a second extent (AddSpares). A speculative write fetch
+// (FetchSpeculative) of it leaves the chunk's current bytes in the extent
+// that holds them and points the NVMe copy at the other one, so every
+// write-down of the new bytes goes there; a chunk whose only valid copy
+// was above NVMe is written down first. EndSpeculation then keeps the new
+// bytes (the other extent is the chunk's from now on: nothing moves) or
+// restores the old: every copy above NVMe is dropped and the NVMe copy is
+// the old extent again, valid as it was (or never written). Old bytes of
+// chunks homed on the host or the device are not kept: a caller
+// restores those itself.
+//
 // Thread safety: one mutex guards all state; transfers run without it.
 #ifndef STRATA_SRC_STORE_RESIDENCY_H_
 #define STRATA_SRC_STORE_RESIDENCY_H_
@@ -84,6 +99,11 @@
 #include "src/transport/mover.h"
 
 namespace strata::store {
+
+// Testing hook, for crash tests: EndSpeculation calls it after each chunk
+// it settles. Null (the default) for none; set it before any step runs.
+using SpeculationHook = void (*)();
+void SetSpeculationHookForTesting(SpeculationHook hook);
 
 class Residency {
  public:
@@ -141,6 +161,21 @@ class Residency {
   // optimizer's buffers; Note [Eviction order]). Returns a failed
   // write-back.
   Status EvictCached(Tier tier);
+
+  // Note [Speculative writes]. AddSpares gives the group's chunks in
+  // `roles` homed on NVMe their second extent (kResourceExhausted when the
+  // NVMe budget cannot hold them; none is kept then). FetchSpeculative is
+  // a write fetch of `roles` to the host that keeps the old bytes of those
+  // chunks; EndSpeculation ends it on every chunk of the group. kRestore
+  // needs the group's speculative chunks unpinned above NVMe and waits for
+  // moves in flight.
+  Status AddSpares(int group, RoleMask roles);
+  void DropSpares(int group);  // of chunks not speculative now
+  Result<Fetched> FetchSpeculative(int group, RoleMask roles);
+  enum class Outcome { kKeep, kRestore };
+  Status EndSpeculation(int group, Outcome outcome);
+  // Bumped by every write fetch of the chunk (and by a restore).
+  uint64_t Version(int group, Role role) const;
 
   // The address of `tensor` in `role` at `tier`; valid while pinned there.
   void* Address(int group, Role role, Tier tier, uint64_t offset) const;
@@ -223,6 +258,11 @@ class Residency {
     int writers = 0;  // unreleased write fetches
     uint64_t version = 0;
     TierArray<Copy> copy;
+    // Note [Speculative writes]: the second NVMe extent (invalid: none);
+    // while `speculative`, it holds the bytes of version `old_version`.
+    tier::Extent spare;
+    bool speculative = false;
+    uint64_t old_version = 0;
 
     bool never_written() const { return version == 0; }
   };
@@ -286,6 +326,14 @@ class Residency {
   Status Starves(const GroupLayout& layout, const std::string& other, Tier t,
                  uint64_t homes, uint64_t fetch, uint64_t budget) const;
   Status CheckFetch(int group, Tier tier, const FetchOptions& opt) const;
+  Result<Fetched> FetchFor(int group, Tier tier, const FetchOptions& opt,
+                           bool speculative);
+  // FetchSpeculative's part: the chunks of `hold` with a spare and their
+  // only valid copy above NVMe are written down; then, each chunk about to
+  // be written keeps its old bytes in the extent that holds them.
+  Status WriteDownForSpeculation(Lock& lk, const Hold& hold);
+  void StartSpeculation(Chunk& c);
+  Status RestoreOldBytes(Lock& lk, Chunk& c);
   Status PinAll(Lock& lk, std::vector<int>& ids, const FetchOptions& opt,
                 Hold& hold);
   Status DropUnpinned(Lock& lk, const std::vector<int>& ids, Tier tier);

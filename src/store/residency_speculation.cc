@@ -1,0 +1,149 @@
+// The residency manager's speculative writes (Note [Speculative writes] in
+// residency.h): spare NVMe extents, the write fetch that keeps the old bytes,
+// and keeping or restoring them.
+#include <atomic>
+#include <utility>
+#include <vector>
+
+#include "common/text.h"
+#include "src/store/residency.h"
+
+namespace strata::store {
+namespace {
+
+std::atomic<SpeculationHook> speculation_hook{nullptr};
+
+}  // namespace
+
+void SetSpeculationHookForTesting(SpeculationHook hook) {
+  speculation_hook = hook;
+}
+
+Status Residency::AddSpares(int group, RoleMask roles) {
+  Lock lk(mu_);
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    return Status::InvalidArgument("no group " + std::to_string(group));
+  }
+  std::vector<Chunk*> added;
+  for (int id : ChunksOf(group, roles)) {
+    Chunk& c = chunks_[id];
+    if (c.home != Tier::kNvme || c.spare.valid()) continue;
+    Result<tier::Extent> spare = nvme_->Allocate(c.bytes);
+    if (!spare.ok()) {
+      for (Chunk* a : added) {
+        nvme_->Free(a->spare);
+        a->spare = tier::Extent();
+      }
+      return Status(spare.status().code(),
+                    "a second NVMe extent for " + Describe(c) + " (" +
+                        HumanBytes(c.bytes) +
+                        ") does not fit: " + spare.status().message());
+    }
+    c.spare = *spare;
+    added.push_back(&c);
+  }
+  return Status();
+}
+
+void Residency::DropSpares(int group) {
+  Lock lk(mu_);
+  for (int id : groups_.at(group).chunks) {
+    Chunk& c = chunks_[id];
+    if (!c.spare.valid() || c.speculative) continue;
+    nvme_->Free(c.spare);
+    c.spare = tier::Extent();
+  }
+}
+
+Result<Residency::Fetched> Residency::FetchSpeculative(int group,
+                                                       RoleMask roles) {
+  return FetchFor(group, Tier::kHost,
+                  {.roles = roles, .write = true, .record = false}, true);
+}
+
+// Called with the hold's copies valid and pinned at the host.
+Status Residency::WriteDownForSpeculation(Lock& lk, const Hold& hold) {
+  for (int id : hold.chunks) {
+    Chunk& c = chunks_[id];
+    if (!c.spare.valid() || c.speculative || c.never_written() ||
+        c.copy[Tier::kNvme].usable()) {
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(WriteDown(lk, id, Tier::kHost));
+  }
+  return Status();
+}
+
+// Before the write fetch's Invalidate: the NVMe copy holds the chunk's
+// bytes (or it was never written), and nothing moves them (the host copy is
+// pinned and unread, and NVMe fills nothing but the host).
+void Residency::StartSpeculation(Chunk& c) {
+  if (!c.spare.valid() || c.speculative) return;
+  Copy& nvme = c.copy[Tier::kNvme];
+  STRATA_CHECK((c.never_written() || nvme.usable()) && nvme.readers == 0);
+  std::swap(nvme.extent, c.spare);
+  c.old_version = c.version;
+  c.speculative = true;
+}
+
+Status Residency::EndSpeculation(int group, Outcome outcome) {
+  Lock lk(mu_);
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    return Status::InvalidArgument("no group " + std::to_string(group));
+  }
+  for (int id : groups_[group].chunks) {
+    Chunk& c = chunks_[id];
+    if (!c.speculative) continue;
+    if (outcome == Outcome::kKeep) {
+      c.speculative = false;
+    } else {
+      STRATA_RETURN_IF_ERROR(RestoreOldBytes(lk, c));
+    }
+    if (SpeculationHook hook = speculation_hook.load()) hook();
+  }
+  changed_.notify_all();
+  return Status();
+}
+
+// Drops the new bytes everywhere and makes the old extent the NVMe copy
+// again, once no move of the chunk is in flight.
+Status Residency::RestoreOldBytes(Lock& lk, Chunk& c) {
+  auto at_rest = [&] {
+    for (Tier t : kTiers) {
+      const Copy& copy = c.copy[t];
+      if (copy.busy() || copy.readers > 0 || copy.fenced()) return false;
+    }
+    return true;
+  };
+  changed_.wait(lk, at_rest);
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    if (c.copy[t].pins > 0) {
+      return Status::FailedPrecondition(
+          Describe(c) + " is fetched on " + TierLabel(t) +
+          ", so its speculative bytes cannot be undone; release it first");
+    }
+  }
+  for (Tier t : {Tier::kDevice, Tier::kHost}) FreeCopy(c, t);
+  Copy& nvme = c.copy[Tier::kNvme];
+  std::swap(nvme.extent, c.spare);
+  nvme.prefetched = false;
+  if (c.old_version == 0) {
+    // Nothing moves the chunk, so no transfer can see the version go back.
+    c.version = 0;
+    nvme.state = CopyState::kStale;
+  } else {
+    ++c.version;
+    nvme.state = CopyState::kValid;
+  }
+  c.speculative = false;
+  return Status();
+}
+
+uint64_t Residency::Version(int group, Role role) const {
+  Lock lk(mu_);
+  const Group& g = groups_[group];
+  const int index = g.layout.chunk_of_role[role];
+  return index < 0 ? 0 : chunks_[g.chunks[index]].version;
+}
+
+}  // namespace strata::store

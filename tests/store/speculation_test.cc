@@ -1,0 +1,209 @@
+// Speculative writes (Note [Speculative writes] in src/store/residency.h):
+// a chunk homed on NVMe keeps its old bytes in one extent while its new
+// bytes go to the other, until they are kept or the old ones restored.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "src/store/engine_internal.h"
+#include "src/store/residency.h"
+#include "strata/engine.h"
+#include "tests/store/store_util.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata {
+namespace {
+
+using store::Residency;
+using store_test::Check;
+using store_test::Fill;
+using store_test::kKiB;
+using store_test::Layer;
+constexpr RoleMask kMaster = RoleBit(Role::kMaster);
+
+class SpeculationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EngineOptions o;
+    o.device = "host";
+    o.device_budget = 256 * kKiB;
+    o.host_budget = 512 * kKiB;
+    o.nvme_budget = nvme_budget_;
+    o.swap_dir = dir_.path();
+    o.placement.home.fill(Tier::kNvme);
+    auto engine = internal::EngineAccess::Open(o, {});
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    engine_ = std::move(*engine);
+    residency_ = internal::PartsOf(*engine_).residency;
+    auto g = engine_->RegisterGroup(Layer("layer.0", 16384));
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    group_ = *g;
+  }
+
+  // Writes seeded bytes into the group's master (a plain write fetch).
+  void Write(uint64_t seed) {
+    auto view =
+        engine_->Fetch(group_, Tier::kHost, {.roles = kMaster, .write = true});
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    Fill(*view, seed);
+    ASSERT_TRUE(view->pin.Release().ok());
+  }
+  // Writes seeded bytes into the master speculatively.
+  void Speculate(uint64_t seed) {
+    auto fetched = residency_->FetchSpeculative(group_, kMaster);
+    ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
+    auto* data = static_cast<char*>(
+        residency_->Address(group_, Role::kMaster, Tier::kHost, 0));
+    testutil::FillRandom(data, 16384 * 4, store_test::Seed(seed, 0));
+    ASSERT_TRUE(fetched->pin.Release().ok());
+  }
+  // The master holds what Write(seed) wrote, on the host and then read back
+  // from NVMe.
+  void ExpectMaster(uint64_t seed) {
+    for (int pass = 0; pass < 2; ++pass) {
+      auto view = engine_->Fetch(group_, Tier::kHost, {.roles = kMaster});
+      ASSERT_TRUE(view.ok()) << view.status().ToString();
+      Check(*view, seed);
+      ASSERT_TRUE(view->pin.Release().ok());
+      ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+    }
+  }
+  void ExpectZeros() {
+    auto view = engine_->Fetch(group_, Tier::kHost, {.roles = kMaster});
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    const auto* bytes =
+        static_cast<const unsigned char*>(view->tensors[0].data);
+    for (uint64_t i = 0; i < view->tensors[0].bytes; ++i)
+      ASSERT_EQ(bytes[i], 0);
+    ASSERT_TRUE(view->pin.Release().ok());
+  }
+  uint64_t NvmeReads() const {
+    return engine_->stats().bytes[2][1];  // nvme -> host
+  }
+
+  uint64_t nvme_budget_ = 4096 * kKiB;
+  testutil::ScratchDir dir_;
+  std::unique_ptr<Engine> engine_;
+  Residency* residency_ = nullptr;
+  int group_ = -1;
+};
+
+// Kept: the new bytes are the chunk's, through NVMe; twice in a row, so
+// each extent is in turn the one written.
+TEST_F(SpeculationTest, KeptBytesAreTheNewOnes) {
+  ASSERT_TRUE(residency_->AddSpares(group_, kMaster).ok());
+  Write(1);
+  ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+  for (uint64_t seed : {2, 3}) {
+    Speculate(seed);
+    ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+    ASSERT_TRUE(
+        residency_->EndSpeculation(group_, Residency::Outcome::kKeep).ok());
+    ExpectMaster(seed);
+  }
+}
+
+// Restored: the old bytes come back whether the new ones were still on the
+// host or already written down, after a kept speculation too, and without
+// reading anything to restore them.
+TEST_F(SpeculationTest, RestoredBytesAreTheOldOnes) {
+  ASSERT_TRUE(residency_->AddSpares(group_, kMaster).ok());
+  Write(1);
+  ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+  for (bool written_down : {false, true}) {
+    SCOPED_TRACE(written_down ? "written down" : "on the host");
+    const uint64_t before = residency_->Version(group_, Role::kMaster);
+    Speculate(7);
+    if (written_down) {
+      ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+    }
+    const uint64_t reads = NvmeReads();
+    ASSERT_TRUE(
+        residency_->EndSpeculation(group_, Residency::Outcome::kRestore).ok());
+    EXPECT_EQ(NvmeReads(), reads);
+    EXPECT_GT(residency_->Version(group_, Role::kMaster), before + 1);
+    ExpectMaster(1);
+  }
+  Speculate(2);
+  ASSERT_TRUE(
+      residency_->EndSpeculation(group_, Residency::Outcome::kKeep).ok());
+  Speculate(8);
+  ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+  ASSERT_TRUE(
+      residency_->EndSpeculation(group_, Residency::Outcome::kRestore).ok());
+  ExpectMaster(2);
+}
+
+// Old bytes whose only copy was on the host are written down first; a
+// chunk never written restores to zeros.
+TEST_F(SpeculationTest, OldBytesOnlyOnTheHostOrNeverWrittenComeBack) {
+  ASSERT_TRUE(residency_->AddSpares(group_, kMaster).ok());
+  Speculate(5);
+  ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+  ASSERT_TRUE(
+      residency_->EndSpeculation(group_, Residency::Outcome::kRestore).ok());
+  ExpectZeros();
+  Write(1);  // dirty on the host, never written to NVMe
+  Speculate(6);
+  ASSERT_TRUE(
+      residency_->EndSpeculation(group_, Residency::Outcome::kRestore).ok());
+  ExpectMaster(1);
+}
+
+// A restore cannot take bytes from under a view: it says so, and works once
+// the view is released.
+TEST_F(SpeculationTest, ARestoreRefusesWhileTheChunkIsFetched) {
+  ASSERT_TRUE(residency_->AddSpares(group_, kMaster).ok());
+  Write(1);
+  Speculate(2);
+  auto view = engine_->Fetch(group_, Tier::kHost, {.roles = kMaster});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const Status refused =
+      residency_->EndSpeculation(group_, Residency::Outcome::kRestore);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("layer.0"), std::string::npos)
+      << refused.message();
+  ASSERT_TRUE(view->pin.Release().ok());
+  ASSERT_TRUE(
+      residency_->EndSpeculation(group_, Residency::Outcome::kRestore).ok());
+  ExpectMaster(1);
+}
+
+// Without speculation a write goes to the one extent, and chunks homed
+// elsewhere get no spare.
+TEST_F(SpeculationTest, WithoutSparesAWriteIsAPlainWrite) {
+  Write(1);
+  ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+  Speculate(2);
+  ASSERT_TRUE(
+      residency_->EndSpeculation(group_, Residency::Outcome::kRestore).ok());
+  ExpectMaster(2);
+}
+
+class SmallNvmeTest : public SpeculationTest {
+ protected:
+  SmallNvmeTest() { nvme_budget_ = 256 * kKiB; }  // four files of 64 KiB
+};
+
+// Two groups of a 64 KiB master and a 32 KiB compute chunk leave 64 KiB,
+// not in one piece: the compute's second extent fits, the master's does
+// not, and the compute's is given back.
+TEST_F(SmallNvmeTest, SparesBeyondTheNvmeBudgetAreRefusedByName) {
+  ASSERT_TRUE(engine_->RegisterGroup(Layer("layer.1", 16384)).ok());
+  const uint64_t used = engine_->stats().tiers[2].used;
+  const Status refused = residency_->AddSpares(group_, kAllRoles);
+  EXPECT_EQ(refused.code(), StatusCode::kNoSpace) << refused.ToString();
+  EXPECT_NE(
+      refused.message().find("second NVMe extent for group 'layer.0' (master)"),
+      std::string::npos)
+      << refused.message();
+  EXPECT_EQ(engine_->stats().tiers[2].used, used);
+  ASSERT_TRUE(residency_->AddSpares(group_, RoleBit(Role::kCompute)).ok());
+  EXPECT_EQ(engine_->stats().tiers[2].used, used + 32 * kKiB);
+  Write(1);
+  ExpectMaster(1);
+}
+
+}  // namespace
+}  // namespace strata
