@@ -72,7 +72,17 @@
 //   updates to run under the next forward and returns: the engine's
 //   Fetch() of a group (and Save, Load) waits for that group's update, so
 //   the next forward never reads old parameters and waits only where the
-//   optimizer is behind. In kAfterBackward mode FinishStep runs them. A
+//   optimizer is behind. With `speculate` (the default), groups whose
+//   state is homed on NVMe do not wait: each steps under backward as if
+//   the clip coefficient were 1 and nothing overflowed, into a second set
+//   of NVMe extents, and FinishStep keeps those updates when clipping did
+//   not fire and no gradient overflowed; otherwise it restores the old
+//   state (no I/O) and the group steps again under the next forward
+//   (clipped), or its compute copy is restored from its master (skipped).
+//   A group steps speculatively once the pipeline wrote its compute copy
+//   and master last (not in the first step, nor the first after a Load,
+//   nor after the caller wrote them). In kAfterBackward mode FinishStep
+//   runs them. A
 //   skipped step changes no byte of the model: no master weight, optimizer
 //   state or compute copy (the kGrad chunks, scratch, hold its gradients).
 // - The step counter is the pipeline's: a step that is skipped does not
@@ -139,6 +149,12 @@ struct OffloadOptimizerOptions {
   int threads = 0;
   int grad_buffers = 2;  // device gradient buffers (and host staging)
   int read_ahead = 1;    // groups whose state is fetched ahead of the step
+  // With clipping or skip_on_overflow in kOverlap mode: groups whose state
+  // is homed on NVMe step speculatively under backward (see Exactness
+  // above). Create() then takes a second NVMe extent for each of their
+  // state chunks, and fails naming the bytes if the NVMe budget cannot
+  // hold them. false: they step under the next forward, like the rest.
+  bool speculate = true;
 };
 
 // Hyperparameters of one step (cpu_adam's OptimHyper without the step
@@ -176,6 +192,11 @@ struct OptimStepReport {
   double hidden_seconds = 0;
   double finish_wait_seconds = 0;   // FinishStep() blocked
   double acquire_wait_seconds = 0;  // AcquireGradients() blocked on a buffer
+  // Groups stepped speculatively under this step's backward, and how many
+  // of those were undone (clipping fired or the step was skipped): they
+  // step again, or get their compute copy back, under the next forward.
+  int speculated = 0;
+  int undone = 0;
 };
 
 class STRATA_EXPORT OffloadOptimizer {

@@ -57,6 +57,8 @@ Status OffloadOptimizer::Impl::Init(Engine* engine,
                      static_cast<int>(std::thread::hardware_concurrency()) - 1);
   STRATA_ASSIGN_OR_RETURN(cpu_, CpuOptimizer::Create(cpu));
   STRATA_RETURN_IF_ERROR(InspectGroups());
+  written_.resize(groups_.size());
+  STRATA_RETURN_IF_ERROR(AddSpares());
   STRATA_RETURN_IF_ERROR(AllocateSlots());
   worker_ = std::thread([this] { WorkerLoop(); });
   writer_ = std::thread([this] { WriterLoop(); });
@@ -128,19 +130,55 @@ Status OffloadOptimizer::Impl::InspectGroups() {
     g.compute = FloatTypeOf(layout.tensors[0].dtype);
     g.compute_bytes = g.n * FloatTypeSize(g.compute);
     g.step_roles = needed & ~kGradBit;
-    for (const store::ChunkLayout& c : layout.chunks) {
-      if ((g.step_roles & RoleBit(c.role)) && c.home == Tier::kNvme) {
-        g.write_behind = true;
-      }
-      if ((needed & RoleBit(c.role)) && c.home != Tier::kHost) {
-        g.host_working += tier::PinnedPool::SizeClass(c.bytes);
-      }
-    }
+    ReadHomes(layout, needed, g);
+    speculates_ = speculates_ || g.speculative;
   }
   if (trainable == 0) {
     return Status::FailedPrecondition(
         "no group has a 'master' role, so there is nothing to "
         "train; register groups with Role::kMaster");
+  }
+  return Status();
+}
+
+void OffloadOptimizer::Impl::ReadHomes(const store::GroupLayout& layout,
+                                       RoleMask needed, Group& g) const {
+  // Only state homed on NVMe keeps its old bytes for an undo.
+  g.speculative = UnderNextForward() && options_.speculate;
+  for (const store::ChunkLayout& c : layout.chunks) {
+    if ((StateRoles(g) & RoleBit(c.role)) && c.home != Tier::kNvme) {
+      g.speculative = false;
+    }
+    if ((g.step_roles & RoleBit(c.role)) && c.home == Tier::kNvme) {
+      g.write_behind = true;
+    }
+    if ((needed & RoleBit(c.role)) && c.home != Tier::kHost) {
+      g.host_working += tier::PinnedPool::SizeClass(c.bytes);
+    }
+  }
+}
+
+Status OffloadOptimizer::Impl::AddSpares() {
+  store::Residency& residency = *parts_.residency;
+  uint64_t total = 0;
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    if (groups_[id].speculative) {
+      total += residency.NvmeHomedBytes(id, StateRoles(groups_[id]));
+    }
+  }
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    if (!groups_[id].speculative) continue;
+    const Status added = residency.AddSpares(id, StateRoles(groups_[id]));
+    if (added.ok()) continue;
+    for (size_t g = 0; g < id; ++g) residency.DropSpares(g);
+    return Status(
+        added.code(),
+        fmt::format("speculative steps (clipping or skip_on_overflow in "
+                    "overlap mode) keep a second copy on NVMe of the "
+                    "optimizer state homed there, {} in all, or set "
+                    "speculate = false to step it under the next forward "
+                    "instead: {}",
+                    HumanBytes(total), added.message()));
   }
   return Status();
 }
@@ -235,6 +273,7 @@ Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
     // A step that ended on an error may leave buffers never handed off.
     for (Slot& slot : slots_) slot.acquired = false;
     current_ = {hyper, 1.0f, step_ + 1};
+    finishing_ = false;  // a step that failed in FinishStep left it set
     acquire_wait_ = 0;
     this_order_.clear();
     in_step_ = true;
@@ -397,21 +436,47 @@ Status OffloadOptimizer::Impl::ReduceNorms(OptimStepReport* report) const {
                  : "groups whose gradients came earlier were updated"));
 }
 
-// Called with mu_ held.
-float OffloadOptimizer::Impl::QueueDeferredSteps(double grad_norm) {
-  StepParams params = current_;
-  if (options_.clip_norm > 0) {
-    params.clip_coef = static_cast<float>(
-        std::min(1.0, options_.clip_norm / (grad_norm + 1e-6)));
-  }
-  for (auto it = this_order_.rbegin(); it != this_order_.rend(); ++it) {
-    parts_.pending->Mark(*it);
-    tasks_.push_back({*it, -1, false, false, params});
-  }
-  changed_.notify_all();
-  return params.clip_coef;
+float OffloadOptimizer::Impl::ClipCoef(double grad_norm) const {
+  if (options_.clip_norm <= 0) return 1.0f;
+  return static_cast<float>(
+      std::min(1.0, options_.clip_norm / (grad_norm + 1e-6)));
 }
 
+// Called with mu_ held.
+void OffloadOptimizer::Impl::QueueDeferred(const StepParams& params,
+                                           bool restore) {
+  for (auto it = this_order_.rbegin(); it != this_order_.rend(); ++it) {
+    const GroupStep& now = this_step_[*it];
+    if (now.kept || (restore && !now.speculated)) continue;
+    parts_.pending->Mark(*it);
+    tasks_.push_back({*it, -1, false, false, params, restore});
+  }
+  changed_.notify_all();
+}
+
+Status OffloadOptimizer::Impl::SettleSpeculation(
+    std::unique_lock<std::mutex>& lk, bool keep, OptimStepReport* report) {
+  std::vector<int> groups;
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    if (this_step_[id].speculated) groups.push_back(id);
+  }
+  report->speculated = static_cast<int>(groups.size());
+  report->undone = keep ? 0 : report->speculated;
+  lk.unlock();
+  Status status;
+  for (int id : groups) {
+    const Status ended = parts_.residency->EndSpeculation(
+        id, keep ? store::Residency::Outcome::kKeep
+                 : store::Residency::Outcome::kRestore);
+    if (status.ok()) status = ended;
+  }
+  lk.lock();
+  for (int id : groups) this_step_[id].kept = keep && status.ok();
+  return status;
+}
+
+// Note [Exact steps under overlap]: speculative updates stand only when
+// clipping did not fire and nothing overflowed.
 Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
   if (!in_step_) {
     return Status::FailedPrecondition("FinishStep without BeginStep");
@@ -423,11 +488,21 @@ Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
   finishing_ = true;
   changed_.wait(lk, [this] { return tasks_.empty() && running_ == 0; });
   in_step_ = false;
-  STRATA_RETURN_IF_ERROR(std::exchange(error_, Status()));
   OptimStepReport report;
-  STRATA_RETURN_IF_ERROR(ReduceNorms(&report));
-  if (!report.skipped && Deferred()) {
-    report.clip_coef = QueueDeferredSteps(report.grad_norm);
+  const Status failed = std::exchange(error_, Status());
+  const Status reduced = failed.ok() ? ReduceNorms(&report) : failed;
+  StepParams params = current_;
+  params.clip_coef = ClipCoef(report.grad_norm);
+  const bool stands =
+      reduced.ok() && !report.skipped && params.clip_coef == 1.0f;
+  STRATA_RETURN_IF_ERROR(SettleSpeculation(lk, stands, &report));
+  if (!reduced.ok()) {
+    QueueDeferred(params, true);  // undone groups get their compute back
+    return reduced;
+  }
+  if (Deferred()) {
+    report.clip_coef = report.skipped ? 1.0 : params.clip_coef;
+    QueueDeferred(params, report.skipped);
     if (!UnderNextForward()) {
       changed_.wait(lk, [this] { return tasks_.empty() && running_ == 0; });
       STRATA_RETURN_IF_ERROR(std::exchange(error_, Status()));

@@ -14,32 +14,55 @@
 //    beyond the 4 B/param of gradients kept. When they run:
 //    a. in FinishStep: the whole optimizer time in the open;
 //    b. under the next forward (Note [Steps under the next forward]).
-// 2. Speculate: step each group during backward as if clip_coef were 1,
-//    and redo from the old state when the norm says clip. Exact only if the
-//    old state survives the speculative step: 12 B/param more host memory
-//    for state homed there, or a second set of NVMe extents for state homed
-//    on NVMe (written instead of the old ones, switched to after the
-//    check), plus the redo, a whole step in the open, on every step that
-//    clips, which early in training is most of them.
+// 2. Speculate: step each group under backward as if clip_coef were 1 and
+//    nothing overflowed, and undo it when FinishStep learns otherwise.
+//    Exact only if the old state survives the speculative step: 12 B/param
+//    more host memory for state homed there, or a second set of NVMe
+//    extents for state homed on NVMe (Note [Speculative writes] in
+//    src/store/residency.h: the new state is written to the other extent,
+//    and the undo points the chunk back at the old one, with no I/O). The
+//    undone groups then run 1b, so a step that clips costs what 1b costs.
 // 3. Delay the update by a step (ZeRO-Offload's DPU): not exact.
-// How: kAfterBackward runs 1a (the baseline); kOverlap with clipping or
-// skip-on-overflow on runs 1b. Norms are summed per group in group order,
-// so the global norm does not depend on arrival order, and a group's sum
-// of squares is taken over the same bytes in every mode; each queued step
-// carries the hyperparameters, clip coefficient and step number it was
-// decided with (StepParams), since it may run after the next BeginStep.
-// Limits: 1b hides the optimizer under the forward, a third of the
-// compute, where the unclipped overlap has the backward, two thirds. State
-// on the host steps in far less than that (strata-sim: overlap with
-// clipping within a few percent of without); state on NVMe at a ratio of
-// compute to I/O floor below about 3 does not, and would need 2 with
-// double extents (docs/PERF.md, strata-sim with clipping).
+// How: kAfterBackward runs 1a (the baseline). kOverlap with clipping or
+// skip-on-overflow runs 2 for groups whose state (master, m, v) is all
+// homed on NVMe, with `speculate` on (the default), and 1b for the rest.
+// Each speculative step keeps the gradients in kGrad, as 1b does, for the
+// redo. FinishStep keeps the speculation when the clip coefficient is
+// exactly 1 and nothing overflowed: the step ran with the same inputs,
+// hyperparameters and coefficient as 1b would, so the bytes are the same.
+// Otherwise it restores the state, then queues under the next forward
+// each undone group's step with the real coefficient (clipped), or the
+// rounding of its restored master into its compute copy (skipped, or the
+// step failed). That rounding is the compute copy's old bytes only if the
+// pipeline wrote the compute copy and the master last (Written: their
+// chunk versions after its last write), so a group speculates only then:
+// not in the first step, not after a Load or a caller's write of them.
+// Norms are summed per group in group order, so the global norm does not
+// depend on arrival order, and a group's sum of squares is taken over the
+// same bytes in every mode; each queued step carries the hyperparameters,
+// clip coefficient and step number it was decided with (StepParams),
+// since it may run after the next BeginStep.
+// Limits (docs/PERF.md, strata-sim with clipping; 1G parameters, state on
+// NVMe, compute 2.1x the I/O floor): 1b alone hides the optimizer under
+// the forward, a third of the compute, where the unclipped overlap has the
+// backward, two thirds: 0.71 of the resident step, whether or not clipping
+// fires. 2 gives 0.98 when clipping fires on no step, and 0.92 when it
+// fires every third step: the clipped step costs nothing more, the step
+// after it 26% more (the redo under its forward reads the state again).
+// State on the host steps in far less than that (1b: overlap with
+// clipping within 1% of without). What 2 costs: the spare extents
+// (12 B/param of NVMe) and, with a host too small to keep them, 4 B/param
+// of kept gradients written to NVMe a step. Early in training most steps
+// clip, and then 2 costs the speculative step's I/O on top of 1b's;
+// `speculate` = false turns it off.
 //
 // Note [Steps under the next forward]
 // With clipping or skip-on-overflow in kOverlap mode, FinishStep waits for
 // the gradients to be consumed (their norms), decides clip and skip, and
-// queues one step per trained group in the order the next forward will
-// fetch them: the reverse of this step's hand-off order. It marks each
+// queues one step per trained group whose speculative update it did not
+// keep (an undone one of a skipped step: the rounding of its master into
+// its compute copy) in the order the next forward will fetch them: the
+// reverse of this step's hand-off order. It marks each
 // group pending in the engine (store::PendingUpdates) before it returns,
 // and the worker settles the group when its step is done. Engine::Fetch
 // (and Save, Load) wait for a pending group, so the next forward's fetch
@@ -120,6 +143,7 @@ class OffloadOptimizer::Impl {
     uint64_t compute_bytes = 0;
     RoleMask step_roles = 0;
     bool write_behind = false;  // has roles homed on NVMe
+    bool speculative = false;   // ... state ones, and steps speculatively
     uint64_t host_working = 0;  // its step's roles homed off the host
   };
   // What this step learned about a group so far; reset by BeginStep.
@@ -127,6 +151,8 @@ class OffloadOptimizer::Impl {
     int handoffs = 0;
     double sum_squares = 0;
     bool finite = true;
+    bool speculated = false;  // stepped with clip_coef 1, not yet settled
+    bool kept = false;        // ... and FinishStep kept the update
   };
   struct Slot {
     void* device = nullptr;  // device and host are fixed after Init
@@ -149,9 +175,20 @@ class OffloadOptimizer::Impl {
     bool first = false;
     bool final = false;
     StepParams params;
+    bool restore = false;  // with slot -1: restore the compute copy only
+  };
+  // The versions of a group's master and compute chunks after the pipeline
+  // last wrote them: while both hold, the compute copy is the master
+  // rounded, so a skipped speculative step can restore it from the master.
+  struct Written {
+    uint64_t master = ~uint64_t{0};
+    uint64_t compute = ~uint64_t{0};
   };
   static constexpr RoleMask kGradBit = RoleBit(Role::kGrad);
 
+  static RoleMask StateRoles(const Group& g) {
+    return g.step_roles & ~RoleBit(Role::kCompute);
+  }
   static bool UsesState2(OptimAlgo algo) {
     return algo == OptimAlgo::kAdam || algo == OptimAlgo::kAdamW;
   }
@@ -160,6 +197,12 @@ class OffloadOptimizer::Impl {
   }
 
   Status InspectGroups();
+  // The homes of the group's chunks: its write-behind, host working set
+  // and whether it speculates.
+  void ReadHomes(const store::GroupLayout& layout, RoleMask needed,
+                 Group& g) const;
+  // Second NVMe extents for the state of groups that speculate.
+  Status AddSpares();
   Status MakeDeviceRoom(uint64_t bytes);  // for the gradient buffers
   Status MakeHostRoom(uint64_t bytes);
   Status AllocateSlots();
@@ -172,30 +215,47 @@ class OffloadOptimizer::Impl {
   void WriterLoop();
   Status RunTask(const Task& task);
   Status StepDeferred(const Task& task);
+  Status RestoreCompute(int group);
+  // Whether the group's step under backward is speculative (Note [Exact
+  // steps under overlap]): it may be, and its compute copy is derived.
+  bool Speculates(int group) const;
+  void RecordWritten(int group);
   Status ConsumeGradients(const Task& task);
   // How the pipeline uses a chunk it fetches to the host: reads it, updates
   // it, or overwrites every byte (FetchOptions::discard: nothing is read).
   enum class Access { kRead, kUpdate, kOverwrite };
   Result<Pin> FetchToHost(int group, RoleMask roles, Access access);
+  Result<Pin> SpeculativeFetch(int group);  // of its step roles
   Status StepGroup(int group, const void* grads, FloatType grad_type,
-                   const StepParams& params);
+                   const StepParams& params, bool speculative);
   // Prefetches the state of the groups that step after `group` (-1: the
   // first): the deferred steps queued, else in the last step's order.
   void ReadAhead(int group);
   // Finish's passes, each called with mu_ held.
   Status CheckHandOffs() const;
   Status ReduceNorms(OptimStepReport* report) const;
-  // Queues every trained group's step, marked pending, in the next
-  // forward's order; returns the clip coefficient.
-  float QueueDeferredSteps(double grad_norm);
+  // Keeps (`keep`) or undoes the speculative steps of this step; counts
+  // them in `report`. Called with mu_ held and the worker idle; unlocks it
+  // meanwhile.
+  Status SettleSpeculation(std::unique_lock<std::mutex>& lk, bool keep,
+                           OptimStepReport* report);
+  float ClipCoef(double grad_norm) const;
+  // Queues, marked pending, in the next forward's order: the step of every
+  // trained group whose update was not kept (`restore`: the compute copy
+  // of every undone one).
+  void QueueDeferred(const StepParams& params, bool restore);
 
   // Fixed after Init.
   Engine* engine_ = nullptr;
   internal::EngineParts parts_;
   std::unique_ptr<CpuOptimizer> cpu_;
   std::vector<Group> groups_;
+  bool speculates_ = false;  // some group steps speculatively
   std::thread worker_;
   std::thread writer_;
+
+  // Owned by the worker thread.
+  std::vector<Written> written_;
 
   // Guarded by mu_.
   StepParams current_;  // this step's, set by BeginStep

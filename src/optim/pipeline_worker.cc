@@ -32,7 +32,8 @@ void OffloadOptimizer::Impl::WorkerLoop() {
 
 Status OffloadOptimizer::Impl::RunTask(const Task& task) {
   if (task.slot >= 0) return ConsumeGradients(task);
-  Status status = StepDeferred(task);
+  Status status =
+      task.restore ? RestoreCompute(task.group) : StepDeferred(task);
   parts_.pending->Settle(
       task.group,
       status.ok()
@@ -53,9 +54,49 @@ Status OffloadOptimizer::Impl::StepDeferred(const Task& task) {
                           FetchToHost(task.group, kGradBit, Access::kRead));
   const void* base =
       parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
-  Status status = StepGroup(task.group, base, FloatType::kF32, task.params);
+  Status status =
+      StepGroup(task.group, base, FloatType::kF32, task.params, false);
   Status released = grads.Release();
   return status.ok() ? released : status;
+}
+
+// A skipped step's undone speculation: the compute copy is the master
+// rounded again (Written says it was before the step).
+Status OffloadOptimizer::Impl::RestoreCompute(int group) {
+  const Group& g = groups_[group];
+  STRATA_ASSIGN_OR_RETURN(
+      Pin master, FetchToHost(group, RoleBit(Role::kMaster), Access::kRead));
+  Result<Pin> compute =
+      FetchToHost(group, RoleBit(Role::kCompute), Access::kOverwrite);
+  if (!compute.ok()) return compute.status();
+  const store::Residency& residency = *parts_.residency;
+  const void* from = residency.Address(group, Role::kMaster, Tier::kHost, 0);
+  void* to = residency.Address(group, Role::kCompute, Tier::kHost, 0);
+  Status status;
+  if (g.compute == FloatType::kF32) {
+    std::memcpy(to, from, g.n * sizeof(float));
+  } else {
+    status = cpu_->Convert(from, FloatType::kF32, to, g.compute, g.n);
+  }
+  RecordWritten(group);
+  Status released = compute->Release();
+  if (status.ok()) status = released;
+  released = master.Release();
+  return status.ok() ? released : status;
+}
+
+bool OffloadOptimizer::Impl::Speculates(int group) const {
+  if (!groups_[group].speculative) return false;
+  const store::Residency& residency = *parts_.residency;
+  const Written& w = written_[group];
+  return residency.Version(group, Role::kMaster) == w.master &&
+         residency.Version(group, Role::kCompute) == w.compute;
+}
+
+void OffloadOptimizer::Impl::RecordWritten(int group) {
+  const store::Residency& residency = *parts_.residency;
+  written_[group] = {residency.Version(group, Role::kMaster),
+                     residency.Version(group, Role::kCompute)};
 }
 
 Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
@@ -81,7 +122,7 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     Result<SumSquaresResult> sum = cpu_->SumSquares(s.host, g.compute, g.n);
     if (sum.ok()) record(*sum);
     if (sum.ok() && sum->finite) {
-      status = StepGroup(task.group, s.host, g.compute, task.params);
+      status = StepGroup(task.group, s.host, g.compute, task.params, false);
     }
     free_slot();
     return sum.ok() ? status : sum.status();
@@ -109,8 +150,10 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     Result<SumSquaresResult> sum = cpu_->SumSquares(acc, FloatType::kF32, g.n);
     if (sum.ok()) record(*sum);
     status = sum.status();
-    if (status.ok() && sum->finite && !Deferred()) {
-      status = StepGroup(task.group, acc, FloatType::kF32, task.params);
+    const bool speculate = Deferred() && Speculates(task.group);
+    if (status.ok() && sum->finite && (!Deferred() || speculate)) {
+      status =
+          StepGroup(task.group, acc, FloatType::kF32, task.params, speculate);
     }
   }
   Status released = grads->Release();
@@ -131,9 +174,18 @@ Result<Pin> OffloadOptimizer::Impl::FetchToHost(int group, RoleMask roles,
   return std::move(fetched.pin);
 }
 
+// Note [Exact steps under overlap]: the state's old bytes stay on NVMe.
+Result<Pin> OffloadOptimizer::Impl::SpeculativeFetch(int group) {
+  STRATA_ASSIGN_OR_RETURN(
+      store::Residency::Fetched fetched,
+      parts_.residency->FetchSpeculative(group, groups_[group].step_roles));
+  return std::move(fetched.pin);
+}
+
 Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
                                          FloatType grad_type,
-                                         const StepParams& params) {
+                                         const StepParams& params,
+                                         bool speculative) {
   const Group& g = groups_[group];
   {
     // Write-behind keeps one group in flight: the previous group's state
@@ -143,8 +195,15 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
                   [this] { return stop_ || writes_.size() + writing_ <= 1; });
   }
   const Clock::time_point start = Clock::now();
-  STRATA_ASSIGN_OR_RETURN(Pin state,
-                          FetchToHost(group, g.step_roles, Access::kUpdate));
+  STRATA_ASSIGN_OR_RETURN(
+      Pin state, speculative
+                     ? SpeculativeFetch(group)
+                     : FetchToHost(group, g.step_roles, Access::kUpdate));
+  RecordWritten(group);
+  if (speculative) {
+    std::lock_guard<std::mutex> lk(mu_);
+    this_step_[group].speculated = true;  // FinishStep settles it
+  }
   // Only now: the read-ahead's prefetches may evict any unpinned copy, and
   // this group's state, read ahead for this step, was one until the pin.
   ReadAhead(group);
@@ -202,8 +261,9 @@ void OffloadOptimizer::Impl::ReadAhead(int group) {
       }
     }
     // Deferred steps run in another order than order_, and are all queued
-    // before the first runs: none queued, none is due before a backward.
-    if (next.empty() && !Deferred()) {
+    // before the first runs: none queued, none is due before a backward,
+    // where groups step in order_ unless all of them are deferred.
+    if (next.empty() && (!Deferred() || speculates_)) {
       auto it = order_.begin();
       if (group >= 0) {
         it = std::find(order_.begin(), order_.end(), group);

@@ -175,6 +175,10 @@ class PipelineTest : public testing::TestWithParam<Config> {
     }
     Result<OptimStepReport> report = optimizer_->FinishStep();
     if (report.ok() && !report->skipped) ReferenceStep(hyper, report->step);
+    if (report.ok()) {
+      speculated_ += report->speculated;
+      undone_ += report->undone;
+    }
     return report;
   }
 
@@ -293,6 +297,8 @@ class PipelineTest : public testing::TestWithParam<Config> {
   std::vector<std::map<std::string, uint64_t>> offsets_;
   int steps_taken_ = 0;
   int clipped_ = 0;
+  int speculated_ = 0;  // groups, over the steps' reports
+  int undone_ = 0;
 };
 
 }  // namespace strata::optim_test

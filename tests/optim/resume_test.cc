@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "src/store/residency.h"
 #include "strata/engine.h"
 #include "strata/offload_optimizer.h"
 #include "tests/ckpt/checkpoint_util.h"
@@ -41,7 +42,8 @@ struct Run {
 
   // `swap_dir` empty: every role on the host; otherwise the master and the
   // state on NVMe, with a host budget of about half the state.
-  // `clip_norm` > 0 in overlap mode runs the steps under the next forward.
+  // `clip_norm` > 0 in overlap mode steps speculatively (state on NVMe,
+  // from the second step) or under the next forward.
   static std::unique_ptr<Run> Open(const std::string& swap_dir, OptimMode mode,
                                    OptimAlgo algo = OptimAlgo::kAdamW,
                                    double clip_norm = 0) {
@@ -135,21 +137,7 @@ struct Run {
 
   // Once the updates queued under the next forward have landed: a view of
   // a group's state beside the optimizer's work is beyond the budgets.
-  Snapshot Take() {
-    Snapshot out;
-    EXPECT_TRUE(engine->Drain().ok());
-    for (int g = 0; g < kGroups; ++g) {
-      auto view = engine->Fetch(g, Tier::kHost, {kStepped});
-      EXPECT_TRUE(view.ok()) << view.status().message();
-      if (!view.ok()) return out;
-      for (const TensorView& t : view->tensors) {
-        const char* p = static_cast<const char*>(t.data);
-        out.emplace_back(p, p + t.bytes);
-      }
-      EXPECT_TRUE(view->pin.Release().ok());
-    }
-    return out;
-  }
+  Snapshot Take() { return store_test::GroupBytes(*engine, kGroups, kStepped); }
 };
 
 // The state after `steps` steps of an uninterrupted run from Fill's start.
@@ -257,36 +245,58 @@ TEST_F(ResumeTest, AKilledSaveLeavesACheckpointThatResumesExactly) {
   }
 }
 
-// With clipping, the updates of a step run after its FinishStep returned.
-// A child killed while they run (its last step's updates in flight, or in
-// the Save that waits for them) leaves the checkpoint of step 3, which
-// resumes to the uninterrupted run's step 6.
-TEST_F(ResumeTest, AKillWhileUpdatesRunAfterFinishStepLeavesAnExactCheckpoint) {
-  constexpr double kClip = 10;  // the gradients' norm is about 29
-  const Snapshot expected = Uninterrupted(Swap("a"), 6, kClip);
-  ASSERT_FALSE(expected.empty());
-  for (const bool in_save : {false, true}) {
-    SCOPED_TRACE(in_save ? "killed in Save" : "killed after FinishStep");
-    fs::remove_all(Checkpoint());
-    int wstatus = 0;
-    const pid_t child = ckpt_test::RunInChild(
-        [&] {
-          auto run = Run::Open(Swap("child"), OptimMode::kOverlap,
-                               OptimAlgo::kAdamW, kClip);
-          if (run == nullptr) _exit(2);
-          run->Fill(Role::kMaster, 42);
-          run->Steps(0, 3);
-          if (!run->optimizer->Save(Checkpoint()).ok()) _exit(4);
-          run->Steps(3, 5);
-          if (!in_save) raise(SIGKILL);
-          ckpt_test::KillAtSaveStage(ckpt::SaveStage::kDataFileWritten, 1);
-          static_cast<void>(run->optimizer->Save(Checkpoint()));
-        },
-        &wstatus);
-    ASSERT_GE(child, 0);
-    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
-        << "the child exited with " << WEXITSTATUS(wstatus);
-    ExpectResumesFromStep3(expected, kClip);
+// Every later settling of a speculative chunk in this process kills it
+// (SIGKILL) the `count`th time. For a forked child only.
+int speculation_kill_countdown = 0;
+void KillAtSpeculationEnd(int count) {
+  speculation_kill_countdown = count;
+  store::SetSpeculationHookForTesting([] {
+    if (--speculation_kill_countdown == 0) raise(SIGKILL);
+  });
+}
+
+// With clipping and state on NVMe, each step's groups step speculatively
+// under backward; FinishStep keeps those updates (clipping did not fire)
+// or restores the old state and redoes them under the next forward. A
+// child killed while the redo runs (or the last updates after a kept
+// speculation), in the Save that waits for them, or in the middle of a
+// switch-over (keeping or restoring the second group's chunks) leaves
+// the checkpoint of step 3, which resumes to the uninterrupted run's
+// step 6.
+TEST_F(ResumeTest, AKillWhileUpdatesRunOrSettleLeavesAnExactCheckpoint) {
+  enum class Kill { kAfterFinishStep, kInSave, kInSwitchOver };
+  // The gradients' norm is about 29: 10 clips every step, 1e9 never.
+  for (const double clip : {10.0, 1e9}) {
+    const Snapshot expected = Uninterrupted(Swap("a"), 6, clip);
+    ASSERT_FALSE(expected.empty());
+    for (const Kill kill :
+         {Kill::kAfterFinishStep, Kill::kInSave, Kill::kInSwitchOver}) {
+      SCOPED_TRACE("clip " + std::to_string(clip) + ", kill " +
+                   std::to_string(static_cast<int>(kill)));
+      fs::remove_all(Checkpoint());
+      int wstatus = 0;
+      const pid_t child = ckpt_test::RunInChild(
+          [&] {
+            auto run = Run::Open(Swap("child"), OptimMode::kOverlap,
+                                 OptimAlgo::kAdamW, clip);
+            if (run == nullptr) _exit(2);
+            run->Fill(Role::kMaster, 42);
+            run->Steps(0, 3);
+            if (!run->optimizer->Save(Checkpoint()).ok()) _exit(4);
+            // Each group has three speculative chunks (master, m, v).
+            if (kill == Kill::kInSwitchOver) KillAtSpeculationEnd(5);
+            run->Steps(3, 5);
+            if (kill == Kill::kInSwitchOver) _exit(5);  // not killed there
+            if (kill == Kill::kAfterFinishStep) raise(SIGKILL);
+            ckpt_test::KillAtSaveStage(ckpt::SaveStage::kDataFileWritten, 1);
+            static_cast<void>(run->optimizer->Save(Checkpoint()));
+          },
+          &wstatus);
+      ASSERT_GE(child, 0);
+      ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+          << "the child exited with " << WEXITSTATUS(wstatus);
+      ExpectResumesFromStep3(expected, clip);
+    }
   }
 }
 

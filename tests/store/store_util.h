@@ -52,6 +52,26 @@ inline void Check(const GroupView& view, uint64_t seed) {
   }
 }
 
+// The bytes of `roles` of groups [0, groups), tensor by tensor, once the
+// engine's queued work has landed (Drain).
+inline std::vector<std::vector<char>> GroupBytes(Engine& engine, int groups,
+                                                 RoleMask roles) {
+  std::vector<std::vector<char>> out;
+  const Status drained = engine.Drain();
+  EXPECT_TRUE(drained.ok()) << drained.ToString();
+  for (int g = 0; g < groups; ++g) {
+    auto view = engine.Fetch(g, Tier::kHost, {.roles = roles});
+    EXPECT_TRUE(view.ok()) << view.status().message();
+    if (!view.ok()) return out;
+    for (const TensorView& t : view->tensors) {
+      const char* p = static_cast<const char*>(t.data);
+      out.emplace_back(p, p + t.bytes);
+    }
+    EXPECT_TRUE(view->pin.Release().ok());
+  }
+  return out;
+}
+
 }  // namespace strata::store_test
 
 #endif  // STRATA_TESTS_STORE_STORE_UTIL_H_
