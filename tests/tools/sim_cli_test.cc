@@ -114,6 +114,43 @@ TEST(SimCliTest, ClippingAndSkippedStepsAreInjectedAndReported) {
   EXPECT_EQ(plain["skipped_steps"], 0);
 }
 
+// State on NVMe steps speculatively from the second step: clipping (steps
+// 1 and 3) and the skip (step 2) undo the speculation, step 4 keeps it;
+// --no-speculate steps under the next forward, speculating nothing.
+TEST(SimCliTest, SpeculativeStepsAndTheirUndoingAreReported) {
+  strata::testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  for (const bool speculate : {true, false}) {
+    SCOPED_TRACE(speculate ? "speculate" : "no speculation");
+    const Outcome run =
+        Sim("--params 2M --layers 4 --device-budget 8M --host-budget 64M "
+            "--nvme " +
+                dir.path() +
+                " --steps 5 --tflops 1 --clip-norm 1 --clip-fires-every 2 "
+                "--skip-on-overflow --overflow-every 3 --no-baseline " +
+                (speculate ? "" : "--no-speculate ") + "--json " + json,
+            dir.path());
+    ASSERT_EQ(run.status, 0) << run.err;
+    std::ifstream in(json);
+    const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_TRUE(doc.is_object());
+    const nlohmann::json& steps = doc["runs"][0]["steps"];
+    ASSERT_EQ(steps.size(), 5u);
+    for (int s = 0; s < 5; ++s) {
+      const int speculated = steps[s]["speculated_groups"].get<int>();
+      const int undone = steps[s]["undone_groups"].get<int>();
+      if (!speculate || s == 0) {
+        EXPECT_EQ(speculated, 0) << s;
+        continue;
+      }
+      // The skipped step's poisoned group does not step at all.
+      EXPECT_GE(speculated, s == 2 ? 3 : 4) << s;
+      EXPECT_EQ(undone, s == 4 ? 0 : speculated) << s;
+    }
+    EXPECT_EQ(doc["runs"][0]["undone_steps"], speculate ? 3 : 0);
+  }
+}
+
 TEST(SimCliTest, BadInputExitsOneWithTheReason) {
   strata::testutil::ScratchDir dir;
   const std::pair<std::string, std::string> cases[] = {

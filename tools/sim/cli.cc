@@ -83,6 +83,12 @@ void AddRunOptions(CLI::App& app, CliOptions& cli, Texts& text) {
                  "Put a NaN in the gradients every N-th step (needs "
                  "--skip-on-overflow; 0: never)")
       ->capture_default_str();
+  app.add_flag("--speculate,!--no-speculate", o.optimizer.speculate,
+               "With clipping or skipping in overlap mode, state homed on "
+               "NVMe steps speculatively under backward, undone when "
+               "clipping fires or a step is skipped (default); "
+               "--no-speculate steps it under the next forward")
+      ->capture_default_str();
   app.add_flag("--compare-unclipped", o.compare_unclipped,
                "Also run overlap mode with clipping and skipping off, for "
                "the cost of exactness in the same run");
@@ -171,8 +177,13 @@ Status ResolveBudgets(const Texts& text, SimOptions* o) {
     STRATA_ASSIGN_OR_RETURN(
         o->nvme_budget, ForFlag("--nvme-budget", ParseSize(text.nvme_budget)));
   } else if (!o->nvme_dir.empty()) {
-    // Everything homed there, gradients included, plus 1/8 for extents.
-    o->nvme_budget = o->params * (16 + DTypeSize(o->dtype)) * 9 / 8;
+    // Everything homed there, gradients included, and the speculative
+    // steps' second copy of master, m and v, plus 1/8 for extents.
+    const OffloadOptimizerOptions& opt = o->optimizer;
+    const bool spares =
+        opt.speculate && (opt.clip_norm > 0 || opt.skip_on_overflow);
+    o->nvme_budget =
+        o->params * (16 + (spares ? 12 : 0) + DTypeSize(o->dtype)) * 9 / 8;
   }
   return Status::Ok();
 }
@@ -259,6 +270,8 @@ nlohmann::ordered_json StepJson(const StepFigures& f) {
           {"compute_seconds", f.compute_seconds},
           {"clipped", f.clipped},
           {"skipped", f.skipped},
+          {"speculated_groups", f.speculated},
+          {"undone_groups", f.undone},
           {"stall",
            {{"fetch", f.fetch_stall},
             {"gradient_buffers", f.gradient_wait},
@@ -278,15 +291,17 @@ nlohmann::ordered_json RunJson(const ModeRun& run) {
     peaks[std::string(TierName(static_cast<Tier>(t)))] = {
         {"peak", run.peak[t]}, {"budget", run.budget[t]}};
   }
-  int clipped = 0, skipped = 0;
+  int clipped = 0, skipped = 0, undone = 0;
   for (const StepFigures& f : run.steps) {
     clipped += f.clipped;
     skipped += f.skipped;
+    undone += f.undone > 0;
   }
   return {{"mode", OptimModeName(run.mode)},
           {"clipping", run.clipping},
           {"clipped_steps", clipped},
           {"skipped_steps", skipped},
+          {"undone_steps", undone},
           {"steady_step_seconds", SteadySeconds(run.steps)},
           {"offload_efficiency", run.offload_efficiency},
           {"memory", peaks},
@@ -323,23 +338,32 @@ void PrintRoleBytes(const ModeRun& run) {
 void PrintRun(const ModeRun& run, const std::vector<StepFigures>& resident) {
   std::printf("\nmode %s%s\n", std::string(OptimModeName(run.mode)).c_str(),
               run.unclipped ? " (no clipping)" : "");
-  std::printf("%-6s %9s %9s %9s %9s %9s %9s %9s %8s %s\n", "step", "seconds",
-              "compute", "stall:f", "stall:g", "stall:o", "stall:u", "optim",
-              "hidden", "step");
+  std::printf("%-6s %9s %9s %9s %9s %9s %9s %9s %8s %9s %s\n", "step",
+              "seconds", "compute", "stall:f", "stall:g", "stall:o", "stall:u",
+              "optim", "hidden", "undone", "step");
   for (size_t i = 0; i < run.steps.size(); ++i) {
     const StepFigures& f = run.steps[i];
-    std::printf("%-6zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.0f%% %s\n",
-                i, f.seconds, f.compute_seconds, f.fetch_stall, f.gradient_wait,
-                f.optimizer_wait, f.update_wait, f.optimizer_seconds,
-                100 * f.hidden_fraction,
-                f.skipped   ? "skipped"
-                : f.clipped ? "clipped"
-                            : "");
+    const std::string undone =
+        f.speculated > 0 ? fmt::format("{}/{}", f.undone, f.speculated) : "-";
+    std::printf(
+        "%-6zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.0f%% %9s %s\n", i,
+        f.seconds, f.compute_seconds, f.fetch_stall, f.gradient_wait,
+        f.optimizer_wait, f.update_wait, f.optimizer_seconds,
+        100 * f.hidden_fraction, undone.c_str(),
+        f.skipped   ? "skipped"
+        : f.clipped ? "clipped"
+                    : "");
   }
   PrintRoleBytes(run);
-  std::printf("steady step %.2f s; resident %.2f s; offload_efficiency %.3f\n",
-              SteadySeconds(run.steps), SteadySeconds(resident),
-              run.offload_efficiency);
+  if (resident.empty()) {
+    std::printf("steady step %.2f s (no resident run: --no-baseline)\n",
+                SteadySeconds(run.steps));
+  } else {
+    std::printf(
+        "steady step %.2f s; resident %.2f s; offload_efficiency %.3f\n",
+        SteadySeconds(run.steps), SteadySeconds(resident),
+        run.offload_efficiency);
+  }
   for (int t = 0; t < kNumTiers; ++t) {
     std::printf("peak %-7s %s of %s\n",
                 std::string(TierName(static_cast<Tier>(t))).c_str(),

@@ -168,6 +168,8 @@ Result<StepFigures> OneStep(const SimOptions& o, Run& run, int s) {
   f.update_wait = after.update_wait_seconds - before.update_wait_seconds;
   f.clipped = report.clip_coef < 1.0;
   f.skipped = report.skipped;
+  f.speculated = report.speculated;
+  f.undone = report.undone;
   f.gradient_wait = report.acquire_wait_seconds;
   f.optimizer_wait = report.finish_wait_seconds;
   f.optimizer_seconds = report.step_seconds;
@@ -196,14 +198,18 @@ Result<std::vector<StepFigures>> Steps(
   for (int s = 0; s < o.steps; ++s) {
     STRATA_ASSIGN_OR_RETURN(StepFigures f, OneStep(o, run, s));
     steps.push_back(f);
-    progress(
-        fmt::format("{} step {}/{}: {:.2f} s (compute {:.2f} s, "
-                    "optimizer {:.2f} s, {:.0f}% hidden){}",
-                    label, s + 1, o.steps, f.seconds, f.compute_seconds,
-                    f.optimizer_seconds, 100 * f.hidden_fraction,
-                    f.skipped   ? ", skipped"
-                    : f.clipped ? ", clipped"
-                                : ""));
+    progress(fmt::format(
+        "{} step {}/{}: {:.2f} s (compute {:.2f} s, "
+        "optimizer {:.2f} s, {:.0f}% hidden){}{}",
+        label, s + 1, o.steps, f.seconds, f.compute_seconds,
+        f.optimizer_seconds, 100 * f.hidden_fraction,
+        f.skipped   ? ", skipped"
+        : f.clipped ? ", clipped"
+                    : "",
+        f.speculated > 0 ? fmt::format(", {} of {} speculative group steps "
+                                       "undone",
+                                       f.undone, f.speculated)
+                         : ""));
   }
   if (peaks != nullptr) {
     const EngineStats stats = run.engine->stats();
@@ -218,13 +224,11 @@ Result<std::vector<StepFigures>> Steps(
 }  // namespace
 
 double SteadySeconds(const std::vector<StepFigures>& steps) {
-  std::vector<double> t;
-  for (size_t i = steps.size() > 2 ? 2 : 0; i < steps.size(); ++i) {
-    t.push_back(steps[i].seconds);
-  }
-  if (t.empty()) return 0;
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  const size_t first = steps.size() > 2 ? 2 : 0;
+  if (first == steps.size()) return 0;
+  double sum = 0;
+  for (size_t i = first; i < steps.size(); ++i) sum += steps[i].seconds;
+  return sum / static_cast<double>(steps.size() - first);
 }
 
 Result<SimResult> Simulate(

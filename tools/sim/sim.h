@@ -18,9 +18,10 @@
 // offload_efficiency is the step time of the same model and compute run
 // fully resident (every role in memory, unlimited budgets, overlap mode:
 // the fastest it trains without offload), measured once in the same
-// invocation, divided by the mode's offloaded step time (medians over the
+// invocation, divided by the mode's offloaded step time (means over the
 // steps after the first two: step 0 records the trace, step 1 is the first
-// to read the state back).
+// to read the state back; means, so that a cost paid every few steps, as
+// the redo after a clipped step, counts).
 //
 // Failure: every error comes back as a Status naming what failed; a model
 // that does not fit its budgets fails at registration with the bytes.
@@ -79,6 +80,11 @@ struct StepFigures {
   double hidden_fraction = 0;  // of optimizer_seconds, under compute
   bool clipped = false;        // the clip coefficient was below 1
   bool skipped = false;        // non-finite gradients: skipped
+  // Groups stepped speculatively under backward, and of those undone
+  // (OptimStepReport): each undone one steps again, or gets its compute
+  // copy back, under the next forward (stall:u of the next step).
+  int speculated = 0;
+  int undone = 0;
   // Bytes moved during the step, [from][to], and by role (EngineStats::
   // role_bytes): [role][from][to].
   EngineStats::TierBytes bytes = {};
@@ -101,7 +107,7 @@ struct SimResult {
   std::vector<StepFigures> resident;  // empty without the baseline
 };
 
-// Median step time over the steps after the first two (all when fewer).
+// Mean step time over the steps after the first two (all when fewer).
 double SteadySeconds(const std::vector<StepFigures>& steps);
 
 // Runs the offloaded model in each mode, then (when asked) the resident
