@@ -211,25 +211,36 @@ TEST(ReadAheadRoomTest, EachStepReadsTheStateAtMostOnce) {
     for (uint64_t budget : {lo, lo + 3 * kN * 4, lo + 6 * kN * 4}) {
       Rig rig = open(budget);
       ASSERT_NE(rig.optimizer, nullptr) << rig.status.ToString();
-      for (int step = 0; step < 4; ++step) {
-        const EngineStats before = rig.engine->stats();
+      // In overlap mode the last step's read-ahead of the next step's
+      // first group may land before or after Step returns: one group more
+      // a step, and over all steps.
+      const int ahead = mode == OptimMode::kOverlap ? 1 : 0;
+      const EngineStats start = rig.engine->stats();
+      EngineStats before = start;
+      for (int step = 1; step <= 4; ++step) {
         ASSERT_TRUE(Step(rig).ok());
-        const EngineStats after = rig.engine->stats();
-        auto moved = [&](Role role, Tier from, Tier to) {
+        const EngineStats now = rig.engine->stats();
+        auto moved = [&](const EngineStats& since, Role role, Tier from,
+                         Tier to) {
           const int r = static_cast<int>(role), a = static_cast<int>(from),
                     b = static_cast<int>(to);
-          return after.role_bytes[r][a][b] - before.role_bytes[r][a][b];
+          return now.role_bytes[r][a][b] - since.role_bytes[r][a][b];
         };
         const std::string at = std::string(OptimModeName(mode)) + ", host " +
                                std::to_string(budget) + ", step " +
-                               std::to_string(step + 1);
+                               std::to_string(step);
         for (Role role : {Role::kMaster, Role::kState1, Role::kState2}) {
-          EXPECT_LE(moved(role, Tier::kNvme, Tier::kHost), kGroups * kN * 4)
+          EXPECT_LE(moved(before, role, Tier::kNvme, Tier::kHost),
+                    (kGroups + ahead) * kN * 4)
               << RoleName(role) << ", " << at;
+          EXPECT_LE(moved(start, role, Tier::kNvme, Tier::kHost),
+                    (step * kGroups + ahead) * kN * 4)
+              << RoleName(role) << ", steps 1 to " << at;
         }
-        EXPECT_LE(moved(Role::kGrad, Tier::kNvme, Tier::kHost),
-                  moved(Role::kGrad, Tier::kHost, Tier::kNvme))
+        EXPECT_LE(moved(start, Role::kGrad, Tier::kNvme, Tier::kHost),
+                  moved(start, Role::kGrad, Tier::kHost, Tier::kNvme))
             << at;
+        before = now;
       }
     }
   }
