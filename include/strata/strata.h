@@ -380,4 +380,7 @@ STRATA_EXPORT strata_status strata_engine_load(strata_engine* engine,
 } /* extern "C" */
 #endif
 
+/* The optimizer's part of the ABI. */
+#include "strata/strata_optimizer.h"
+
 #endif /* STRATA_STRATA_H_ */

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "src/capi/convert.h"
+#include "src/capi/guard.h"
 #include "src/capi/handles.h"
 #include "strata/dlpack.h"
 #include "strata/engine.h"
@@ -28,82 +29,9 @@ static_assert(STRATA_NUM_TIERS == strata::kNumTiers &&
 static_assert(STRATA_INTERNAL ==
               static_cast<int>(strata::StatusCode::kInternal));
 
-// strata_view is never defined: its handles are numbers (Note [View
-// handles], src/capi/handles.h).
-struct strata_engine {
-  std::unique_ptr<strata::Engine> engine;
-  int cuda_device = 0;
-};
-
-namespace strata {
-namespace {
-
-thread_local std::string error_text;
-thread_local const char* last_error = "";
-
-// Never throws: it also records failures from inside catch handlers, where
-// allocating the message may fail again; then a static text stands in.
-strata_status Fail(const char* fn, StatusCode code, std::string_view message,
-                   std::string_view detail = {}) noexcept {
-  try {
-    error_text.assign(fn).append(": ").append(message).append(detail);
-    last_error = error_text.c_str();
-  } catch (...) {
-    last_error = "strata: out of memory while recording an error message";
-  }
-  return static_cast<strata_status>(code);
-}
-
-// Note [No exceptions across the C ABI]
-// A C caller cannot catch a C++ exception; one escaping would terminate the
-// process. strata reports its own failures as Status and throws nothing,
-// but the standard library can (std::bad_alloc from a string, a vector or
-// a handle). Every entry point therefore runs its body here: any exception
-// becomes a status and a message. Bodies write out parameters last, so a
-// failed call leaves them untouched.
-template <typename Body>
-strata_status Guard(const char* fn, Body&& body) noexcept {
-  try {
-    const Status status = body();
-    if (status.ok()) return STRATA_OK;
-    return Fail(fn, status.code(), status.message());
-  } catch (const std::bad_alloc&) {
-    return Fail(fn, StatusCode::kResourceExhausted,
-                "out of host memory; free memory or lower the host budget");
-  } catch (const std::exception& e) {
-    return Fail(fn, StatusCode::kInternal,
-                "unexpected C++ exception: ", e.what());
-  } catch (...) {
-    return Fail(fn, StatusCode::kInternal,
-                "unexpected C++ exception of unknown type");
-  }
-}
-
-Status ValidTensorIndex(const capi::View& view, int32_t index) {
-  const size_t count = view.group.tensors.size();
-  if (index >= 0 && static_cast<size_t>(index) < count) return Status::Ok();
-  return Status::InvalidArgument("tensor index " + std::to_string(index) +
-                                 " is out of range; the view has " +
-                                 std::to_string(count) +
-                                 " tensors (strata_view_count_tensors)");
-}
-
-// Copies `text` into the caller's buffer like snprintf; returns the
-// length + 1 that the whole text needs.
-size_t CopyText(const std::string& text, char* buffer, size_t capacity) {
-  if (capacity > 0) {
-    const size_t n = std::min(capacity - 1, text.size());
-    std::memcpy(buffer, text.data(), n);
-    buffer[n] = '\0';
-  }
-  return text.size() + 1;
-}
-
-}  // namespace
-}  // namespace strata
-
-using strata::Guard;
 using strata::Status;
+using strata::capi::CopyText;
+using strata::capi::Guard;
 using strata::capi::NonNull;
 using strata::capi::ValidGroup;
 using strata::capi::ValidRole;
@@ -118,7 +46,7 @@ const char* strata_status_name(strata_status status) {
   return strata::StatusCodeName(static_cast<strata::StatusCode>(status)).data();
 }
 
-const char* strata_last_error(void) { return strata::last_error; }
+const char* strata_last_error(void) { return strata::capi::LastError(); }
 
 strata_status strata_version_get(int32_t* major, int32_t* minor,
                                  int32_t* patch) {
@@ -156,6 +84,12 @@ strata_status strata_engine_open(const strata_engine_options* options,
 strata_status strata_engine_close(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
+    if (const int open = engine->optimizers.load(); open > 0) {
+      return Status(strata::StatusCode::kFailedPrecondition,
+                    std::to_string(open) +
+                        " optimizers borrow the engine; call "
+                        "strata_optimizer_close on each first");
+    }
     const int live = ViewTable::Get().CountOf(engine);
     if (live > 0) {
       return Status(strata::StatusCode::kFailedPrecondition,
@@ -191,7 +125,7 @@ strata_status strata_engine_explain(const strata_engine* engine, char* buffer,
     STRATA_RETURN_IF_ERROR(
         NonNull({{engine, "engine"}, {required, "required"}}));
     if (capacity > 0) STRATA_RETURN_IF_ERROR(NonNull({{buffer, "buffer"}}));
-    *required = strata::CopyText(engine->engine->Explain(), buffer, capacity);
+    *required = CopyText(engine->engine->Explain(), buffer, capacity);
     return Status::Ok();
   });
 }
@@ -363,7 +297,8 @@ strata_status strata_view_get_tensor(const strata_view* view, int32_t index,
     STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {info, "info"}}));
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> v,
                             ViewTable::Get().Find(view));
-    STRATA_RETURN_IF_ERROR(strata::ValidTensorIndex(*v, index));
+    STRATA_RETURN_IF_ERROR(strata::capi::ValidTensorIndex(
+        v->group.tensors.size(), index, "view", "strata_view_count_tensors"));
     return strata::capi::WriteTensorInfo(v->group.tensors[index], info);
   });
 }
@@ -397,7 +332,8 @@ strata_status strata_view_export_dlpack(const strata_view* view, int32_t index,
     STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {out, "out"}}));
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> v,
                             ViewTable::Get().Find(view));
-    STRATA_RETURN_IF_ERROR(strata::ValidTensorIndex(*v, index));
+    STRATA_RETURN_IF_ERROR(strata::capi::ValidTensorIndex(
+        v->group.tensors.size(), index, "view", "strata_view_count_tensors"));
     STRATA_ASSIGN_OR_RETURN(
         auto managed,
         strata::ToDLPack(v->group.tensors[index], v->cuda_device));
@@ -421,12 +357,11 @@ strata_status strata_engine_load(strata_engine* engine, const char* dir,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{engine, "engine"}, {dir, "dir"}, {needed, "needed"}}));
-    if (capacity > 0) {
-      STRATA_RETURN_IF_ERROR(NonNull({{user_state_buf, "user_state_buf"}}));
-    }
+    STRATA_RETURN_IF_ERROR(
+        strata::capi::CheckTextBuffer(user_state_buf, capacity));
     strata::LoadResult result;
     STRATA_RETURN_IF_ERROR(engine->engine->Load(dir, &result));
-    *needed = strata::CopyText(result.user_state, user_state_buf, capacity);
+    *needed = CopyText(result.user_state, user_state_buf, capacity);
     return Status::Ok();
   });
 }

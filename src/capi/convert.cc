@@ -55,6 +55,10 @@ constexpr size_t kStatsV1Size =
     offsetof(strata_engine_stats, update_wait_seconds);
 constexpr size_t kGroupSpecV1Size = sizeof(strata_group_spec);
 constexpr size_t kTensorInfoV1Size = sizeof(strata_tensor_info);
+constexpr size_t kOptimizerOptionsV1Size = sizeof(strata_optimizer_options);
+constexpr size_t kStepHyperV1Size = sizeof(strata_step_hyper);
+constexpr size_t kStepReportV1Size = sizeof(strata_step_report);
+constexpr size_t kGradientsInfoV1Size = sizeof(strata_gradients_info);
 
 Result<Placement> ToPlacement(const int32_t (&home)[kNumRoles]) {
   Placement placement;
@@ -216,6 +220,14 @@ Status ValidGroup(const Engine& engine, int32_t group) {
                                  "strata_group_register");
 }
 
+Status ValidTensorIndex(size_t count, int32_t index, const char* what,
+                        const char* count_fn) {
+  if (index >= 0 && static_cast<size_t>(index) < count) return Status::Ok();
+  return Status::InvalidArgument(
+      "tensor index " + std::to_string(index) + " is out of range; the " +
+      what + " has " + std::to_string(count) + " tensors (" + count_fn + ")");
+}
+
 strata_engine_options DefaultOptions() {
   const EngineOptions cc;
   strata_engine_options c = {};
@@ -297,6 +309,116 @@ Status WriteTensorInfo(const TensorView& view, strata_tensor_info* out) {
   c.tier = static_cast<int32_t>(view.tier);
   c.on_cuda = view.on_cuda;
   return WriteVersioned(c, kTensorInfoV1Size, "strata_tensor_info", out);
+}
+
+strata_optimizer_options DefaultOptimizerOptions() {
+  const OffloadOptimizerOptions cc;
+  strata_optimizer_options c = {};
+  c.struct_size = sizeof(c);
+  c.algo = static_cast<int32_t>(cc.algo);
+  c.mode = static_cast<int32_t>(cc.mode);
+  c.micro_batches = cc.micro_batches;
+  c.skip_on_overflow = cc.skip_on_overflow;
+  c.threads = cc.threads;
+  c.grad_buffers = cc.grad_buffers;
+  c.read_ahead = cc.read_ahead;
+  c.speculate = cc.speculate;
+  c.clip_norm = cc.clip_norm;
+  return c;
+}
+
+Result<OffloadOptimizerOptions> ReadOptimizerOptions(
+    const strata_optimizer_options& options) {
+  STRATA_ASSIGN_OR_RETURN(
+      auto c,
+      ReadVersioned(options, DefaultOptimizerOptions(), kOptimizerOptionsV1Size,
+                    "strata_optimizer_options"));
+  if (c.algo < STRATA_ALGO_ADAM || c.algo > STRATA_ALGO_LION) {
+    return Status::InvalidArgument(
+        "strata_optimizer_options.algo is " + std::to_string(c.algo) +
+        "; use a strata_optim_algo value (STRATA_ALGO_ADAM .. _LION)");
+  }
+  if (c.mode != STRATA_MODE_OVERLAP && c.mode != STRATA_MODE_AFTER_BACKWARD) {
+    return Status::InvalidArgument(
+        "strata_optimizer_options.mode is " + std::to_string(c.mode) +
+        "; use STRATA_MODE_OVERLAP or STRATA_MODE_AFTER_BACKWARD");
+  }
+  if (c.reserved != 0) {
+    return Status::InvalidArgument(
+        "strata_optimizer_options.reserved must be 0; fill the struct with "
+        "strata_optimizer_options_init");
+  }
+  OffloadOptimizerOptions cc;
+  cc.algo = static_cast<OptimAlgo>(c.algo);
+  cc.mode = static_cast<OptimMode>(c.mode);
+  cc.micro_batches = c.micro_batches;
+  cc.clip_norm = c.clip_norm;
+  cc.skip_on_overflow = c.skip_on_overflow != 0;
+  cc.threads = c.threads;
+  cc.grad_buffers = c.grad_buffers;
+  cc.read_ahead = c.read_ahead;
+  cc.speculate = c.speculate != 0;
+  return cc;
+}
+
+strata_step_hyper DefaultStepHyper() {
+  const StepHyper cc;
+  strata_step_hyper c = {};
+  c.struct_size = sizeof(c);
+  c.lr = cc.lr;
+  c.beta1 = cc.beta1;
+  c.beta2 = cc.beta2;
+  c.eps = cc.eps;
+  c.weight_decay = cc.weight_decay;
+  c.lr_decay = cc.lr_decay;
+  c.loss_scale = cc.loss_scale;
+  return c;
+}
+
+Result<StepHyper> ReadStepHyper(const strata_step_hyper& hyper) {
+  STRATA_ASSIGN_OR_RETURN(
+      auto c, ReadVersioned(hyper, DefaultStepHyper(), kStepHyperV1Size,
+                            "strata_step_hyper"));
+  return StepHyper{.lr = c.lr,
+                   .beta1 = c.beta1,
+                   .beta2 = c.beta2,
+                   .eps = c.eps,
+                   .weight_decay = c.weight_decay,
+                   .lr_decay = c.lr_decay,
+                   .loss_scale = c.loss_scale};
+}
+
+Status CheckStepReport(const strata_step_report& out) {
+  if (out.struct_size >= kStepReportV1Size) return Status::Ok();
+  return Status::InvalidArgument(
+      "strata_step_report.struct_size is " + std::to_string(out.struct_size) +
+      "; set it to sizeof(strata_step_report) before the call");
+}
+
+Status WriteStepReport(const OptimStepReport& report, strata_step_report* out) {
+  strata_step_report c = {};
+  c.skipped = report.skipped;
+  c.step = report.step;
+  c.grad_norm = report.grad_norm;
+  c.clip_coef = report.clip_coef;
+  c.step_seconds = report.step_seconds;
+  c.hidden_seconds = report.hidden_seconds;
+  c.finish_wait_seconds = report.finish_wait_seconds;
+  c.acquire_wait_seconds = report.acquire_wait_seconds;
+  c.speculated = report.speculated;
+  c.undone = report.undone;
+  return WriteVersioned(c, kStepReportV1Size, "strata_step_report", out);
+}
+
+Status WriteGradientsInfo(const GradientBuffer& buffer,
+                          strata_gradients_info* out) {
+  strata_gradients_info c = {};
+  c.group = buffer.group;
+  c.data = buffer.data;
+  c.bytes = buffer.bytes;
+  c.on_cuda = buffer.on_cuda;
+  c.num_tensors = static_cast<int32_t>(buffer.tensors.size());
+  return WriteVersioned(c, kGradientsInfoV1Size, "strata_gradients_info", out);
 }
 
 }  // namespace strata::capi

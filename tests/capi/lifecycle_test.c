@@ -7,8 +7,6 @@
  * naming the failed check otherwise. */
 #define _XOPEN_SOURCE 700
 
-#include <errno.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -18,6 +16,7 @@
 
 #include "strata/strata.h"
 #include "tests/capi/c_check.h"
+#include "tests/capi/c_scratch.h"
 
 #ifdef __cplusplus
 #error "lifecycle_test.c tests the C ABI and must be compiled as C"
@@ -29,38 +28,6 @@
 #define NUM_TENSORS 3
 /* Group HOST_GROUP homes its compute copy on the host instead. */
 #define HOST_GROUP 2
-
-static char scratch[4096];
-
-static int RemoveEntry(const char* path, const struct stat* st, int flag,
-                       struct FTW* ftw) {
-  (void)st;
-  (void)flag;
-  (void)ftw;
-  return remove(path);
-}
-
-static void RemoveScratch(void) {
-  if (scratch[0] != '\0') nftw(scratch, RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* A fresh directory under $STRATA_TEST_TMPDIR, else the build tree (a real
- * disk, so O_DIRECT works); removed at exit, also after a failed check. */
-static void MakeScratch(void) {
-  const char* root = getenv("STRATA_TEST_TMPDIR");
-  if (root == NULL || root[0] == '\0') root = STRATA_TEST_SCRATCH_ROOT;
-  if (mkdir(root, 0755) != 0 && errno != EEXIST) {
-    fprintf(stderr, "cannot create %s: %s\n", root, strerror(errno));
-    exit(1);
-  }
-  snprintf(scratch, sizeof(scratch), "%s/capi-XXXXXX", root);
-  if (mkdtemp(scratch) == NULL) {
-    fprintf(stderr, "mkdtemp %s: %s\n", scratch, strerror(errno));
-    scratch[0] = '\0';
-    exit(1);
-  }
-  atexit(RemoveScratch);
-}
 
 static const char* const kNames[NUM_TENSORS] = {"w", "b", "n"};
 static const int64_t kShapeW[2] = {128, 256};

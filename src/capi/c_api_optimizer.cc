@@ -1,0 +1,249 @@
+// The C ABI of the offloaded optimizer (strata/strata_optimizer.h): a thin
+// shim over strata::OffloadOptimizer, in the manner of c_api.cc.
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "src/capi/convert.h"
+#include "src/capi/guard.h"
+#include "src/capi/handles.h"
+#include "strata/dlpack.h"
+#include "strata/offload_optimizer.h"
+#include "strata/strata.h"
+
+static_assert(STRATA_ALGO_ADAM == static_cast<int>(strata::OptimAlgo::kAdam) &&
+              STRATA_ALGO_ADAMW ==
+                  static_cast<int>(strata::OptimAlgo::kAdamW) &&
+              STRATA_ALGO_ADAGRAD ==
+                  static_cast<int>(strata::OptimAlgo::kAdagrad) &&
+              STRATA_ALGO_LION == static_cast<int>(strata::OptimAlgo::kLion));
+static_assert(STRATA_MODE_OVERLAP ==
+                  static_cast<int>(strata::OptimMode::kOverlap) &&
+              STRATA_MODE_AFTER_BACKWARD ==
+                  static_cast<int>(strata::OptimMode::kAfterBackward));
+
+using strata::Status;
+using strata::capi::CopyText;
+using strata::capi::Gradients;
+using strata::capi::GradientsTable;
+using strata::capi::Guard;
+using strata::capi::NonNull;
+
+namespace {
+
+// The whole buffer as one 1-D tensor of the group's compute dtype.
+strata::TensorView WholeBuffer(const strata::GradientBuffer& buffer) {
+  strata::TensorView whole;
+  whole.name = "gradients of group " + std::to_string(buffer.group);
+  whole.dtype = buffer.tensors.front().dtype;
+  whole.shape = {
+      static_cast<int64_t>(buffer.bytes / strata::DTypeSize(whole.dtype))};
+  whole.data = buffer.data;
+  whole.bytes = buffer.bytes;
+  whole.tier = strata::Tier::kDevice;
+  whole.on_cuda = buffer.on_cuda;
+  return whole;
+}
+
+}  // namespace
+
+extern "C" {
+
+strata_status strata_optimizer_options_init(strata_optimizer_options* options) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{options, "options"}}));
+    *options = strata::capi::DefaultOptimizerOptions();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_step_hyper_init(strata_step_hyper* hyper) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{hyper, "hyper"}}));
+    *hyper = strata::capi::DefaultStepHyper();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_optimizer_create(strata_engine* engine,
+                                      const strata_optimizer_options* options,
+                                      strata_optimizer** optimizer) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull(
+        {{engine, "engine"}, {options, "options"}, {optimizer, "optimizer"}}));
+    STRATA_ASSIGN_OR_RETURN(auto cc,
+                            strata::capi::ReadOptimizerOptions(*options));
+    auto handle = std::make_unique<strata_optimizer>();
+    handle->engine = engine;
+    STRATA_ASSIGN_OR_RETURN(handle->optimizer, strata::OffloadOptimizer::Create(
+                                                   engine->engine.get(), cc));
+    ++engine->optimizers;
+    *optimizer = handle.release();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_optimizer_close(strata_optimizer* optimizer) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{optimizer, "optimizer"}}));
+    const int live = GradientsTable::Get().CountOf(optimizer);
+    if (live > 0) {
+      return Status::FailedPrecondition(
+          std::to_string(live) +
+          " gradient buffers are acquired and not handed off; hand each "
+          "off with strata_optimizer_hand_off first");
+    }
+    --optimizer->engine->optimizers;
+    delete optimizer;
+    return Status::Ok();
+  });
+}
+
+strata_status strata_optimizer_begin_step(strata_optimizer* optimizer,
+                                          const strata_step_hyper* hyper) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        NonNull({{optimizer, "optimizer"}, {hyper, "hyper"}}));
+    STRATA_ASSIGN_OR_RETURN(auto cc, strata::capi::ReadStepHyper(*hyper));
+    return optimizer->optimizer->BeginStep(cc);
+  });
+}
+
+strata_status strata_optimizer_acquire_gradients(strata_optimizer* optimizer,
+                                                 int32_t group,
+                                                 strata_gradients** gradients) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        NonNull({{optimizer, "optimizer"}, {gradients, "gradients"}}));
+    STRATA_RETURN_IF_ERROR(
+        strata::capi::ValidGroup(*optimizer->engine->engine, group));
+    // Allocated first: once the buffer is acquired nothing may fail before
+    // the caller holds the handle that hands it off.
+    auto acquired = std::make_shared<Gradients>();
+    acquired->owner = optimizer;
+    acquired->cuda_device = optimizer->engine->cuda_device;
+    STRATA_ASSIGN_OR_RETURN(acquired->buffer,
+                            optimizer->optimizer->AcquireGradients(group));
+    *gradients = GradientsTable::Get().Add(std::move(acquired));
+    return Status::Ok();
+  });
+}
+
+strata_status strata_optimizer_hand_off(strata_optimizer* optimizer,
+                                        strata_gradients* gradients,
+                                        void* stream, void* event) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        NonNull({{optimizer, "optimizer"}, {gradients, "gradients"}}));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Gradients> owned,
+                            GradientsTable::Get().Take(gradients));
+    if (owned->owner != optimizer) {
+      GradientsTable::Get().Restore(gradients, std::move(owned));
+      return Status::InvalidArgument(
+          "the gradient buffer was acquired from another optimizer; hand it "
+          "off to the one it came from");
+    }
+    return optimizer->optimizer->HandOff(owned->buffer,
+                                         {.stream = stream, .event = event});
+  });
+}
+
+strata_status strata_optimizer_finish_step(strata_optimizer* optimizer,
+                                           strata_step_report* report) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        NonNull({{optimizer, "optimizer"}, {report, "report"}}));
+    STRATA_RETURN_IF_ERROR(strata::capi::CheckStepReport(*report));
+    STRATA_ASSIGN_OR_RETURN(auto done, optimizer->optimizer->FinishStep());
+    return strata::capi::WriteStepReport(done, report);
+  });
+}
+
+strata_status strata_optimizer_get_step(const strata_optimizer* optimizer,
+                                        int64_t* step) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{optimizer, "optimizer"}, {step, "step"}}));
+    *step = optimizer->optimizer->step();
+    return Status::Ok();
+  });
+}
+
+strata_status strata_optimizer_set_step(strata_optimizer* optimizer,
+                                        int64_t step) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{optimizer, "optimizer"}}));
+    return optimizer->optimizer->set_step(step);
+  });
+}
+
+strata_status strata_optimizer_save(strata_optimizer* optimizer,
+                                    const char* dir, const char* user_state) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull(
+        {{optimizer, "optimizer"}, {dir, "dir"}, {user_state, "user_state"}}));
+    return optimizer->optimizer->Save(dir, user_state);
+  });
+}
+
+strata_status strata_optimizer_load(strata_optimizer* optimizer,
+                                    const char* dir, char* user_state_buf,
+                                    size_t capacity, size_t* needed) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        NonNull({{optimizer, "optimizer"}, {dir, "dir"}, {needed, "needed"}}));
+    STRATA_RETURN_IF_ERROR(
+        strata::capi::CheckTextBuffer(user_state_buf, capacity));
+    std::string user_state;
+    STRATA_RETURN_IF_ERROR(optimizer->optimizer->Load(dir, &user_state));
+    *needed = CopyText(user_state, user_state_buf, capacity);
+    return Status::Ok();
+  });
+}
+
+strata_status strata_gradients_get_info(const strata_gradients* gradients,
+                                        strata_gradients_info* info) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{gradients, "gradients"}, {info, "info"}}));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Gradients> g,
+                            GradientsTable::Get().Find(gradients));
+    return strata::capi::WriteGradientsInfo(g->buffer, info);
+  });
+}
+
+strata_status strata_gradients_get_tensor(const strata_gradients* gradients,
+                                          int32_t index,
+                                          strata_tensor_info* info) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{gradients, "gradients"}, {info, "info"}}));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Gradients> g,
+                            GradientsTable::Get().Find(gradients));
+    STRATA_RETURN_IF_ERROR(strata::capi::ValidTensorIndex(
+        g->buffer.tensors.size(), index, "gradient buffer",
+        "strata_gradients_get_info's num_tensors"));
+    return strata::capi::WriteTensorInfo(g->buffer.tensors[index], info);
+  });
+}
+
+strata_status strata_gradients_export_dlpack(const strata_gradients* gradients,
+                                             int32_t index,
+                                             DLManagedTensor** out) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{gradients, "gradients"}, {out, "out"}}));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Gradients> g,
+                            GradientsTable::Get().Find(gradients));
+    if (index != STRATA_WHOLE_BUFFER) {
+      STRATA_RETURN_IF_ERROR(strata::capi::ValidTensorIndex(
+          g->buffer.tensors.size(), index, "gradient buffer",
+          "strata_gradients_get_info's num_tensors"));
+    }
+    const strata::TensorView tensor = index == STRATA_WHOLE_BUFFER
+                                          ? WholeBuffer(g->buffer)
+                                          : g->buffer.tensors[index];
+    STRATA_ASSIGN_OR_RETURN(auto managed,
+                            strata::ToDLPack(tensor, g->cuda_device));
+    *out = managed;
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"
