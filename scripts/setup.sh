@@ -15,6 +15,7 @@ STRATA_PACKAGES=(
   fio            # strata-nvme-bench --vs-fio (scripts/main.sh) and its test
   python3        # the Python tests and bench scripts run /usr/bin/python3
   python3-numpy  # the C ABI's DLPack round trip test (tests/capi)
+  python3-pytest # the Python package's tests (python/tests, run by CTest)
   python3-torch  # torch parity test and bench/cpu_adam_vs_torch.py (comparison only)
   patchelf       # scripts/gpu-bundle.sh: $ORIGIN run paths in the GPU bundle
   libaio-dev python3-venv python3-dev  # bench/ds_aio_compare.py: DeepSpeed's venv and aio op

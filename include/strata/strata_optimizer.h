@@ -191,7 +191,8 @@ STRATA_EXPORT strata_status strata_gradients_get_tensor(
 /* Exports tensor `index`, or with STRATA_WHOLE_BUFFER the whole buffer (a
  * 1-D tensor of bytes / element size elements, padding included), as
  * DLPack, zero-copy, as strata_view_export_dlpack does; valid until the
- * buffer is handed off. */
+ * buffer is handed off. The padding between tensors must stay zero: the
+ * gradient norm (clipping, overflow) counts every element of the buffer. */
 STRATA_EXPORT strata_status strata_gradients_export_dlpack(
     const strata_gradients* gradients, int32_t index, DLManagedTensor** out);
 

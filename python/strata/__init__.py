@@ -1,0 +1,291 @@
+"""strata: a heterogeneous-memory offload engine (device, pinned host, NVMe)
+with an overlapped CPU optimizer, from Python.
+
+A binding over libstrata's C ABI (include/strata/strata.h) through ctypes,
+so one build of the library serves every Python. Errors are StrataError,
+carrying strata's status name and message.
+
+    import strata
+    with strata.Engine(device="host", device_budget=64 << 20,
+                       host_budget=256 << 20) as engine:
+        g = engine.register_group("layer.0", [("w", (1024, 1024), "bf16")])
+        with engine.fetch(g, "host", write=True) as view:
+            w = torch.from_dlpack(view.export("w"))   # strata's memory
+            w.fill_(1)
+"""
+from __future__ import annotations
+
+import ctypes as C
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence, Union
+
+from strata import _native
+from strata._native import Exported, StrataError, lib, sized
+
+__all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
+           "StrataError", "Exported", "TIERS", "ROLES", "DTYPES", "info",
+           "version", "__version__"]
+
+TIERS = {"device": 0, "host": 1, "nvme": 2}
+ROLES = {"compute": 0, "master": 1, "state1": 2, "state2": 3, "grad": 4}
+DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+ALL_ROLES = (1 << len(ROLES)) - 1
+_DEVICES = {"auto": 0, "cuda": 1, "host": 2}
+_ALGOS = {"adam": 0, "adamw": 1, "adagrad": 2, "lion": 3}
+_MODES = {"overlap": 0, "after_backward": 1}
+
+
+def version() -> str:
+    """libstrata's version, "major.minor.patch"."""
+    parts = [C.c_int32() for _ in range(3)]
+    lib().call("strata_version_get", *[C.byref(p) for p in parts])
+    return ".".join(str(p.value) for p in parts)
+
+
+__version__ = "0.1.0"
+
+
+def _choice(table: dict[str, int], value: str, what: str) -> int:
+    if value not in table:
+        raise ValueError(f"unknown {what} {value!r}; use one of "
+                         f"{', '.join(table)}")
+    return table[value]
+
+
+def _roles(roles: Union[None, str, Iterable[str]]) -> int:
+    if roles is None:
+        return ALL_ROLES
+    if isinstance(roles, str):
+        roles = [roles]
+    mask = 0
+    for role in roles:
+        mask |= 1 << _choice(ROLES, role, "role")
+    return mask
+
+
+def _stream(stream: Any) -> Optional[int]:
+    """A cudaStream_t from a torch.cuda.Stream (or an int)."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream
+    return int(stream.cuda_stream)
+
+
+@dataclass
+class TensorInfo:
+    """One tensor of a view or gradient buffer (strata_tensor_info)."""
+    name: str
+    role: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: int
+    bytes: int
+    tier: str
+    on_cuda: bool
+
+
+def _tensor_info(raw: Any) -> TensorInfo:
+    by_value = {v: k for k, v in ROLES.items()}
+    dtypes = {v: k for k, v in DTYPES.items()}
+    tiers = {v: k for k, v in TIERS.items()}
+    return TensorInfo(raw.name.decode(), by_value[raw.role],
+                      dtypes[raw.dtype],
+                      tuple(raw.shape[i] for i in range(raw.ndim)),
+                      raw.data or 0, raw.bytes, tiers[raw.tier],
+                      bool(raw.on_cuda))
+
+
+class Engine:
+    """A tiered store (strata::Engine): groups of tensors with a home tier
+    per role, fetched to the device or host and released, under budgets.
+
+    Budgets are bytes. `home` maps roles to their home tier (default: the
+    host). `swap_dir` is required with `nvme_budget` > 0."""
+
+    def __init__(self, *, device: str = "auto", device_budget: int,
+                 host_budget: int, nvme_budget: int = 0,
+                 swap_dir: Optional[str] = None,
+                 home: Optional[dict[str, str]] = None,
+                 io_threads: Optional[int] = None) -> None:
+        options = _native.EngineOptions()
+        lib().call("strata_engine_options_init", C.byref(options))
+        options.device = _choice(_DEVICES, device, "device")
+        options.device_budget = device_budget
+        options.host_budget = host_budget
+        options.nvme_budget = nvme_budget
+        options.swap_dir = swap_dir.encode() if swap_dir else None
+        for role, tier in (home or {}).items():
+            options.home[_choice(ROLES, role, "role")] = _choice(
+                TIERS, tier, "tier")
+        if io_threads is not None:
+            options.io_threads = io_threads
+        handle = C.c_void_p()
+        lib().call("strata_engine_open", C.byref(options), C.byref(handle))
+        self._handle: Optional[int] = handle.value
+
+    @property
+    def handle(self) -> int:
+        if self._handle is None:
+            raise StrataError(9, "failed precondition",
+                              "the engine is closed")
+        return self._handle
+
+    def close(self) -> None:
+        """Frees the engine; every view and optimizer must be closed."""
+        if self._handle is not None:
+            lib().call("strata_engine_close", self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def info(self) -> dict[str, Any]:
+        """The device, its kind and why it was chosen, the host backing and
+        the I/O backend (strata_engine_info)."""
+        raw = sized(_native.EngineInfo)
+        lib().call("strata_engine_get_info", self.handle, C.byref(raw))
+        return {name: (getattr(raw, name).decode()
+                       if isinstance(getattr(raw, name), bytes)
+                       else getattr(raw, name))
+                for name, _ in raw._fields_ if name != "struct_size"}
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since open, and each tier's budget, use and peak."""
+        raw = sized(_native.EngineStats)
+        lib().call("strata_engine_get_stats", self.handle, C.byref(raw))
+        tiers = {name: {"budget": raw.tiers[i].budget,
+                        "used": raw.tiers[i].used, "peak": raw.tiers[i].peak}
+                 for name, i in TIERS.items()}
+        out: dict[str, Any] = {"tiers": tiers}
+        for name, _ in raw._fields_:
+            if name not in ("struct_size", "reserved", "tiers", "bytes"):
+                out[name] = getattr(raw, name)
+        return out
+
+    def explain(self) -> str:
+        """The printable plan."""
+        needed = C.c_size_t()
+        lib().call("strata_engine_explain", self.handle, None, 0,
+                   C.byref(needed))
+        text = C.create_string_buffer(needed.value)
+        lib().call("strata_engine_explain", self.handle, text, needed.value,
+                   C.byref(needed))
+        return text.value.decode()
+
+    def register_group(self, name: str,
+                       tensors: Sequence[tuple[str, Sequence[int], str]],
+                       roles: Union[None, str, Iterable[str]] = None,
+                       home: Optional[dict[str, str]] = None) -> int:
+        """Registers a group of (name, shape, dtype) tensors, each with
+        `roles` (default all); `home` overrides the engine's homes for
+        this group. Returns the group's id."""
+        specs = (_native.TensorSpec * len(tensors))()
+        keep = []
+        for spec, (tensor, shape, dtype) in zip(specs, tensors):
+            extents = (C.c_int64 * len(shape))(*shape)
+            keep += [extents, tensor.encode()]
+            spec.name = keep[-1]
+            spec.shape = extents
+            spec.ndim = len(shape)
+            spec.dtype = _choice(DTYPES, dtype, "dtype")
+            spec.roles = _roles(roles)
+        group = _native.GroupSpec()
+        lib().call("strata_group_spec_init", C.byref(group))
+        group.name = name.encode()
+        group.tensors = specs
+        group.num_tensors = len(tensors)
+        if home:
+            group.use_default_placement = 0
+            for role, tier in home.items():
+                group.home[_choice(ROLES, role, "role")] = _choice(
+                    TIERS, tier, "tier")
+        out = C.c_int32()
+        lib().call("strata_group_register", self.handle, C.byref(group),
+                   C.byref(out))
+        return out.value
+
+    def fetch(self, group: int, tier: str,
+              roles: Union[None, str, Iterable[str]] = None,
+              write: bool = False, stream: Any = None) -> "View":
+        """Makes the group's `roles` valid at `tier` ("device" or "host")
+        and pins them until the view is released."""
+        view = C.c_void_p()
+        lib().call("strata_group_fetch_on", self.handle, group,
+                   _choice(TIERS, tier, "tier"), _roles(roles), int(write),
+                   _stream(stream), C.byref(view))
+        return View(view.value)
+
+    def drain(self) -> None:
+        """Waits for prefetches, write-behind and queued updates."""
+        lib().call("strata_engine_drain", self.handle)
+
+    def begin_step(self) -> None:
+        lib().call("strata_step_begin", self.handle)
+
+    def end_step(self) -> None:
+        lib().call("strata_step_end", self.handle)
+
+    def evict(self, group: int, tier: str) -> None:
+        lib().call("strata_group_evict", self.handle, group,
+                   _choice(TIERS, tier, "tier"))
+
+
+class View:
+    """One fetched group, pinned until release() (or the end of a with
+    block). Its tensors' memory is strata's: do not use it afterwards."""
+
+    def __init__(self, handle: int) -> None:
+        self._handle = handle  # stays: strata names a released handle
+        self._released = False
+        count = C.c_int32()
+        lib().call("strata_view_count_tensors", handle, C.byref(count))
+        self.tensors: list[TensorInfo] = []
+        for index in range(count.value):
+            raw = sized(_native.TensorInfo)
+            lib().call("strata_view_get_tensor", handle, index, C.byref(raw))
+            self.tensors.append(_tensor_info(raw))
+
+    def _index(self, name: str, role: str) -> int:
+        for i, t in enumerate(self.tensors):
+            if t.name == name and t.role == role:
+                return i
+        raise KeyError(f"the view has no tensor {name!r} in role {role}")
+
+    def export(self, name: str, role: str = "compute") -> Exported:
+        """Tensor `name` of `role` for torch.from_dlpack, zero-copy."""
+        index = self._index(name, role)
+        return Exported(lambda out: lib().call(
+            "strata_view_export_dlpack", self._handle, index, out))
+
+    def release(self, stream: Any = None) -> None:
+        """Releases the fetch; with `stream`, after the work queued on it."""
+        if not self._released:
+            lib().call("strata_view_release_after", self._handle,
+                       _stream(stream), None)
+            self._released = True
+
+    def __enter__(self) -> "View":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+from strata.optimizer import Gradients, Optimizer, StepReport  # noqa: E402
+
+
+def info() -> str:
+    """What this strata is and finds: version, library path, and a
+    host-emulated probe engine's device, host backing and I/O backend."""
+    lines = [f"strata {version()} ({lib().path})"]
+    with Engine(device="auto", device_budget=1 << 20,
+                host_budget=1 << 20) as engine:
+        for key, value in engine.info().items():
+            lines.append(f"  {key}: {value}")
+    text = "\n".join(lines)
+    print(text)
+    return text

@@ -1,0 +1,299 @@
+"""ctypes mirror of strata's C ABI (include/strata/strata.h and
+strata_optimizer.h): the library loader, the structs, the prototypes and
+the status check. Internal; the public API is strata/__init__.py.
+
+One binding serves every Python: it loads libstrata.so at run time, so the
+same library works from Debian's Python 3.11 and any other CPython 3.9+.
+python/tests/test_abi.py checks every struct here against the header's
+sizes and offsets (tests/capi/abi_layout.c prints them)."""
+from __future__ import annotations
+
+import ctypes as C
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+NUM_TIERS = 3
+NUM_ROLES = 5
+WHOLE_BUFFER = -1
+
+
+class StrataError(Exception):
+    """A failed strata call: `status` is the status name ("invalid
+    argument", ...), `code` its number, and the message names the problem
+    and the fix, prefixed with the C function's name."""
+
+    def __init__(self, code: int, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.code = code
+        self.status = status
+        self.message = message
+
+
+def _struct(name: str, fields: list[tuple[str, Any]]) -> type:
+    return type(name, (C.Structure,), {"_fields_": fields})
+
+
+EngineOptions = _struct("EngineOptions", [
+    ("struct_size", C.c_uint32), ("device", C.c_int32),
+    ("cuda_device", C.c_int32), ("swap_files", C.c_int32),
+    ("device_budget", C.c_uint64), ("host_budget", C.c_uint64),
+    ("nvme_budget", C.c_uint64), ("swap_dir", C.c_char_p),
+    ("home", C.c_int32 * NUM_ROLES), ("io_threads", C.c_int32),
+    ("prefetch", C.c_int32), ("lock_host", C.c_int32),
+    ("numa_node", C.c_int32), ("reserved", C.c_int32),
+    ("host_to_device_gbps", C.c_double), ("device_to_host_gbps", C.c_double),
+    ("nvme_read_gbps", C.c_double), ("nvme_write_gbps", C.c_double)])
+
+EngineInfo = _struct("EngineInfo", [
+    ("struct_size", C.c_uint32), ("on_cuda", C.c_int32),
+    ("cuda_device", C.c_int32), ("host_locked", C.c_int32),
+    ("device", C.c_char_p), ("device_name", C.c_char_p),
+    ("device_reason", C.c_char_p), ("host_backing", C.c_char_p),
+    ("aio_backend", C.c_char_p)])
+
+TierStats = _struct("TierStats", [
+    ("budget", C.c_uint64), ("used", C.c_uint64), ("peak", C.c_uint64)])
+
+EngineStats = _struct("EngineStats", [
+    ("struct_size", C.c_uint32), ("reserved", C.c_uint32),
+    ("tiers", TierStats * NUM_TIERS),
+    ("bytes", (C.c_uint64 * NUM_TIERS) * NUM_TIERS),
+    ("fetches", C.c_uint64), ("hits", C.c_uint64),
+    ("prefetch_hits", C.c_uint64), ("late_prefetches", C.c_uint64),
+    ("prefetches", C.c_uint64), ("evictions", C.c_uint64),
+    ("writebacks", C.c_uint64), ("trace_invalidations", C.c_uint64),
+    ("steps", C.c_uint64), ("stall_seconds", C.c_double),
+    ("update_wait_seconds", C.c_double)])
+
+TensorSpec = _struct("TensorSpec", [
+    ("name", C.c_char_p), ("shape", C.POINTER(C.c_int64)),
+    ("ndim", C.c_int32), ("dtype", C.c_int32), ("roles", C.c_uint32),
+    ("reserved", C.c_uint32)])
+
+GroupSpec = _struct("GroupSpec", [
+    ("struct_size", C.c_uint32), ("num_tensors", C.c_int32),
+    ("name", C.c_char_p), ("tensors", C.POINTER(TensorSpec)),
+    ("use_default_placement", C.c_int32), ("home", C.c_int32 * NUM_ROLES),
+    ("reserved", C.c_int32)])
+
+TensorInfo = _struct("TensorInfo", [
+    ("struct_size", C.c_uint32), ("role", C.c_int32), ("dtype", C.c_int32),
+    ("ndim", C.c_int32), ("name", C.c_char_p),
+    ("shape", C.POINTER(C.c_int64)), ("data", C.c_void_p),
+    ("bytes", C.c_uint64), ("tier", C.c_int32), ("on_cuda", C.c_int32)])
+
+OptimizerOptions = _struct("OptimizerOptions", [
+    ("struct_size", C.c_uint32), ("algo", C.c_int32), ("mode", C.c_int32),
+    ("micro_batches", C.c_int32), ("skip_on_overflow", C.c_int32),
+    ("threads", C.c_int32), ("grad_buffers", C.c_int32),
+    ("read_ahead", C.c_int32), ("speculate", C.c_int32),
+    ("reserved", C.c_int32), ("clip_norm", C.c_double)])
+
+StepHyper = _struct("StepHyper", [
+    ("struct_size", C.c_uint32), ("reserved", C.c_uint32),
+    ("lr", C.c_double), ("beta1", C.c_double), ("beta2", C.c_double),
+    ("eps", C.c_double), ("weight_decay", C.c_double),
+    ("lr_decay", C.c_double), ("loss_scale", C.c_double)])
+
+StepReport = _struct("StepReport", [
+    ("struct_size", C.c_uint32), ("skipped", C.c_int32),
+    ("step", C.c_int64), ("grad_norm", C.c_double),
+    ("clip_coef", C.c_double), ("step_seconds", C.c_double),
+    ("hidden_seconds", C.c_double), ("finish_wait_seconds", C.c_double),
+    ("acquire_wait_seconds", C.c_double), ("speculated", C.c_int32),
+    ("undone", C.c_int32)])
+
+GradientsInfo = _struct("GradientsInfo", [
+    ("struct_size", C.c_uint32), ("group", C.c_int32), ("data", C.c_void_p),
+    ("bytes", C.c_uint64), ("on_cuda", C.c_int32),
+    ("num_tensors", C.c_int32)])
+
+DLDevice = _struct("DLDevice", [
+    ("device_type", C.c_int32), ("device_id", C.c_int32)])
+DLDataType = _struct("DLDataType", [
+    ("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16)])
+DLTensor = _struct("DLTensor", [
+    ("data", C.c_void_p), ("device", DLDevice), ("ndim", C.c_int32),
+    ("dtype", DLDataType), ("shape", C.POINTER(C.c_int64)),
+    ("strides", C.POINTER(C.c_int64)), ("byte_offset", C.c_uint64)])
+DLManagedTensor = _struct("DLManagedTensor", [
+    ("dl_tensor", DLTensor), ("manager_ctx", C.c_void_p),
+    ("deleter", C.CFUNCTYPE(None, C.c_void_p))])
+
+# The structs test_abi.py checks, by their C names.
+STRUCTS = {
+    "strata_engine_options": EngineOptions,
+    "strata_engine_info": EngineInfo,
+    "strata_tier_stats": TierStats,
+    "strata_engine_stats": EngineStats,
+    "strata_tensor_spec": TensorSpec,
+    "strata_group_spec": GroupSpec,
+    "strata_tensor_info": TensorInfo,
+    "strata_optimizer_options": OptimizerOptions,
+    "strata_step_hyper": StepHyper,
+    "strata_step_report": StepReport,
+    "strata_gradients_info": GradientsInfo,
+}
+
+_P = C.c_void_p
+_PROTOTYPES: dict[str, list[Any]] = {
+    "strata_version_get": [C.POINTER(C.c_int32)] * 3,
+    "strata_engine_options_init": [C.POINTER(EngineOptions)],
+    "strata_engine_open": [C.POINTER(EngineOptions), C.POINTER(_P)],
+    "strata_engine_close": [_P],
+    "strata_engine_get_info": [_P, C.POINTER(EngineInfo)],
+    "strata_engine_get_stats": [_P, C.POINTER(EngineStats)],
+    "strata_engine_explain": [_P, C.c_char_p, C.c_size_t,
+                              C.POINTER(C.c_size_t)],
+    "strata_engine_drain": [_P],
+    "strata_step_begin": [_P],
+    "strata_step_end": [_P],
+    "strata_group_spec_init": [C.POINTER(GroupSpec)],
+    "strata_group_register": [_P, C.POINTER(GroupSpec),
+                              C.POINTER(C.c_int32)],
+    "strata_group_count": [_P, C.POINTER(C.c_int32)],
+    "strata_group_get_bytes": [_P, C.c_int32, C.c_int32,
+                               C.POINTER(C.c_uint64)],
+    "strata_group_fetch_on": [_P, C.c_int32, C.c_int32, C.c_uint32,
+                              C.c_int32, _P, C.POINTER(_P)],
+    "strata_group_prefetch": [_P, C.c_int32, C.c_int32, C.c_uint32],
+    "strata_group_evict": [_P, C.c_int32, C.c_int32],
+    "strata_view_release_after": [_P, _P, _P],
+    "strata_view_count_tensors": [_P, C.POINTER(C.c_int32)],
+    "strata_view_get_tensor": [_P, C.c_int32, C.POINTER(TensorInfo)],
+    "strata_view_export_dlpack": [_P, C.c_int32, C.POINTER(_P)],
+    "strata_engine_save": [_P, C.c_char_p, C.c_char_p],
+    "strata_engine_load": [_P, C.c_char_p, C.c_char_p, C.c_size_t,
+                           C.POINTER(C.c_size_t)],
+    "strata_optimizer_options_init": [C.POINTER(OptimizerOptions)],
+    "strata_step_hyper_init": [C.POINTER(StepHyper)],
+    "strata_optimizer_create": [_P, C.POINTER(OptimizerOptions),
+                                C.POINTER(_P)],
+    "strata_optimizer_close": [_P],
+    "strata_optimizer_begin_step": [_P, C.POINTER(StepHyper)],
+    "strata_optimizer_acquire_gradients": [_P, C.c_int32, C.POINTER(_P)],
+    "strata_optimizer_hand_off": [_P, _P, _P, _P],
+    "strata_optimizer_finish_step": [_P, C.POINTER(StepReport)],
+    "strata_optimizer_get_step": [_P, C.POINTER(C.c_int64)],
+    "strata_optimizer_set_step": [_P, C.c_int64],
+    "strata_optimizer_save": [_P, C.c_char_p, C.c_char_p],
+    "strata_optimizer_load": [_P, C.c_char_p, C.c_char_p, C.c_size_t,
+                              C.POINTER(C.c_size_t)],
+    "strata_gradients_get_info": [_P, C.POINTER(GradientsInfo)],
+    "strata_gradients_get_tensor": [_P, C.c_int32, C.POINTER(TensorInfo)],
+    "strata_gradients_export_dlpack": [_P, C.c_int32, C.POINTER(_P)],
+}
+
+
+def _candidates() -> list[Path]:
+    """Where libstrata.so may be: $STRATA_LIBRARY, beside this package (a
+    wheel), then the source tree's build directories."""
+    here = Path(__file__).resolve().parent
+    out = []
+    if os.environ.get("STRATA_LIBRARY"):
+        out.append(Path(os.environ["STRATA_LIBRARY"]))
+    out.append(here / "lib" / "libstrata.so")
+    root = here.parent.parent
+    out += [root / "build" / "lib" / "libstrata.so",
+            root / "build" / "default" / "lib" / "libstrata.so"]
+    return out
+
+
+class Library:
+    """The loaded libstrata with typed functions; `call` raises
+    StrataError on a failed status."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lib = C.CDLL(str(path))
+        self._lib.strata_last_error.restype = C.c_char_p
+        self._lib.strata_status_name.restype = C.c_char_p
+        self._lib.strata_status_name.argtypes = [C.c_int]
+        for name, argtypes in _PROTOTYPES.items():
+            function = getattr(self._lib, name)
+            function.argtypes = argtypes
+            function.restype = C.c_int
+
+    def status_name(self, code: int) -> str:
+        return self._lib.strata_status_name(code).decode()
+
+    def call(self, name: str, *args: Any) -> None:
+        code = getattr(self._lib, name)(*args)
+        if code != 0:
+            raise StrataError(code, self.status_name(code),
+                              self._lib.strata_last_error().decode())
+
+
+_library: Optional[Library] = None
+
+
+def lib() -> Library:
+    """The process's libstrata, loaded on first use."""
+    global _library
+    if _library is None:
+        tried = _candidates()
+        found = next((p for p in tried if p.is_file()), None)
+        if found is None:
+            raise ImportError(
+                "libstrata.so not found; looked at " +
+                ", ".join(str(p) for p in tried) +
+                "; build it (cmake --preset default && cmake --build "
+                "--preset default), install the package with `pip install "
+                ".`, or set STRATA_LIBRARY to its path")
+        _library = Library(found)
+    return _library
+
+
+def sized(struct: type) -> Any:
+    """An output struct, zeroed, with struct_size set."""
+    out = struct()
+    out.struct_size = C.sizeof(struct)
+    return out
+
+
+_capsule_new = C.pythonapi.PyCapsule_New
+_capsule_is_valid = C.pythonapi.PyCapsule_IsValid
+_capsule_get_pointer = C.pythonapi.PyCapsule_GetPointer
+_CapsuleDestructor = C.CFUNCTYPE(None, C.c_void_p)
+_capsule_new.restype = C.py_object
+_capsule_new.argtypes = [C.c_void_p, C.c_char_p, _CapsuleDestructor]
+_capsule_is_valid.restype = C.c_int
+_capsule_is_valid.argtypes = [C.c_void_p, C.c_char_p]
+_capsule_get_pointer.restype = C.c_void_p
+_capsule_get_pointer.argtypes = [C.c_void_p, C.c_char_p]
+
+
+@_CapsuleDestructor
+def _destroy_capsule(capsule: int) -> None:
+    # A consumer renames the capsule "used_dltensor" and owns the tensor
+    # from then on; one never consumed still has to be freed.
+    if _capsule_is_valid(capsule, b"dltensor"):
+        pointer = _capsule_get_pointer(capsule, b"dltensor")
+        DLManagedTensor.from_address(pointer).deleter(pointer)
+
+
+class Exported:
+    """One DLManagedTensor, handed out once through the DLPack protocol
+    (`torch.from_dlpack(exported)`, `numpy.from_dlpack(exported)`)."""
+
+    def __init__(self, export: Callable[[Any], None]) -> None:
+        managed = C.c_void_p()
+        export(C.byref(managed))
+        self._pointer: Optional[int] = managed.value
+        device = DLManagedTensor.from_address(self._pointer).dl_tensor.device
+        self._device = (device.device_type, device.device_id)
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        if self._pointer is None:
+            raise RuntimeError("this strata export was consumed already; "
+                               "export the tensor again")
+        pointer, self._pointer = self._pointer, None
+        return _capsule_new(pointer, b"dltensor", _destroy_capsule)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+    def __del__(self) -> None:
+        if self._pointer is not None:
+            DLManagedTensor.from_address(self._pointer).deleter(self._pointer)

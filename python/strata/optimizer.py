@@ -1,0 +1,193 @@
+"""The offloaded optimizer (strata::OffloadOptimizer) from Python: steps
+each group on the CPU as soon as its gradients are handed off."""
+from __future__ import annotations
+
+import ctypes as C
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Optional
+
+from strata import _native
+from strata._native import Exported, StrataError, lib, sized
+
+if TYPE_CHECKING:
+    from strata import Engine, TensorInfo
+
+
+@dataclass
+class StepReport:
+    """What FinishStep reports (strata_step_report)."""
+    step: int
+    skipped: bool
+    grad_norm: float
+    clip_coef: float
+    step_seconds: float
+    hidden_seconds: float
+    finish_wait_seconds: float
+    acquire_wait_seconds: float
+    speculated: int
+    undone: int
+
+
+class Gradients:
+    """A zeroed device buffer for one group's gradients of one micro-batch,
+    in the group's compute dtype, each tensor at its compute offset; valid
+    until Optimizer.hand_off."""
+
+    def __init__(self, handle: int) -> None:
+        from strata import _tensor_info
+        self._handle: Optional[int] = handle
+        raw = sized(_native.GradientsInfo)
+        lib().call("strata_gradients_get_info", handle, C.byref(raw))
+        self.group: int = raw.group
+        self.data: int = raw.data or 0
+        self.bytes: int = raw.bytes
+        self.on_cuda = bool(raw.on_cuda)
+        self.tensors: list[TensorInfo] = []
+        for index in range(raw.num_tensors):
+            tensor = sized(_native.TensorInfo)
+            lib().call("strata_gradients_get_tensor", handle, index,
+                       C.byref(tensor))
+            self.tensors.append(_tensor_info(tensor))
+
+    @property
+    def handle(self) -> int:
+        if self._handle is None:
+            raise StrataError(9, "failed precondition",
+                              "the gradient buffer was handed off already")
+        return self._handle
+
+    def export(self, name: Optional[str] = None) -> Exported:
+        """Tensor `name`'s slice, or the whole buffer (a 1-D tensor), for
+        torch.from_dlpack, zero-copy."""
+        index = _native.WHOLE_BUFFER
+        if name is not None:
+            names = [t.name for t in self.tensors]
+            if name not in names:
+                raise KeyError(f"group {self.group} has no tensor {name!r}; "
+                               f"it has {', '.join(names)}")
+            index = names.index(name)
+        handle = self.handle
+        return Exported(lambda out: lib().call(
+            "strata_gradients_export_dlpack", handle, index, out))
+
+
+class Optimizer:
+    """CPU Adam, AdamW, Adagrad or Lion over every trainable group of an
+    Engine (a group whose tensors carry the master role).
+
+    mode "overlap" steps each group as soon as its gradients are final;
+    "after_backward" waits for finish_step. clip_norm > 0 clips the global
+    gradient norm; skip_on_overflow skips a step with non-finite gradients.
+    Results are bit-identical to the same optimizer in memory."""
+
+    def __init__(self, engine: "Engine", *, algo: str = "adamw",
+                 mode: str = "overlap", micro_batches: int = 1,
+                 clip_norm: float = 0.0, skip_on_overflow: bool = False,
+                 threads: int = 0, grad_buffers: int = 2,
+                 read_ahead: int = 1, speculate: bool = True) -> None:
+        from strata import _ALGOS, _MODES, _choice
+        options = _native.OptimizerOptions()
+        lib().call("strata_optimizer_options_init", C.byref(options))
+        options.algo = _choice(_ALGOS, algo, "optimizer")
+        options.mode = _choice(_MODES, mode, "mode")
+        options.micro_batches = micro_batches
+        options.clip_norm = clip_norm
+        options.skip_on_overflow = int(skip_on_overflow)
+        options.threads = threads
+        options.grad_buffers = grad_buffers
+        options.read_ahead = read_ahead
+        options.speculate = int(speculate)
+        handle = C.c_void_p()
+        lib().call("strata_optimizer_create", engine.handle,
+                   C.byref(options), C.byref(handle))
+        self.engine = engine
+        self._handle: Optional[int] = handle.value
+
+    @property
+    def handle(self) -> int:
+        if self._handle is None:
+            raise StrataError(9, "failed precondition",
+                              "the optimizer is closed")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            lib().call("strata_optimizer_close", self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Optimizer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def begin_step(self, *, lr: float = 1e-3, beta1: float = 0.9,
+                   beta2: float = 0.999, eps: float = 1e-8,
+                   weight_decay: float = 0.0, lr_decay: float = 0.0,
+                   loss_scale: float = 1.0) -> None:
+        """Starts a step with its hyperparameters; the gradients are
+        divided by loss_scale."""
+        hyper = _native.StepHyper()
+        lib().call("strata_step_hyper_init", C.byref(hyper))
+        for name, value in (("lr", lr), ("beta1", beta1), ("beta2", beta2),
+                            ("eps", eps), ("weight_decay", weight_decay),
+                            ("lr_decay", lr_decay),
+                            ("loss_scale", loss_scale)):
+            setattr(hyper, name, value)
+        lib().call("strata_optimizer_begin_step", self.handle,
+                   C.byref(hyper))
+
+    def acquire_gradients(self, group: int) -> Gradients:
+        """A zeroed gradient buffer for `group`."""
+        handle = C.c_void_p()
+        lib().call("strata_optimizer_acquire_gradients", self.handle, group,
+                   C.byref(handle))
+        return Gradients(handle.value)
+
+    def hand_off(self, gradients: Gradients, stream: Any = None) -> None:
+        """Hands the buffer back; `stream` (a torch.cuda.Stream, a
+        cudaStream_t as int, or on the host-emulated device a
+        strata::HostStream address) is where the kernels writing it were
+        queued: the copy waits for them, the call does not."""
+        from strata import _stream
+        handle = gradients.handle
+        gradients._handle = None
+        lib().call("strata_optimizer_hand_off", self.handle, handle,
+                   _stream(stream), None)
+
+    def finish_step(self) -> StepReport:
+        """Ends the step once every group was handed off."""
+        raw = sized(_native.StepReport)
+        lib().call("strata_optimizer_finish_step", self.handle, C.byref(raw))
+        values = {f.name: getattr(raw, f.name) for f in fields(StepReport)}
+        values["skipped"] = bool(values["skipped"])
+        return StepReport(**values)
+
+    @property
+    def step(self) -> int:
+        """Steps applied so far."""
+        out = C.c_int64()
+        lib().call("strata_optimizer_get_step", self.handle, C.byref(out))
+        return out.value
+
+    @step.setter
+    def step(self, value: int) -> None:
+        lib().call("strata_optimizer_set_step", self.handle, value)
+
+    def save(self, path: str, user_state: str = "") -> None:
+        """A checkpoint of every tensor, the step and `user_state`."""
+        lib().call("strata_optimizer_save", self.handle, path.encode(),
+                   user_state.encode())
+
+    def load(self, path: str) -> str:
+        """Loads a checkpoint written by save(); returns its user_state.
+        (A user_state over 1 MiB costs a second load.)"""
+        needed = C.c_size_t()
+        capacity = 1 << 20
+        while True:
+            text = C.create_string_buffer(capacity)
+            lib().call("strata_optimizer_load", self.handle, path.encode(),
+                       text, capacity, C.byref(needed))
+            if needed.value <= capacity:
+                return text.value.decode()
+            capacity = needed.value
