@@ -43,16 +43,16 @@
 // clip coefficient and step number it was decided with (StepParams),
 // since it may run after the next BeginStep.
 // Limits (docs/PERF.md, strata-sim with clipping; 1G parameters, state on
-// NVMe, compute 2.1x the I/O floor): 1b alone hides the optimizer under
+// NVMe, compute 2.2x the I/O floor): 1b alone hides the optimizer under
 // the forward, a third of the compute, where the unclipped overlap has the
-// backward, two thirds: 0.71 of the resident step, whether or not clipping
-// fires. 2 gives 0.98 when clipping fires on no step, and 0.92 when it
-// fires every third step: the clipped step costs nothing more, the step
-// after it 26% more (the redo under its forward reads the state again).
-// State on the host steps in far less than that (1b: overlap with
-// clipping within 1% of without). What 2 costs: the spare extents
-// (12 B/param of NVMe) and, with a host too small to keep them, 4 B/param
-// of kept gradients written to NVMe a step. Early in training most steps
+// backward, two thirds: 0.80-0.83 of the resident step, whether or not
+// clipping fires. 2 gives 0.98 when clipping fires on no step, and 0.93
+// when it fires every third step: the clipped step costs nothing more, the
+// step after it 22% more (the redo under its forward reads the state
+// again). State on the host steps in far less than that (1b: overlap with
+// clipping as fast as without). What 2 costs: the spare extents (12
+// B/param of NVMe) and, with a host too small to keep them, 4 B/param of
+// kept gradients written to NVMe a step. Early in training most steps
 // clip, and then 2 costs the speculative step's I/O on top of 1b's;
 // `speculate` = false turns it off.
 //
