@@ -12,6 +12,20 @@
 #include "src/optim/pipeline.h"
 
 namespace strata {
+namespace {
+
+// n elements from src_type to dst_type, one of them fp32 (the same type:
+// a copy).
+Status CopyAs(CpuOptimizer& cpu, const void* src, FloatType src_type, void* dst,
+              FloatType dst_type, size_t n) {
+  if (src_type == dst_type) {
+    std::memcpy(dst, src, n * FloatTypeSize(src_type));
+    return Status();
+  }
+  return cpu.Convert(src, src_type, dst, dst_type, n);
+}
+
+}  // namespace
 
 void OffloadOptimizer::Impl::WorkerLoop() {
   std::unique_lock<std::mutex> lk(mu_);
@@ -72,12 +86,7 @@ Status OffloadOptimizer::Impl::RestoreCompute(int group) {
   const store::Residency& residency = *parts_.residency;
   const void* from = residency.Address(group, Role::kMaster, Tier::kHost, 0);
   void* to = residency.Address(group, Role::kCompute, Tier::kHost, 0);
-  Status status;
-  if (g.compute == FloatType::kF32) {
-    std::memcpy(to, from, g.n * sizeof(float));
-  } else {
-    status = cpu_->Convert(from, FloatType::kF32, to, g.compute, g.n);
-  }
+  Status status = CopyAs(*cpu_, from, FloatType::kF32, to, g.compute, g.n);
   RecordWritten(group);
   Status released = compute->Release();
   if (status.ok()) status = released;
@@ -137,11 +146,7 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
   auto* acc = static_cast<float*>(
       parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0));
   if (task.first) {
-    if (g.compute == FloatType::kF32) {
-      std::memcpy(acc, s.host, g.n * sizeof(float));
-    } else {
-      status = cpu_->Convert(s.host, g.compute, acc, FloatType::kF32, g.n);
-    }
+    status = CopyAs(*cpu_, s.host, g.compute, acc, FloatType::kF32, g.n);
   } else {
     optim::Accumulate(acc, s.host, g.compute, g.n);
   }
