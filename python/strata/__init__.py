@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from strata import _native
-from strata._native import Exported, StrataError, lib, sized
+from strata._native import Exported, Owned, StrataError, lib, sized
 
 __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
            "StrataError", "Exported", "TIERS", "ROLES", "DTYPES", "info",
@@ -96,12 +96,15 @@ def _tensor_info(raw: Any) -> TensorInfo:
                       bool(raw.on_cuda))
 
 
-class Engine:
+class Engine(Owned):
     """A tiered store (strata::Engine): groups of tensors with a home tier
     per role, fetched to the device or host and released, under budgets.
 
     Budgets are bytes. `home` maps roles to their home tier (default: the
     host). `swap_dir` is required with `nvme_budget` > 0."""
+
+    _what = "engine"
+    _close_fn = "strata_engine_close"
 
     def __init__(self, *, device: str = "auto", device_budget: int,
                  host_budget: int, nvme_budget: int = 0,
@@ -123,25 +126,6 @@ class Engine:
         handle = C.c_void_p()
         lib().call("strata_engine_open", C.byref(options), C.byref(handle))
         self._handle: Optional[int] = handle.value
-
-    @property
-    def handle(self) -> int:
-        if self._handle is None:
-            raise StrataError(9, "failed precondition",
-                              "the engine is closed")
-        return self._handle
-
-    def close(self) -> None:
-        """Frees the engine; every view and optimizer must be closed."""
-        if self._handle is not None:
-            lib().call("strata_engine_close", self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Engine":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def info(self) -> dict[str, Any]:
         """The device, its kind and why it was chosen, the host backing and

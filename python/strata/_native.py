@@ -245,6 +245,36 @@ def lib() -> Library:
     return _library
 
 
+class Owned:
+    """A strata object behind a C handle, freed by the C function named
+    `_close_fn` (close(), or the end of a with block)."""
+
+    _what = "object"
+    _close_fn = ""
+    _handle: Optional[int] = None
+
+    @property
+    def handle(self) -> int:
+        if self._handle is None:
+            raise StrataError(9, "failed precondition",
+                              f"the {self._what} is closed")
+        return self._handle
+
+    def close(self) -> None:
+        """Frees it; a second close does nothing. strata refuses while
+        something still borrows it (an optimizer, a view, a gradient
+        buffer), naming what to close first."""
+        if self._handle is not None:
+            lib().call(self._close_fn, self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def sized(struct: type) -> Any:
     """An output struct, zeroed, with struct_size set."""
     out = struct()
@@ -278,9 +308,10 @@ class Exported:
     (`torch.from_dlpack(exported)`, `numpy.from_dlpack(exported)`)."""
 
     def __init__(self, export: Callable[[Any], None]) -> None:
+        self._pointer: Optional[int] = None  # __del__ runs if export fails
         managed = C.c_void_p()
         export(C.byref(managed))
-        self._pointer: Optional[int] = managed.value
+        self._pointer = managed.value
         device = DLManagedTensor.from_address(self._pointer).dl_tensor.device
         self._device = (device.device_type, device.device_id)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from strata import _native
-from strata._native import Exported, StrataError, lib, sized
+from strata._native import Exported, Owned, StrataError, lib, sized
 
 if TYPE_CHECKING:
     from strata import Engine, TensorInfo
@@ -71,7 +71,7 @@ class Gradients:
             "strata_gradients_export_dlpack", handle, index, out))
 
 
-class Optimizer:
+class Optimizer(Owned):
     """CPU Adam, AdamW, Adagrad or Lion over every trainable group of an
     Engine (a group whose tensors carry the master role).
 
@@ -79,6 +79,9 @@ class Optimizer:
     "after_backward" waits for finish_step. clip_norm > 0 clips the global
     gradient norm; skip_on_overflow skips a step with non-finite gradients.
     Results are bit-identical to the same optimizer in memory."""
+
+    _what = "optimizer"
+    _close_fn = "strata_optimizer_close"
 
     def __init__(self, engine: "Engine", *, algo: str = "adamw",
                  mode: str = "overlap", micro_batches: int = 1,
@@ -102,24 +105,6 @@ class Optimizer:
                    C.byref(options), C.byref(handle))
         self.engine = engine
         self._handle: Optional[int] = handle.value
-
-    @property
-    def handle(self) -> int:
-        if self._handle is None:
-            raise StrataError(9, "failed precondition",
-                              "the optimizer is closed")
-        return self._handle
-
-    def close(self) -> None:
-        if self._handle is not None:
-            lib().call("strata_optimizer_close", self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Optimizer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def begin_step(self, *, lr: float = 1e-3, beta1: float = 0.9,
                    beta2: float = 0.999, eps: float = 1e-8,

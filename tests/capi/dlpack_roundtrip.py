@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 try:
     import numpy as np
@@ -34,6 +35,11 @@ except ImportError as error:
     torch = None
     TORCH_MISSING = str(error)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "python"))
+from strata._native import (EngineOptions, Exported, GroupSpec,  # noqa: E402
+                            Library, StrataError, TensorInfo, TensorSpec)
+
 C = ctypes
 NUM_ROLES = 5
 TIER_DEVICE, TIER_HOST = 0, 1
@@ -43,67 +49,7 @@ ROLE_COMPUTE, ROLE_MASTER = 0, 1
 ALL_ROLES = (1 << NUM_ROLES) - 1
 DEVICE_HOST = 2
 INVALID_ARGUMENT = 1
-KDL_CPU = 1
 MIB = 1 << 20
-
-
-# Mirrors of include/strata/strata.h; the struct_size checks in main() catch
-# a drift between the two.
-class EngineOptions(C.Structure):
-    _fields_ = [("struct_size", C.c_uint32), ("device", C.c_int32),
-                ("cuda_device", C.c_int32), ("swap_files", C.c_int32),
-                ("device_budget", C.c_uint64), ("host_budget", C.c_uint64),
-                ("nvme_budget", C.c_uint64), ("swap_dir", C.c_char_p),
-                ("home", C.c_int32 * NUM_ROLES), ("io_threads", C.c_int32),
-                ("prefetch", C.c_int32), ("lock_host", C.c_int32),
-                ("numa_node", C.c_int32), ("reserved", C.c_int32),
-                ("host_to_device_gbps", C.c_double),
-                ("device_to_host_gbps", C.c_double),
-                ("nvme_read_gbps", C.c_double),
-                ("nvme_write_gbps", C.c_double)]
-
-
-class TensorSpec(C.Structure):
-    _fields_ = [("name", C.c_char_p), ("shape", C.POINTER(C.c_int64)),
-                ("ndim", C.c_int32), ("dtype", C.c_int32),
-                ("roles", C.c_uint32), ("reserved", C.c_uint32)]
-
-
-class GroupSpec(C.Structure):
-    _fields_ = [("struct_size", C.c_uint32), ("num_tensors", C.c_int32),
-                ("name", C.c_char_p), ("tensors", C.POINTER(TensorSpec)),
-                ("use_default_placement", C.c_int32),
-                ("home", C.c_int32 * NUM_ROLES), ("reserved", C.c_int32)]
-
-
-class TensorInfo(C.Structure):
-    _fields_ = [("struct_size", C.c_uint32), ("role", C.c_int32),
-                ("dtype", C.c_int32), ("ndim", C.c_int32),
-                ("name", C.c_char_p), ("shape", C.POINTER(C.c_int64)),
-                ("data", C.c_void_p), ("bytes", C.c_uint64),
-                ("tier", C.c_int32), ("on_cuda", C.c_int32)]
-
-
-class DLDevice(C.Structure):
-    _fields_ = [("device_type", C.c_int), ("device_id", C.c_int32)]
-
-
-class DLDataType(C.Structure):
-    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8),
-                ("lanes", C.c_uint16)]
-
-
-class DLTensor(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("device", DLDevice),
-                ("ndim", C.c_int32), ("dtype", DLDataType),
-                ("shape", C.POINTER(C.c_int64)),
-                ("strides", C.POINTER(C.c_int64)),
-                ("byte_offset", C.c_uint64)]
-
-
-class DLManagedTensor(C.Structure):
-    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", C.c_void_p),
-                ("deleter", C.CFUNCTYPE(None, C.c_void_p))]
 
 
 class Failure(Exception):
@@ -113,44 +59,6 @@ class Failure(Exception):
 def expect(cond, what):
     if not cond:
         raise Failure(what)
-
-
-_capsule_new = C.pythonapi.PyCapsule_New
-_capsule_is_valid = C.pythonapi.PyCapsule_IsValid
-_capsule_get_pointer = C.pythonapi.PyCapsule_GetPointer
-_CapsuleDestructor = C.CFUNCTYPE(None, C.c_void_p)
-_capsule_new.restype = C.py_object
-_capsule_new.argtypes = [C.c_void_p, C.c_char_p, _CapsuleDestructor]
-_capsule_is_valid.restype = C.c_int
-_capsule_is_valid.argtypes = [C.c_void_p, C.c_char_p]
-_capsule_get_pointer.restype = C.c_void_p
-_capsule_get_pointer.argtypes = [C.c_void_p, C.c_char_p]
-
-
-@_CapsuleDestructor
-def _destroy_capsule(capsule):
-    # A consumer renames the capsule "used_dltensor" and owns the tensor
-    # from then on; one never consumed still has to free it.
-    if _capsule_is_valid(capsule, b"dltensor"):
-        pointer = _capsule_get_pointer(capsule, b"dltensor")
-        DLManagedTensor.from_address(pointer).deleter(pointer)
-
-
-class Exported:
-    """One DLManagedTensor, handed out once through the DLPack protocol."""
-
-    def __init__(self, pointer):
-        self._pointer = pointer
-        device = DLManagedTensor.from_address(pointer).dl_tensor.device
-        self._device = (device.device_type, device.device_id)
-
-    def __dlpack__(self, stream=None):
-        expect(self._pointer is not None, "__dlpack__ called twice")
-        pointer, self._pointer = self._pointer, None
-        return _capsule_new(pointer, b"dltensor", _destroy_capsule)
-
-    def __dlpack_device__(self):
-        return self._device
 
 
 def writable_alias(array):
@@ -170,16 +78,14 @@ def writable_alias(array):
 
 
 class Strata:
+    """The C calls through the package's ctypes mirror (python/strata)."""
+
     def __init__(self, path):
-        self.lib = C.CDLL(path)
-        self.lib.strata_last_error.restype = C.c_char_p
-        self.lib.strata_status_name.restype = C.c_char_p
+        self.library = Library(Path(path))
+        self.lib = self.library._lib
 
     def call(self, name, *args):
-        status = getattr(self.lib, name)(*args)
-        if status != 0:
-            raise Failure(f"{name}: {self.lib.strata_status_name(status)}: "
-                          f"{self.lib.strata_last_error().decode()}")
+        self.library.call(name, *args)
 
     def tensors(self, view):
         """{(name, role): (index, TensorInfo)} of a view."""
@@ -193,9 +99,8 @@ class Strata:
         return out
 
     def export(self, view, index):
-        managed = C.c_void_p()
-        self.call("strata_view_export_dlpack", view, index, C.byref(managed))
-        return Exported(managed.value)
+        return Exported(lambda out: self.call("strata_view_export_dlpack",
+                                              view, index, out))
 
 
 def open_engine(strata, swap_dir):
@@ -334,7 +239,7 @@ def main(argv):
     swap_dir = tempfile.mkdtemp(prefix="capi-py-", dir=root)
     try:
         checked = round_trip(strata, swap_dir)
-    except Failure as failure:
+    except (Failure, StrataError) as failure:
         print(f"FAILED: {failure}")
         return 1
     finally:
