@@ -39,3 +39,27 @@ strata_build() {
   cmake --preset "$1" >/dev/null
   cmake --build --preset "$1" -j"$(nproc)"
 }
+
+# The Python environment of the PyTorch adapter's tests, main job and
+# benchmark: torch 2.x and friends from the Python package index, in a
+# virtual environment outside the clone (once per machine, so a fresh clone
+# does not download torch again). Debian's torch 1.13 stays for the tests
+# that use it today. STRATA_TORCH_VENV moves it.
+STRATA_TORCH_VENV="${STRATA_TORCH_VENV:-/var/cache/strata/torch-venv}"
+STRATA_TORCH_PIP=(
+  torch==2.11.0 numpy pytest tqdm matplotlib psutil
+  transformers   # GPT-2 and Llama from a config in the adapter's tests
+  scikit-build-core  # pip install . (pyproject.toml)
+)
+strata_torch_venv() {
+  local stamp
+  stamp="$STRATA_TORCH_VENV/.strata-$(echo "${STRATA_TORCH_PIP[*]}" | md5sum | cut -c1-12)"
+  [ -f "$stamp" ] && return 0
+  echo "strata: creating $STRATA_TORCH_VENV (torch from the package index; once per machine)"
+  local start=$SECONDS
+  /usr/bin/python3 -m venv "$STRATA_TORCH_VENV"
+  "$STRATA_TORCH_VENV/bin/python" -m pip install -q "${STRATA_TORCH_PIP[@]}"
+  rm -f "$STRATA_TORCH_VENV"/.strata-*
+  touch "$stamp"
+  echo "strata: $STRATA_TORCH_VENV ready in $((SECONDS - start)) s"
+}

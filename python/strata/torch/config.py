@@ -1,0 +1,258 @@
+"""The DeepSpeed-style configuration of strata.torch: the keys a single-GPU
+ZeRO-3 offload user already has in ds_config.json, plus a "strata" block
+for what DeepSpeed has no key for. README.md has the mapping table.
+
+A key that would change the result and that strata does not implement is a
+ConfigError naming it; keys that cannot change the result (logging,
+DeepSpeed's buffer and bucket sizes) are accepted and listed once in
+Config.ignored."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+
+class ConfigError(ValueError):
+    """A configuration strata cannot run: the message names the key, the
+    problem and the fix."""
+
+
+# Keys accepted without effect: they tune DeepSpeed's own buffers, its
+# communication or its logging, none of which changes what is computed.
+_IGNORED_TOP = {
+    "steps_per_print", "wall_clock_breakdown", "dump_state", "logging",
+    "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
+    "flops_profiler", "memory_breakdown", "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer", "communication_data_type",
+    "gradient_predivide_factor", "sparse_gradients", "timers",
+}
+_IGNORED_ZERO = {
+    "contiguous_gradients", "overlap_comm", "reduce_scatter",
+    "reduce_bucket_size", "allgather_partitions", "allgather_bucket_size",
+    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance",
+    "stage3_gather_16bit_weights_on_model_save", "sub_group_size",
+    "round_robin_gradients", "memory_efficient_linear", "load_from_fp32_weights",
+    "elastic_checkpoint", "ignore_unused_parameters", "prefetch_bucket_size",
+    "param_persistence_threshold", "max_live_parameters", "max_reuse_distance",
+    "gather_16bit_weights_on_model_save", "cpu_offload_use_pin_memory",
+}
+_IGNORED_OFFLOAD = {"buffer_count", "buffer_size", "max_in_cpu",
+                    "pipeline_read", "pipeline_write", "fast_init", "ratio",
+                    "pipeline"}
+_OPTIMIZERS = {"adam": "adamw", "adamw": "adamw", "adagrad": "adagrad",
+               "lion": "lion"}
+_SCHEDULERS = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.I)
+
+
+def parse_bytes(value: Union[int, str], key: str) -> int:
+    """128, "64M", "1.5G", "2GiB" -> bytes."""
+    if isinstance(value, int) and value >= 0:
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ConfigError(f"{key}: {value!r} is not a size; write bytes as "
+                          f"an integer or with a suffix, e.g. \"512M\"")
+    scale = 1 << (10 * " KMGT".index(match.group(2).upper() or " "))
+    return int(float(match.group(1)) * scale)
+
+
+@dataclass
+class Config:
+    """What strata.torch.initialize runs with, parsed from the dict."""
+    micro_batch: int = 1
+    accumulation: int = 1
+    algo: str = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    lr_decay: float = 0.0
+    clip_norm: float = 0.0
+    dtype: str = "fp32"  # of the compute copies: fp32, bf16 or fp16
+    fp16: dict[str, float] = field(default_factory=dict)
+    scheduler: Optional[tuple[str, dict[str, Any]]] = None
+    param_tier: str = "host"
+    state_tier: str = "host"
+    nvme_path: Optional[str] = None
+    pin_memory: bool = True
+    device: str = "auto"
+    device_budget: Optional[int] = None  # None: from the model's sizes
+    host_budget: Optional[int] = None
+    nvme_budget: Optional[int] = None
+    mode: str = "overlap"
+    groups: Optional[list[str]] = None
+    threads: int = 0
+    grad_buffers: int = 4
+    io_threads: Optional[int] = None
+    ignored: list[str] = field(default_factory=list)
+
+
+def load(config: Union[str, os.PathLike, dict[str, Any]]) -> Config:
+    """Parses a ds_config.json path or dict."""
+    if not isinstance(config, dict):
+        try:
+            config = json.loads(Path(config).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"cannot read the config {config}: {e}") from e
+    out = Config()
+    raw = dict(config)
+    _top(raw, out)
+    _zero(raw.pop("zero_optimization", None), out)
+    _optimizer(raw.pop("optimizer", None), out)
+    _precision(raw, out)
+    _strata(raw.pop("strata", {}), out)
+    if raw.get("scheduler") is not None:
+        _scheduler(raw.pop("scheduler"), out)
+    raw.pop("scheduler", None)
+    for key in list(raw):
+        if key in _IGNORED_TOP:
+            out.ignored.append(key)
+            raw.pop(key)
+    if raw:
+        key = sorted(raw)[0]
+        raise ConfigError(
+            f"unknown config key {key!r}: strata does not support it; remove "
+            f"it (supported keys are listed in README.md, 'strata.torch')")
+    return out
+
+
+def _take(section: dict[str, Any], where: str, known: set[str],
+          ignored: set[str], out: Config) -> dict[str, Any]:
+    for key in section:
+        if key in ignored:
+            out.ignored.append(f"{where}.{key}")
+        elif key not in known:
+            raise ConfigError(
+                f"unknown config key '{where}.{key}': strata does not support "
+                f"it; remove it (README.md, 'strata.torch', lists the keys)")
+    return {k: v for k, v in section.items() if k in known}
+
+
+def _top(raw: dict[str, Any], out: Config) -> None:
+    out.micro_batch = int(raw.pop("train_micro_batch_size_per_gpu", 1))
+    out.accumulation = int(raw.pop("gradient_accumulation_steps", 1))
+    if out.micro_batch < 1 or out.accumulation < 1:
+        raise ConfigError("train_micro_batch_size_per_gpu and "
+                          "gradient_accumulation_steps must be >= 1")
+    total = raw.pop("train_batch_size", None)
+    if total is not None and int(total) != out.micro_batch * out.accumulation:
+        raise ConfigError(
+            f"train_batch_size {total} != train_micro_batch_size_per_gpu "
+            f"{out.micro_batch} x gradient_accumulation_steps "
+            f"{out.accumulation} on one GPU; fix one of them")
+    out.clip_norm = float(raw.pop("gradient_clipping", 0.0))
+
+
+def _zero(zero: Optional[dict[str, Any]], out: Config) -> None:
+    zero = _take(zero or {"stage": 3}, "zero_optimization",
+                 {"stage", "offload_param", "offload_optimizer"},
+                 _IGNORED_ZERO, out)
+    if zero.get("stage", 3) != 3:
+        raise ConfigError(
+            f"zero_optimization.stage {zero.get('stage')}: strata offloads "
+            f"parameters and optimizer state, which is stage 3; set it to 3")
+    for key, attr in (("offload_param", "param_tier"),
+                      ("offload_optimizer", "state_tier")):
+        section = _take(zero.get(key) or {}, f"zero_optimization.{key}",
+                        {"device", "nvme_path", "pin_memory"},
+                        _IGNORED_OFFLOAD, out)
+        device = section.get("device", "cpu")
+        if device not in ("cpu", "nvme", "none"):
+            raise ConfigError(f"zero_optimization.{key}.device {device!r}: "
+                              f"use cpu or nvme")
+        setattr(out, attr, "nvme" if device == "nvme" else "host")
+        if section.get("nvme_path"):
+            out.nvme_path = str(section["nvme_path"])
+        out.pin_memory = bool(section.get("pin_memory", out.pin_memory))
+
+
+def _optimizer(opt: Optional[dict[str, Any]], out: Config) -> None:
+    if opt is None:
+        return
+    opt = _take(opt, "optimizer", {"type", "params"}, set(), out)
+    kind = str(opt.get("type", "AdamW")).lower()
+    if kind not in _OPTIMIZERS:
+        raise ConfigError(f"optimizer.type {opt.get('type')!r}: strata runs "
+                          f"Adam, AdamW, Adagrad and Lion; pick one")
+    params = _take(opt.get("params", {}), "optimizer.params",
+                   {"lr", "betas", "eps", "weight_decay", "adam_w_mode",
+                    "lr_decay", "bias_correction", "torch_adam"},
+                   set(), out)
+    out.algo = _OPTIMIZERS[kind]
+    # DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
+    if kind == "adam" and not params.get("adam_w_mode", True):
+        out.algo = "adam"
+    if not params.get("bias_correction", True):
+        raise ConfigError("optimizer.params.bias_correction false: strata's "
+                          "Adam always corrects the bias; remove the key")
+    out.lr = float(params.get("lr", out.lr))
+    betas = params.get("betas", out.betas)
+    out.betas = (float(betas[0]), float(betas[1]))
+    out.eps = float(params.get("eps", out.eps))
+    out.weight_decay = float(params.get("weight_decay", 0.0))
+    out.lr_decay = float(params.get("lr_decay", 0.0))
+
+
+def _precision(raw: dict[str, Any], out: Config) -> None:
+    bf16 = raw.pop("bf16", None) or {}
+    bf16 = raw.pop("bfloat16", None) or bf16
+    fp16 = raw.pop("fp16", None) or {}
+    bf16 = _take(bf16, "bf16", {"enabled"}, set(), out)
+    fp16 = _take(fp16, "fp16", {"enabled", "loss_scale", "initial_scale_power",
+                                "loss_scale_window", "hysteresis",
+                                "consecutive_hysteresis", "min_loss_scale"},
+                 {"auto_cast", "fp16_master_weights_and_grads"}, out)
+    if bf16.get("enabled") and fp16.get("enabled"):
+        raise ConfigError("bf16.enabled and fp16.enabled are both true; "
+                          "enable one")
+    if bf16.get("enabled"):
+        out.dtype = "bf16"
+    if fp16.get("enabled"):
+        out.dtype = "fp16"
+        out.fp16 = {
+            "loss_scale": float(fp16.get("loss_scale", 0)),
+            "initial_scale_power": float(fp16.get("initial_scale_power", 16)),
+            "loss_scale_window": float(fp16.get("loss_scale_window", 1000)),
+            "hysteresis": float(fp16.get("hysteresis", 2)),
+            "consecutive_hysteresis": float(
+                fp16.get("consecutive_hysteresis", False)),
+            "min_loss_scale": float(fp16.get("min_loss_scale", 1))}
+
+
+def _scheduler(sched: dict[str, Any], out: Config) -> None:
+    sched = _take(sched, "scheduler", {"type", "params"}, set(), out)
+    kind = sched.get("type")
+    if kind not in _SCHEDULERS:
+        raise ConfigError(f"scheduler.type {kind!r}: strata runs "
+                          f"{', '.join(sorted(_SCHEDULERS))}")
+    out.scheduler = (kind, dict(sched.get("params", {})))
+
+
+def _strata(block: dict[str, Any], out: Config) -> None:
+    block = _take(block, "strata",
+                  {"device", "device_budget", "host_budget", "nvme_budget",
+                   "mode", "groups", "threads", "io_threads", "grad_buffers"},
+                  set(), out)
+    out.device = str(block.get("device", out.device))
+    if out.device not in ("auto", "cuda", "host"):
+        raise ConfigError(f"strata.device {out.device!r}: use auto, cuda "
+                          f"or host")
+    for key in ("device_budget", "host_budget", "nvme_budget"):
+        if key in block:
+            setattr(out, key, parse_bytes(block[key], f"strata.{key}"))
+    out.mode = str(block.get("mode", out.mode))
+    if out.mode not in ("overlap", "after_backward"):
+        raise ConfigError(f"strata.mode {out.mode!r}: use overlap or "
+                          f"after_backward")
+    if block.get("groups") is not None:
+        out.groups = [str(name) for name in block["groups"]]
+    out.threads = int(block.get("threads", 0))
+    out.grad_buffers = int(block.get("grad_buffers", out.grad_buffers))
+    if block.get("io_threads") is not None:
+        out.io_threads = int(block["io_threads"])

@@ -1,0 +1,382 @@
+"""The module hooks of strata.torch: fetch a unit's groups before it runs,
+point its parameters at the fetched compute copies, release them after,
+and in backward fetch again, collect gradients straight into strata's
+gradient buffers and hand each group off as soon as it is final.
+
+Note [Parameters between hooks]
+A managed parameter's .data is strata memory only while one of its
+group's views is held (Group.live > 0); otherwise it is an empty
+placeholder, so a stray use fails instead of reading memory strata may
+have reused. Autograd saves tensors for backward; a view of a parameter
+(weight.t() in F.linear) would keep pointing at the forward fetch's memory.
+The saved-tensor hooks (pack/unpack) therefore store such a tensor as a
+reference to its parameter and rebuild the view from the parameter's
+current memory in backward, after the unit's backward fetch. Views fetched
+inside backward (recomputation under activation checkpointing) stay held
+until the unit's backward ends, because recomputed tensors reach backward
+without passing the pack hook; they are held from the pre-hook on, since
+a non-reentrant checkpoint stops its recomputation early, inside the
+module, so that its post-hook never runs.
+
+Note [Backward fetch and hand-off]
+The forward post-hook wraps the unit's outputs in _BackwardFetch: its
+backward runs once the gradient of every output is there, before the
+unit's own backward, and fetches the unit's groups again and acquires a
+gradient buffer for each trainable group, whose tensor slices become the
+parameters' .grad, so AccumulateGrad adds into strata's buffer in place.
+A parameter's post-accumulate-grad hook marks it final; when every
+trainable parameter of a group is final the buffer is handed off, fenced
+on the current stream, and the CPU steps the group under the rest of
+backward. The pre-hook wraps the unit's inputs in _BackwardRelease, whose
+backward runs when the unit's backward is done and releases its views.
+What neither reaches (a unit whose inputs need no gradient, a group whose
+parameters got no gradient) is released or handed off (zeros) by
+Runtime.end_backward."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+import strata
+from strata._native import StrataError
+from strata.torch.groups import GroupPlan, UnitPlan
+
+
+class Phase(enum.Enum):
+    """Note [Phases]: the engine's state between the user's calls.
+
+    | from     | call                   | to       |
+    |----------|------------------------|----------|
+    | IDLE     | engine(...) training   | FORWARD  |
+    | OPEN     | engine(...)            | FORWARD  |
+    | FORWARD  | forward returns        | OPEN     |
+    | OPEN     | engine.backward(loss)  | BACKWARD |
+    | BACKWARD | backward returns       | OPEN     |
+    | OPEN     | engine.step() at the accumulation boundary | IDLE |
+
+    IDLE: no optimizer step open; OPEN: a step is open between passes.
+    Inference (no_grad or eval) runs in IDLE or OPEN and changes nothing."""
+    IDLE = 0
+    FORWARD = 1
+    OPEN = 2
+    BACKWARD = 3
+
+
+@dataclass
+class Group:
+    """A registered group and its state in the current micro-batch."""
+    id: int
+    plan: GroupPlan
+    placeholders: list[torch.Tensor]
+    live: int = 0                       # views held
+    deferred: list[strata.View] = field(default_factory=list)
+    grads: Optional[strata.Gradients] = None
+    final: set[int] = field(default_factory=set)  # params accumulated
+    handed: bool = False                # handed off this micro-batch
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+
+@dataclass
+class Unit:
+    plan: UnitPlan
+    groups: list[Group]
+    forward: list[list[strata.View]] = field(default_factory=list)
+    held: list[strata.View] = field(default_factory=list)  # backward's
+
+
+class _ParamRef:
+    """A saved tensor that was (a view of) a managed parameter."""
+    __slots__ = ("param", "view")
+
+    def __init__(self, param: nn.Parameter, view: Optional[tuple]) -> None:
+        self.param = param
+        self.view = view
+
+
+class _BackwardFetch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hook: Callable[[], None], *xs: torch.Tensor
+                ) -> Any:
+        ctx.hook = hook
+        return tuple(x.view_as(x) for x in xs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        ctx.hook()
+        return (None,) + grads
+
+
+class Runtime:
+    """The hooks' state over one model (owned by StrataEngine)."""
+
+    def __init__(self, engine: strata.Engine, device: torch.device,
+                 groups: list[Group], units: list[UnitPlan]) -> None:
+        self.engine = engine
+        self.optimizer: Optional[strata.Optimizer] = None
+        self.device = device
+        self.groups = groups
+        self.units = [Unit(u, [groups[i] for i in u.groups]) for u in units]
+        self.phase = Phase.IDLE
+        self.busy = False  # inside a hook: the guard lets everything pass
+        self.live_storage: dict[int, nn.Parameter] = {}
+        self.group_of: dict[int, Group] = {}
+        self.name_of: dict[int, str] = {}
+        self.index_of: dict[int, int] = {}
+        for group in groups:
+            for index, (name, p) in enumerate(group.plan.params):
+                self.group_of[id(p)] = group
+                self.name_of[id(p)] = name
+                self.index_of[id(p)] = index
+        self.handles: list[Any] = []
+
+    # ---- streams and fetches -------------------------------------------
+
+    def stream(self) -> Any:
+        """The stream the model's kernels are queued on (None: synchronous
+        host work)."""
+        if self.device.type == "cuda":
+            return torch.cuda.current_stream(self.device)
+        return None
+
+    def _point(self, group: Group, view: strata.View) -> None:
+        for name, p in group.plan.params:
+            p.data = torch.from_dlpack(view.export(name))
+            self.live_storage[p.untyped_storage().data_ptr()] = p
+
+    def fetch(self, group: Group) -> strata.View:
+        view = self.engine.fetch(group.id, "device", roles="compute",
+                                 stream=self.stream())
+        if group.live == 0:
+            self._point(group, view)
+        group.live += 1
+        return view
+
+    def release(self, group_views: list[tuple[Group, strata.View]]) -> None:
+        stream = self.stream()
+        for group, view in group_views:
+            if group.grads is not None:
+                group.deferred.append(view)  # until its hand-off
+                continue
+            group.live -= 1
+            if group.live == 0:
+                for (_, p), empty in zip(group.plan.params,
+                                         group.placeholders):
+                    self.live_storage.pop(p.untyped_storage().data_ptr(),
+                                          None)
+                    p.data = empty
+            view.release(stream)
+
+    def _views(self, unit: Unit) -> list[strata.View]:
+        return [self.fetch(g) for g in unit.groups]
+
+    def _release_unit(self, unit: Unit, views: list[strata.View]) -> None:
+        n = len(unit.groups)
+        pairs = [(unit.groups[i % n], v) for i, v in enumerate(views)]
+        self.release(pairs)
+
+    def check_live(self, p: nn.Parameter) -> None:
+        """Fails naming `p` when it is managed and its group not fetched."""
+        group = self.group_of.get(id(p))
+        if group is not None and group.live == 0:
+            raise StrataError(9, "failed precondition", (
+                f"strata.torch: parameter {self.name_of[id(p)]} was used "
+                f"outside the modules that fetch its group {group.name!r}; "
+                f"use it only inside the module that holds it, or list "
+                f"the module that uses it in strata.groups"))
+
+    def abort_forward(self) -> None:
+        """After a failed forward: releases the views it still held."""
+        for unit in self.units:
+            while unit.forward:
+                self._release_unit(unit, unit.forward.pop())
+
+    # ---- module hooks --------------------------------------------------
+
+    def install(self) -> None:
+        for unit in self.units:
+            module = unit.plan.module
+            self.handles.append(module.register_forward_pre_hook(
+                self._pre_hook(unit), with_kwargs=True))
+            self.handles.append(module.register_forward_hook(
+                self._post_hook(unit)))
+        for group in self.groups:
+            if group.plan.trainable:
+                for _, p in group.plan.params:
+                    self.handles.append(p.register_post_accumulate_grad_hook(
+                        self._accumulated))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _pre_hook(self, unit: Unit) -> Callable[..., Any]:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+            self.busy = True
+            try:
+                if (self.phase is Phase.IDLE and torch.is_grad_enabled()
+                        and module.training):
+                    raise StrataError(9, "failed precondition", (
+                        f"strata.torch: {unit.plan.name} ran a training "
+                        f"forward outside the engine; call engine(...) "
+                        f"instead of the model (or use torch.no_grad())"))
+                views = self._views(unit)
+                if self.phase is Phase.BACKWARD:
+                    unit.held += views  # recomputation: see the Note
+                else:
+                    unit.forward.append(views)
+                if not torch.is_grad_enabled():
+                    return None
+                return _wrap(args, kwargs, lambda: self._backward_done(unit))
+            finally:
+                self.busy = False
+        return hook
+
+    def _post_hook(self, unit: Unit) -> Callable[..., Any]:
+        def hook(module: nn.Module, args: Any, output: Any) -> Any:
+            self.busy = True
+            try:
+                if self.phase is not Phase.BACKWARD:
+                    self._release_unit(unit, unit.forward.pop())
+                if not torch.is_grad_enabled():
+                    return None
+                wrapped = _wrap((output,), {},
+                                lambda: self._backward_fetch(unit))
+                return None if wrapped is None else wrapped[0][0]
+            finally:
+                self.busy = False
+        return hook
+
+    # ---- backward ------------------------------------------------------
+
+    def _backward_fetch(self, unit: Unit) -> None:
+        assert self.optimizer is not None
+        unit.held += self._views(unit)
+        for group in unit.groups:
+            if (group.plan.trainable and group.grads is None
+                    and not group.handed):
+                self._acquire(group, point=True)
+
+    def _acquire(self, group: Group, point: bool) -> None:
+        assert self.optimizer is not None
+        group.grads = self.optimizer.acquire_gradients(group.id)
+        for name, p in group.plan.params if point else ():
+            p.grad = torch.from_dlpack(group.grads.export(name))
+
+    def _backward_done(self, unit: Unit) -> None:
+        held, unit.held = unit.held, []
+        self._release_unit(unit, held)
+
+    def _accumulated(self, p: nn.Parameter) -> None:
+        group = self.group_of[id(p)]
+        name = self.name_of[id(p)]
+        if group.grads is None:
+            raise StrataError(9, "failed precondition", (
+                f"strata.torch: parameter {name} got a gradient after its "
+                f"group {group.name!r} was handed off, or outside "
+                f"engine.backward; call engine.backward(loss), and do not "
+                f"use a parameter outside the modules that hold it"))
+        tensor = group.grads.tensors[self.index_of[id(p)]]
+        if p.grad is not None and p.grad.data_ptr() != tensor.data:
+            torch.from_dlpack(group.grads.export(name)).copy_(p.grad)
+        group.final.add(id(p))
+        if len(group.final) == len(group.plan.params):
+            self.hand_off(group)
+
+    def hand_off(self, group: Group) -> None:
+        assert self.optimizer is not None and group.grads is not None
+        for _, p in group.plan.params:
+            p.grad = None
+        grads, group.grads = group.grads, None
+        group.handed = True
+        self.optimizer.hand_off(grads, self.stream())
+        deferred, group.deferred = group.deferred, []
+        self.release([(group, view) for view in deferred])
+
+    def end_backward(self) -> None:
+        """After loss.backward(): releases what backward still holds and
+        hands off every trainable group not handed off yet."""
+        for unit in self.units:
+            if unit.held:
+                self._backward_done(unit)
+        for group in self.groups:
+            if not group.plan.trainable:
+                continue
+            if not group.handed:
+                if group.grads is None:
+                    self._acquire(group, point=False)
+                self.hand_off(group)
+            group.handed = False
+            group.final.clear()
+
+    # ---- saved tensors -------------------------------------------------
+
+    def pack(self, t: torch.Tensor) -> Any:
+        try:
+            p = self.live_storage.get(t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):
+            return t  # a tensor without storage (sparse, nested)
+        if p is None or t.dtype != p.dtype:
+            return t
+        if t is p:
+            return _ParamRef(p, None)
+        return _ParamRef(p, (t.size(), t.stride(), t.storage_offset()))
+
+    def unpack(self, saved: Any) -> Any:
+        if not isinstance(saved, _ParamRef):
+            return saved
+        group = self.group_of[id(saved.param)]
+        if group.live == 0:
+            raise StrataError(9, "failed precondition", (
+                f"strata.torch: backward needs parameter "
+                f"{self.name_of[id(saved.param)]} while its group "
+                f"{group.name!r} is not fetched; use each parameter only "
+                f"inside the module that holds it (strata.groups)"))
+        if saved.view is None:
+            return saved.param
+        return saved.param.data.as_strided(*saved.view)
+
+
+def _wrap(args: tuple, kwargs: dict, hook: Callable[[], None]) -> Any:
+    """Routes the tensors needing gradients among args and kwargs (also in
+    tuples, lists and dicts, HF's ModelOutput included) through one
+    _BackwardFetch whose backward calls `hook`."""
+    found: list[torch.Tensor] = []
+
+    def collect(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad:
+                found.append(x)
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                collect(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                collect(y)
+
+    collect((args, kwargs))
+    if not found:
+        return None
+    out = iter(_BackwardFetch.apply(hook, *found))
+
+    def rebuild(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return next(out) if x.requires_grad else x
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*[rebuild(y) for y in x])
+        if isinstance(x, (tuple, list)):
+            return type(x)(rebuild(y) for y in x)
+        if isinstance(x, dict):
+            for key in list(x.keys()):
+                x[key] = rebuild(x[key])
+            return x
+        return x
+
+    return rebuild(args), rebuild(kwargs)

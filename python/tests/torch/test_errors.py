@@ -1,0 +1,101 @@
+"""Bad input to strata.torch: each a clear error naming the problem and
+the fix."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import strata
+import strata.torch as st
+from conftest import config, data, model
+
+
+def test_an_unknown_key_is_named() -> None:
+    with pytest.raises(st.ConfigError, match="'zero_optimization.offload_"
+                       "optimizer.ratio2'.*remove it"):
+        st.initialize(model(), config(zero_optimization={
+            "offload_optimizer": {"ratio2": 1}}))
+    with pytest.raises(st.ConfigError, match="unknown config key 'amp'"):
+        st.initialize(model(), config(amp={"enabled": True}))
+
+
+def test_keys_that_change_nothing_are_listed_once() -> None:
+    with pytest.warns(UserWarning, match="steps_per_print, "
+                      "zero_optimization.overlap_comm"):
+        engine = st.initialize(model(), config(
+            steps_per_print=10, zero_optimization={"overlap_comm": True}))
+    engine.close()
+
+
+@pytest.mark.parametrize("budget", ["device_budget", "host_budget"])
+def test_a_budget_too_small_names_the_group_and_the_bytes(
+        budget: str) -> None:
+    with pytest.raises(strata.StrataError,
+                       match=r"group '[\w. ()]+' needs [\d.]+ [KMG]iB.*"
+                       r"budget is .*Raise") as e:
+        st.initialize(model(), config(strata={budget: "64K"}))
+    assert budget.split("_")[0] in str(e.value)
+
+
+def test_a_missing_or_unwritable_nvme_path(scratch: Path) -> None:
+    def offload(path: object) -> dict:
+        return config(zero_optimization={"offload_optimizer": {
+            "device": "nvme", "nvme_path": str(path)}})
+    with pytest.raises(st.ConfigError, match="needs .*nvme_path"):
+        st.initialize(model(), config(zero_optimization={
+            "offload_optimizer": {"device": "nvme"}}))
+    with pytest.raises(st.ConfigError, match="not a directory; create it"):
+        st.initialize(model(), offload(scratch / "missing"))
+    with pytest.raises(st.ConfigError, match="not writable"):
+        st.initialize(model(), offload("/proc"))
+
+
+class Peeking(nn.Module):
+    """Uses a block's weight outside the block: not allowed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = model()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = self.gpt(x, y)
+        return out.loss + self.gpt.blocks[0].fc.weight.sum()
+
+
+def test_a_parameter_used_outside_its_module_is_named() -> None:
+    engine = st.initialize(Peeking(), config())
+    x, y = data(1)[0]
+    with pytest.raises(strata.StrataError,
+                       match="gpt.blocks.0.fc.weight was used outside"):
+        engine(x, y)
+    engine.close()
+
+
+def test_a_training_forward_outside_the_engine_is_refused() -> None:
+    m = model()
+    engine = st.initialize(m, config())
+    x, y = data(1)[0]
+    with pytest.raises(strata.StrataError, match="call engine"):
+        m(x, y)
+    engine.close()
+
+
+def test_a_model_changed_after_initialize_is_named() -> None:
+    m = model()
+    engine = st.initialize(m, config())
+    m.blocks[1].fc.weight = nn.Parameter(torch.zeros(128, 32))
+    x, y = data(1)[0]
+    with pytest.raises(strata.StrataError, match="blocks.1.fc.weight was "
+                       "replaced after initialize"):
+        engine(x, y)
+    engine.close()
+
+
+def test_backward_without_a_forward_is_refused() -> None:
+    engine = st.initialize(model(), config())
+    with pytest.raises(strata.StrataError, match="needs a training forward"):
+        engine.backward(torch.zeros((), requires_grad=True))
+    engine.close()
