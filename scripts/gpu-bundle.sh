@@ -46,6 +46,7 @@ glibc_libs='linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libmvec\.so|lib
 if [ "$do_build" = 1 ]; then
   source scripts/setup.sh
   strata_install_deps
+  strata_torch_venv
   if [ ! -f "$build/CMakeCache.txt" ]; then
     if [ "$build" != "$PWD/build" ]; then
       echo "gpu-bundle: $build is not configured: configure it first, or use --build build" >&2
@@ -53,7 +54,7 @@ if [ "$do_build" = 1 ]; then
     fi
     cmake --preset default >/dev/null
   fi
-  cmake --build "$build" -j"$(nproc)" --target "${programs[@]}" >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target "${programs[@]}" strata >/dev/null
 fi
 if [ ! -x "$build/bin/pcie_bench" ]; then
   echo "gpu-bundle: $build has no CUDA (no bin/pcie_bench): nvcc was not found when it" \
@@ -70,15 +71,24 @@ mkdir -p "$out/bin" "$out/lib"
 for p in "${programs[@]}"; do cp "$build/bin/$p" "$out/bin/"; done
 # Every library the programs load, found as they find it now, under its
 # soname; glibc's own stay with the machine.
-for p in "${programs[@]}"; do
-  ldd "$build/bin/$p" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
+for f in "${programs[@]/#/$build/bin/}" "$build/lib/libstrata.so"; do
+  ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r soname path; do
   [[ "$soname" =~ ^($glibc_libs) ]] || cp -L "$path" "$out/lib/$soname"
 done
+cp -L "$build/lib/libstrata.so" "$out/lib/libstrata.so"  # for strata.torch's tests
 strip --strip-debug "$out"/bin/* "$out"/lib/*
 for f in "$out"/bin/*; do patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$f"; done
 for f in "$out"/lib/*; do patchelf --force-rpath --set-rpath '$ORIGIN' "$f"; done
 cp scripts/gpu-check.sh scripts/gpu_check.py "$out/"
+# strata.torch's tests on the GPU: libstrata, the Python package, its
+# tests and the GPT they train, and pytest (pure Python) from the torch
+# environment, since the GPU machine has no package registry.
+mkdir -p "$out/python" "$out/pylib"
+cp -r python/strata python/tests examples "$out/python/"
+site=$("${STRATA_TORCH_VENV:-/var/cache/strata/torch-venv}/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+for m in pytest _pytest pluggy iniconfig packaging pygments py.py; do cp -r "$site/$m" "$out/pylib/"; done
+find "$out/python" "$out/pylib" -name __pycache__ -type d -print0 | xargs -0 rm -rf
 
 # Proof that it stands alone: with no LD_LIBRARY_PATH, every library
 # resolves inside the bundle or is glibc's.

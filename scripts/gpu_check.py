@@ -18,7 +18,9 @@ Parts, each passed, failed or skipped, with its figures and seconds:
   the host-emulated device beside it;
 - strata-sim on the CUDA device with 2 GB of weights through a 1 GiB
   device budget (overlap and after_backward against a resident run), and a
-  small strata-sim on the host-emulated device.
+  small strata-sim on the host-emulated device;
+- strata.torch's tests (python/tests/torch) on the CUDA device with this
+  machine's python3 and its torch (>= 2.1), pytest from the bundle.
 Without a GPU the CUDA parts are reported as skipped, with the reason, and
 the rest still runs. The whole check stays within 7.5 minutes: a part that
 would run past that is cut off and fails.
@@ -53,8 +55,8 @@ SKIP = 77
 NO_GPU = "no GPU (see the probe)"
 BUDGET_S = 450  # the whole check stays under 8 minutes
 DEADLINE = [float("inf")]
-SOURCE_DIRS = ["aio", "bench", "cmake", "common", "cpu_adam", "include", "scripts", "src", "tests",
-               "tools"]
+SOURCE_DIRS = ["aio", "bench", "cmake", "common", "cpu_adam", "examples", "include", "python",
+               "scripts", "src", "tests", "tools"]
 
 
 def run(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int, str, float]:
@@ -329,6 +331,29 @@ def run_command_part(spec: tuple, work: str, env: dict, gpu: bool) -> dict:
                 output_tail=tail(out))
 
 
+def torch_part(bundle: str, env: dict, gpu: bool) -> dict:
+    """strata.torch's pytest suite on the GPU, under this machine's torch."""
+    name = "strata.torch tests on the CUDA device (python/tests/torch)"
+    if not gpu:
+        return part(name, True, "skipped", reason=NO_GPU)
+    py = os.path.join(bundle, "python")
+    env = dict(env, STRATA_LIBRARY=os.path.join(bundle, "lib", "libstrata.so"),
+               STRATA_TEST_DEVICE="cuda", PYTHONPATH=os.pathsep.join(
+                   [os.path.join(py), os.path.join(py, "examples"), os.path.join(bundle, "pylib")]))
+    rc, out, _ = run([sys.executable, "-c", "import torch; print(torch.__version__, "
+                      "torch.cuda.is_available())"], 120, env)
+    version = out.split()[0] if rc == 0 and out.split() else ""
+    if rc != 0 or tuple(int(x) for x in re.findall(r"\d+", version)[:2]) < (2, 1):
+        return part(name, True, "failed", problems=["python3 here has no torch >= 2.1"],
+                    output_tail=tail(out))
+    rc, out, seconds = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            os.path.join(py, "tests", "torch")], 300, env)
+    figures = {"torch": version, "summary": tail(out, 1).strip()}
+    status = "passed" if rc == 0 else "failed"
+    return part(name, True, status, seconds=seconds, figures=figures,
+                **({} if rc == 0 else {"exit_status": rc, "output_tail": tail(out)}))
+
+
 # --- The report --------------------------------------------------------------
 
 def say(p: dict) -> None:
@@ -420,6 +445,7 @@ def main() -> int:
         report.add(p)
     for spec in command_parts(bundle, work):
         report.add(run_command_part(spec, work, env, gpu))
+    report.add(torch_part(bundle, env, gpu))
     shutil.rmtree(work, ignore_errors=True)
     return report.finish(gpu, why)
 

@@ -10,7 +10,7 @@ from a build's own records and from the sources, as files on this machine.
   calls in Python, system()/popen() commands in C and C++, and the table
   RUN_BY_OUR_TOOLS for programs our own tools start);
 - Python modules: every import of the Python files under tests/, bench/,
-  scripts/ and python/, as Debian's Python (the one running this) finds
+  scripts/, python/ and examples/, as Debian's Python (the one running this) finds
   it, except the project's own modules and those of VENV_ONLY;
 - hand installs: a script or test that runs apt-get install or dpkg -i
   itself, outside scripts/setup.sh.
@@ -41,6 +41,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr
 # the place that says so. Each must still be imported somewhere.
 VENV_ONLY = {
     "deepspeed": "bench/ds_aio_compare.py and cpu_adam_vs_deepspeed.py run it in build/ds-venv",
+    "tqdm": "examples/train_gpt.py (scripts/main.sh) runs in the torch venv (strata_torch_venv)",
+    "matplotlib": "examples/train_gpt.py (scripts/main.sh) runs in the torch venv",
 }
 
 # Programs that our own binaries start, which no scan of a command string
@@ -250,7 +252,7 @@ def source_files(source: str, patterns: list[str]) -> list[str]:
 
 def python_files(source: str) -> list[str]:
     return source_files(source, ["tests/**/*.py", "bench/*.py", "scripts/*.py",
-                                 "python/**/*.py"])
+                                 "python/**/*.py", "examples/*.py"])
 
 
 def script_commands(source: str) -> list[tuple[list[str], str]]:

@@ -3,6 +3,7 @@ through strata and through plain PyTorch from the same weights and data."""
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -15,6 +16,10 @@ import strata.torch as st
 from gpt import GPT, GPTConfig, batches, text_bytes
 
 TINY = GPTConfig(width=32, layers=2, heads=2, seq=16)
+# "host" (the host-emulated device) or "cuda": the GPU check runs these
+# tests on the GPU (scripts/gpu_check.py).
+DEVICE = os.environ.get("STRATA_TEST_DEVICE", "host")
+TORCH_DEVICE = torch.device("cuda" if DEVICE == "cuda" else "cpu")
 BATCH = 8
 STEPS = 20
 
@@ -34,7 +39,8 @@ def model(cfg: GPTConfig = TINY, seed: int = 0) -> GPT:
 
 def data(steps: int = STEPS, cfg: GPTConfig = TINY
          ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return batches(text_bytes(), BATCH, cfg.seq, steps)
+    return [(x.to(TORCH_DEVICE), y.to(TORCH_DEVICE))
+            for x, y in batches(text_bytes(), BATCH, cfg.seq, steps)]
 
 
 def config(**over: Any) -> dict[str, Any]:
@@ -45,7 +51,7 @@ def config(**over: Any) -> dict[str, Any]:
         "optimizer": {"type": "AdamW", "params": {
             "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
             "weight_decay": 0.1}},
-        "strata": {"device": "host", "threads": 1, "io_threads": 1},
+        "strata": {"device": DEVICE, "threads": 1, "io_threads": 1},
     }
     _merge(out, over)
     return out
@@ -92,7 +98,7 @@ def train_strata(m: nn.Module, cfg: dict[str, Any],
             report = engine.step()
         run.losses.append(total)
         run.reports.append(report)
-    run.state = engine.state_dict()
+    run.state = {k: v.cpu() for k, v in engine.state_dict().items()}
     if close:
         engine.close()
     return run
@@ -104,6 +110,7 @@ def train_torch(m: nn.Module, batches_: list[tuple[torch.Tensor,
                 clip: float = 0.0, accumulation: int = 1) -> Run:
     """The reference: torch.optim.AdamW, everything in memory, with the
     hyperparameters of config()."""
+    m.to(TORCH_DEVICE)
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad],
                             lr=lr(0), betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1)
@@ -121,7 +128,8 @@ def train_torch(m: nn.Module, batches_: list[tuple[torch.Tensor,
         opt.step()
         opt.zero_grad()
         run.losses.append(total)
-    run.state = {k: v.detach().clone() for k, v in m.named_parameters()}
+    run.state = {k: v.detach().cpu().clone()
+                 for k, v in m.named_parameters()}
     return run
 
 

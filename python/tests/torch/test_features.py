@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import strata.torch as st
-from conftest import (TINY, assert_identical, config, data,
+from conftest import (TINY, TORCH_DEVICE, assert_identical, config, data,
                       model, train_strata, train_torch, twin)
 from gpt import GPT
 from test_exact import LOSS_RTOL, PARAM_ATOL
@@ -124,7 +124,7 @@ def test_inference_through_the_hooks_matches_the_weights() -> None:
     engine.eval()
     with torch.no_grad():
         logits = engine(x).logits
-    plain = GPT(TINY)
+    plain = GPT(TINY).to(TORCH_DEVICE)
     plain.load_state_dict(engine.state_dict(), strict=False)
     plain.eval()
     with torch.no_grad():
