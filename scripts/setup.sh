@@ -45,7 +45,7 @@ strata_build() {
 # virtual environment outside the clone (once per machine, so a fresh clone
 # does not download torch again). Debian's torch 1.13 stays for the tests
 # that use it today. STRATA_TORCH_VENV moves it.
-STRATA_TORCH_VENV="${STRATA_TORCH_VENV:-/var/cache/strata/torch-venv}"
+export STRATA_TORCH_VENV="${STRATA_TORCH_VENV:-/var/cache/strata/torch-venv}"
 STRATA_TORCH_PIP=(
   torch==2.11.0 numpy pytest tqdm matplotlib psutil
   transformers   # GPT-2 and Llama from a config in the adapter's tests
