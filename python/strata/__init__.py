@@ -260,16 +260,4 @@ class View:
 
 
 from strata.optimizer import Gradients, Optimizer, StepReport  # noqa: E402
-
-
-def info() -> str:
-    """What this strata is and finds: version, library path, and a
-    host-emulated probe engine's device, host backing and I/O backend."""
-    lines = [f"strata {version()} ({lib().path})"]
-    with Engine(device="auto", device_budget=1 << 20,
-                host_budget=1 << 20) as engine:
-        for key, value in engine.info().items():
-            lines.append(f"  {key}: {value}")
-    text = "\n".join(lines)
-    print(text)
-    return text
+from strata._info import info  # noqa: E402
