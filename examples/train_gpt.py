@@ -37,7 +37,10 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT(cfg)
     Path(args.swap).mkdir(parents=True, exist_ok=True)
-    compute = 4 * cfg.parameters()
+    # Half the model's fp32 weights, plus room for the gradient buffers
+    # (4 by default, each a block's size) and two blocks in flight.
+    block = 4 * (12 * cfg.width ** 2 + 13 * cfg.width)
+    device_budget = 2 * cfg.parameters() + 6 * block
     engine = st.initialize(model, {
         "train_micro_batch_size_per_gpu": args.batch,
         "gradient_clipping": 1.0,
@@ -48,7 +51,7 @@ def main() -> None:
         "zero_optimization": {"stage": 3, "offload_optimizer": {
             "device": "nvme", "nvme_path": args.swap}},
         "strata": {"device": args.device,
-                   "device_budget": compute // 2 + (64 << 20)},
+                   "device_budget": device_budget},
     })
     text = text_bytes(args.text)
     device = engine.device
@@ -57,7 +60,12 @@ def main() -> None:
           f"on {args.swap}")
     losses = train(engine, batches(text, args.batch, cfg.seq, args.steps),
                    device)
+    stats = engine.store.stats()
     engine.close()
+    device_tier = stats["tiers"]["device"]
+    print(f"device budget {device_tier['budget'] >> 20} MiB (the model: "
+          f"{4 * cfg.parameters() >> 20} MiB), peak "
+          f"{device_tier['peak'] >> 20} MiB, {stats['evictions']} evictions")
     plot(losses, args.png)
     print(f"loss {losses[0]:.3f} -> {min(losses[-10:]):.3f}; "
           f"curve in {args.png}")
