@@ -12,16 +12,15 @@ from conftest import (assert_identical, config, data, model, train_strata,
                       train_torch, twin)
 
 # Tolerances against torch.optim.AdamW (fp32). strata's CPU Adam computes
-# the same formula in fp32 but in a different order (fused, vectorized;
-# bias corrections folded into the step size), so each update differs from
-# torch's in the last bits (~1e-7 relative); over 20 steps at lr 3e-3 the
-# parameters drift apart by a few 1e-6 and the loss by less than 1e-4
-# relative (measured: see the test's comments). The tolerances are ~10x
-# the measured drift and 1000x below one step's update (lr = 3e-3), so a
-# wrong gradient, a missed or doubled step, or a wrong hyperparameter
-# fails them.
+# the same formula in fp32 but in another order (fused, vectorized, bias
+# corrections folded into the step size), so each update differs from
+# torch's in the last bits, and training carries that on. Measured over 20
+# steps at lr 3e-3 (this GPT, GPT-2 and Llama): the losses within 1.2e-7
+# relative, the parameters within 6e-6. The tolerances are ~10x that and
+# still far below one step's update (~lr), so a wrong or missing gradient,
+# a missed or doubled step or a wrong hyperparameter fails them.
 PARAM_ATOL = 5e-5
-LOSS_RTOL = 1e-4
+LOSS_RTOL = 2e-6
 
 
 def test_twenty_steps_agree_with_torch_adamw() -> None:
