@@ -30,7 +30,7 @@ from torch import nn
 import strata
 from strata.torch.config import Config, ConfigError, load
 from strata.torch.engine import StrataEngine
-from strata.torch.groups import GroupPlan, dtype_name, plan
+from strata.torch.groups import GroupPlan, UnitPlan, dtype_name, plan
 from strata.torch.hooks import Group, Runtime
 
 __all__ = ["initialize", "StrataEngine", "Config", "ConfigError", "load"]
@@ -50,12 +50,17 @@ def initialize(model: nn.Module,
     `groups` (or the config's strata.groups) names the modules that each
     fetch one group, overriding the default (the blocks of the largest
     nn.ModuleList, then the other top-level modules)."""
+    if getattr(model, "_strata_engine", None) is not None:
+        raise ConfigError(
+            "this model is already trained through a strata.torch engine; "
+            "close that one first (engine.close() puts the weights back)")
     cfg = config if isinstance(config, Config) else load(config)
     if cfg.ignored:
         warnings.warn("strata.torch: these config keys do not change what "
                       "strata computes and are ignored: "
                       + ", ".join(sorted(cfg.ignored)), stacklevel=2)
     plans, units = plan(model, groups or cfg.groups)
+    _check_grad_buffers(cfg, plans, units)
     dtype = _DTYPES[cfg.dtype]
     _check_nvme(cfg)
     store = strata.Engine(**_engine_options(cfg, plans, dtype))
@@ -65,7 +70,8 @@ def initialize(model: nn.Module,
             _write_weights(store, gid, p)
         device = _torch_device(store)
         records = [Group(gid, p, [torch.empty(0, dtype=dtype, device=device)
-                                  for _ in p.params])
+                                  for _ in p.params],
+                         [t.dtype for _, t in p.params])
                    for gid, p in zip(ids, plans)]
         runtime = Runtime(store, device, records, units)
         runtime.optimizer = strata.Optimizer(
@@ -83,7 +89,32 @@ def initialize(model: nn.Module,
             p.data = empty
             p.grad = None
     runtime.install()
-    return StrataEngine(model, cfg, store, runtime)
+    engine = StrataEngine(model, cfg, store, runtime)
+    model._strata_engine = engine
+    return engine
+
+
+def _check_grad_buffers(cfg: Config, plans: list[GroupPlan],
+                        units: list[UnitPlan]) -> None:
+    """Backward holds a gradient buffer for each trainable group of the
+    unit running and for each shared group (tied weights) whose gradient
+    is not final until its last user ran: fewer buffers would wait
+    forever."""
+    users: dict[int, int] = {}
+    for unit in units:
+        for g in unit.groups:
+            users[g] = users.get(g, 0) + 1
+    shared = sum(1 for g, n in users.items()
+                 if n > 1 and plans[g].trainable)
+    widest = max((sum(plans[g].trainable for g in u.groups) for u in units),
+                 default=0)
+    needed = max(1, shared + widest)
+    if cfg.grad_buffers < needed:
+        raise ConfigError(
+            f"strata.grad_buffers {cfg.grad_buffers} is too few for this "
+            f"model: backward holds up to {needed} at once ({shared} "
+            f"shared by several modules, {widest} of one module); set it "
+            f"to {needed} or more")
 
 
 def _check_nvme(cfg: Config) -> None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from strata.torch.schedule import ScheduleError, Scheduler
+
 
 class ConfigError(ValueError):
     """A configuration strata cannot run: the message names the key, the
@@ -28,7 +30,8 @@ _IGNORED_TOP = {
     "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
     "flops_profiler", "memory_breakdown", "zero_allow_untested_optimizer",
     "zero_force_ds_cpu_optimizer", "communication_data_type",
-    "gradient_predivide_factor", "sparse_gradients", "timers",
+    "gradient_predivide_factor", "sparse_gradients", "timers", "aio",
+    "checkpoint", "prescale_gradients",
 }
 _IGNORED_ZERO = {
     "contiguous_gradients", "overlap_comm", "reduce_scatter",
@@ -80,7 +83,6 @@ class Config:
     param_tier: str = "host"
     state_tier: str = "host"
     nvme_path: Optional[str] = None
-    pin_memory: bool = True
     device: str = "auto"
     device_budget: Optional[int] = None  # None: from the model's sizes
     host_budget: Optional[int] = None
@@ -122,8 +124,22 @@ def load(config: Union[str, os.PathLike, dict[str, Any]]) -> Config:
     return out
 
 
-def _take(section: dict[str, Any], where: str, known: set[str],
+def _number(value: Any, key: str, kind: type = float) -> Any:
+    """int(value) or float(value), or a ConfigError naming the key (also
+    for HF's "auto", which only its DeepSpeed integration fills in)."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: {value!r} is not a number; write the "
+                          f"value itself (strata fills in no \"auto\")"
+                          ) from None
+
+
+def _take(section: Any, where: str, known: set[str],
           ignored: set[str], out: Config) -> dict[str, Any]:
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where} must be an object ({{...}}), not "
+                          f"{section!r}")
     for key in section:
         if key in ignored:
             out.ignored.append(f"{where}.{key}")
@@ -135,18 +151,29 @@ def _take(section: dict[str, Any], where: str, known: set[str],
 
 
 def _top(raw: dict[str, Any], out: Config) -> None:
-    out.micro_batch = int(raw.pop("train_micro_batch_size_per_gpu", 1))
-    out.accumulation = int(raw.pop("gradient_accumulation_steps", 1))
+    """The batch sizes (DeepSpeed derives a missing one from the other
+    two, on one GPU: train_batch_size = micro x accumulation)."""
+    sizes = {k: _number(raw.pop(k), k, int) for k in (
+        "train_batch_size", "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps") if k in raw}
+    total = sizes.get("train_batch_size")
+    micro = sizes.get("train_micro_batch_size_per_gpu")
+    steps = sizes.get("gradient_accumulation_steps")
+    if total is not None and micro is None:
+        micro = total // (steps or 1)
+    if total is not None and steps is None:
+        steps = total // (micro or 1)
+    out.micro_batch, out.accumulation = micro or 1, steps or 1
     if out.micro_batch < 1 or out.accumulation < 1:
         raise ConfigError("train_micro_batch_size_per_gpu and "
                           "gradient_accumulation_steps must be >= 1")
-    total = raw.pop("train_batch_size", None)
-    if total is not None and int(total) != out.micro_batch * out.accumulation:
+    if total is not None and total != out.micro_batch * out.accumulation:
         raise ConfigError(
             f"train_batch_size {total} != train_micro_batch_size_per_gpu "
             f"{out.micro_batch} x gradient_accumulation_steps "
             f"{out.accumulation} on one GPU; fix one of them")
-    out.clip_norm = float(raw.pop("gradient_clipping", 0.0))
+    out.clip_norm = _number(raw.pop("gradient_clipping", 0.0),
+                            "gradient_clipping")
 
 
 def _zero(zero: Optional[dict[str, Any]], out: Config) -> None:
@@ -167,9 +194,14 @@ def _zero(zero: Optional[dict[str, Any]], out: Config) -> None:
             raise ConfigError(f"zero_optimization.{key}.device {device!r}: "
                               f"use cpu or nvme")
         setattr(out, attr, "nvme" if device == "nvme" else "host")
-        if section.get("nvme_path"):
-            out.nvme_path = str(section["nvme_path"])
-        out.pin_memory = bool(section.get("pin_memory", out.pin_memory))
+        path = section.get("nvme_path")
+        if path and out.nvme_path and str(path) != out.nvme_path:
+            raise ConfigError(
+                f"offload_param.nvme_path {out.nvme_path} and "
+                f"offload_optimizer.nvme_path {path} differ: strata keeps "
+                f"one swap directory; give both the same path")
+        if path:
+            out.nvme_path = str(path)
 
 
 def _optimizer(opt: Optional[dict[str, Any]], out: Config) -> None:
@@ -191,12 +223,19 @@ def _optimizer(opt: Optional[dict[str, Any]], out: Config) -> None:
     if not params.get("bias_correction", True):
         raise ConfigError("optimizer.params.bias_correction false: strata's "
                           "Adam always corrects the bias; remove the key")
-    out.lr = float(params.get("lr", out.lr))
+    if out.algo == "adagrad":  # DeepSpeedCPUAdagrad's defaults
+        out.lr, out.eps = 1e-2, 1e-10
+    where = "optimizer.params."
+    out.lr = _number(params.get("lr", out.lr), where + "lr")
     betas = params.get("betas", out.betas)
-    out.betas = (float(betas[0]), float(betas[1]))
-    out.eps = float(params.get("eps", out.eps))
-    out.weight_decay = float(params.get("weight_decay", 0.0))
-    out.lr_decay = float(params.get("lr_decay", 0.0))
+    if not isinstance(betas, (list, tuple)) or len(betas) != 2:
+        raise ConfigError(f"{where}betas: {betas!r} is not two numbers")
+    out.betas = (_number(betas[0], where + "betas"),
+                 _number(betas[1], where + "betas"))
+    out.eps = _number(params.get("eps", out.eps), where + "eps")
+    out.weight_decay = _number(params.get("weight_decay", 0.0),
+                               where + "weight_decay")
+    out.lr_decay = _number(params.get("lr_decay", 0.0), where + "lr_decay")
 
 
 def _precision(raw: dict[str, Any], out: Config) -> None:
@@ -206,13 +245,19 @@ def _precision(raw: dict[str, Any], out: Config) -> None:
     bf16 = _take(bf16, "bf16", {"enabled"}, set(), out)
     fp16 = _take(fp16, "fp16", {"enabled", "loss_scale", "initial_scale_power",
                                 "loss_scale_window", "hysteresis",
-                                "consecutive_hysteresis", "min_loss_scale"},
-                 {"auto_cast", "fp16_master_weights_and_grads"}, out)
+                                "consecutive_hysteresis", "min_loss_scale",
+                                "auto_cast", "fp16_master_weights_and_grads"},
+                 set(), out)
     if bf16.get("enabled") and fp16.get("enabled"):
         raise ConfigError("bf16.enabled and fp16.enabled are both true; "
                           "enable one")
     if bf16.get("enabled"):
         out.dtype = "bf16"
+    for key in ("auto_cast", "fp16_master_weights_and_grads"):
+        if fp16.get(key):
+            raise ConfigError(f"fp16.{key} true: strata keeps fp32 master "
+                              f"weights and computes in the model's own "
+                              f"code; remove the key or set it false")
     if fp16.get("enabled"):
         out.dtype = "fp16"
         out.fp16 = {
@@ -232,6 +277,10 @@ def _scheduler(sched: dict[str, Any], out: Config) -> None:
         raise ConfigError(f"scheduler.type {kind!r}: strata runs "
                           f"{', '.join(sorted(_SCHEDULERS))}")
     out.scheduler = (kind, dict(sched.get("params", {})))
+    try:
+        Scheduler(kind, out.scheduler[1], out.lr)
+    except (ScheduleError, TypeError, ValueError) as e:
+        raise ConfigError(f"{e}; fix scheduler.params") from e
 
 
 def _strata(block: dict[str, Any], out: Config) -> None:

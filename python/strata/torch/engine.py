@@ -92,7 +92,7 @@ class StrataEngine:
                 "enabled)"))
         scale = self.scaler.scale if self.scaler else 1.0
         if self.config.accumulation > 1 or scale != 1.0:
-            loss = loss * (scale / self.config.accumulation)
+            loss = loss.float() * (scale / self.config.accumulation)
         self.rt.phase = Phase.BACKWARD
         try:
             with torch.autograd.graph.saved_tensors_hooks(self.rt.pack,
@@ -167,7 +167,8 @@ class StrataEngine:
                  "scaler": self.scaler.state() if self.scaler else None,
                  "scheduler": self.scheduler.iteration
                  if self.scheduler else None,
-                 "rng": _rng_state(), "client_state": client_state or {}}
+                 "rng": _rng_state(), "buffers": self._buffers(),
+                 "client_state": client_state or {}}
         self.rt.optimizer.save(str(path), json.dumps(state))
         (Path(save_dir) / "latest").write_text(tag)
         return str(path)
@@ -200,7 +201,23 @@ class StrataEngine:
         if self.scheduler and state["scheduler"] is not None:
             self.scheduler.iteration = state["scheduler"]
         _set_rng_state(state["rng"])
+        self._set_buffers(state["buffers"])
         return path, state["client_state"]
+
+    def _buffers(self) -> str:
+        """The module's buffers (BatchNorm's running statistics, ...)."""
+        raw = io.BytesIO()
+        torch.save({k: b.cpu() for k, b in self.module.named_buffers()}, raw)
+        return base64.b64encode(raw.getvalue()).decode()
+
+    def _set_buffers(self, text: str) -> None:
+        saved = torch.load(io.BytesIO(base64.b64decode(text)))
+        for key, buffer in self.module.named_buffers():
+            if key not in saved:
+                raise StrataError(7, "data loss", (
+                    f"strata.torch: the checkpoint has no buffer {key}; "
+                    f"load it into the model that saved it"))
+            buffer.copy_(saved[key])
 
     def _require_idle(self, what: str) -> None:
         if self.rt.phase is not Phase.IDLE:
@@ -211,47 +228,63 @@ class StrataEngine:
     # ---- weights out -----------------------------------------------------
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Copies of every parameter on the CPU: fp32 master weights for
-        trainable ones, the compute copy for frozen ones."""
+        """model.state_dict()'s keys (tied names included), on the CPU:
+        fp32 master weights for trainable parameters, the stored copy for
+        frozen ones, and the module's buffers."""
         self._require_idle("state_dict")
         self.store.drain()
-        out: dict[str, torch.Tensor] = {}
+        weights: dict[int, torch.Tensor] = {}
         for group in self.rt.groups:
             role = "master" if group.plan.trainable else "compute"
             with self.store.fetch(group.id, "host", roles=role) as view:
-                for name, _ in group.plan.params:
-                    out[name] = torch.from_dlpack(
+                for name, p in group.plan.params:
+                    weights[id(p)] = torch.from_dlpack(
                         view.export(name, role)).clone()
+        out: dict[str, torch.Tensor] = {}
+        for key, value in self.module.state_dict(keep_vars=True).items():
+            out[key] = weights[id(value)] if id(value) in weights \
+                else value.detach().cpu().clone()
         return out
 
     # ---- checks and teardown --------------------------------------------
 
-    def _model_signature(self) -> list[tuple[str, int]]:
-        return [(name, id(p)) for name, p in self.module.named_parameters()]
+    def _model_signature(self) -> list[tuple[str, int, bool]]:
+        return [(name, id(p), p.requires_grad)
+                for name, p in self.module.named_parameters()]
 
     def _check_model(self) -> None:
         now = self._model_signature()
         if now == self._signature:
             return
-        before = dict(self._signature)
-        after = dict(now)
-        changed = sorted(set(before.items()) ^ set(after.items()))
-        name = changed[0][0]
+        before = {name: tuple(rest) for name, *rest in self._signature}
+        after = {name: tuple(rest) for name, *rest in now}
+        name = sorted(set(before.items()) ^ set(after.items()))[0][0]
         what = ("added" if name not in before else "removed"
-                if name not in after else "replaced")
+                if name not in after else "replaced"
+                if before[name][0] != after[name][0] else
+                "frozen" if before[name][1] else "unfrozen")
         raise StrataError(9, "failed precondition", (
             f"strata.torch: parameter {name} was {what} after initialize(); "
             f"strata holds the parameters registered then. Change the model "
-            f"before strata.torch.initialize, or initialize again"))
+            f"before strata.torch.initialize: engine.close() puts the "
+            f"trained weights back into the model, then initialize again"))
 
     def close(self) -> None:
-        """Waits for the optimizer, then frees strata's memory."""
-        if self.rt.optimizer is not None:
-            self.store.drain()
-            self.rt.remove()
-            self.rt.optimizer.close()
-            self.rt.optimizer = None
-            self.store.close()
+        """Waits for the optimizer, puts the weights back into the model's
+        parameters (between steps; in their dtype before initialize), and
+        frees strata's memory."""
+        if self.rt.optimizer is None:
+            return
+        weights = self.state_dict() if self.rt.phase is Phase.IDLE else {}
+        self.rt.remove()
+        for group in self.rt.groups:
+            for (name, p), dtype in zip(group.plan.params, group.dtypes):
+                if name in weights:
+                    p.data = weights[name].to(self.device, dtype)
+        self.rt.optimizer.close()
+        self.rt.optimizer = None
+        self.store.close()
+        del self.module._strata_engine
 
     def __enter__(self) -> "StrataEngine":
         return self

@@ -27,7 +27,7 @@ parameters' .grad, so AccumulateGrad adds into strata's buffer in place.
 A parameter's post-accumulate-grad hook marks it final; when every
 trainable parameter of a group is final the buffer is handed off, fenced
 on the current stream, and the CPU steps the group under the rest of
-backward. The pre-hook wraps the unit's inputs in _BackwardRelease, whose
+backward. The pre-hook wraps the unit's inputs in a _BackwardFetch too, whose
 backward runs when the unit's backward is done and releases its views.
 What neither reaches (a unit whose inputs need no gradient, a group whose
 parameters got no gradient) is released or handed off (zeros) by
@@ -72,6 +72,7 @@ class Group:
     id: int
     plan: GroupPlan
     placeholders: list[torch.Tensor]
+    dtypes: list[torch.dtype]           # the parameters' before initialize
     live: int = 0                       # views held
     deferred: list[strata.View] = field(default_factory=list)
     grads: Optional[strata.Gradients] = None
@@ -105,7 +106,9 @@ class _BackwardFetch(torch.autograd.Function):
     def forward(ctx: Any, hook: Callable[[], None], *xs: torch.Tensor
                 ) -> Any:
         ctx.hook = hook
-        return tuple(x.view_as(x) for x in xs)
+        # Not views of the inputs: the model may change them in place
+        # (ReLU(inplace=True) after a unit).
+        return tuple(x.detach() for x in xs)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
@@ -221,8 +224,8 @@ class Runtime:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
             self.busy = True
             try:
-                if (self.phase is Phase.IDLE and torch.is_grad_enabled()
-                        and module.training):
+                if (self.phase in (Phase.IDLE, Phase.OPEN)
+                        and torch.is_grad_enabled() and module.training):
                     raise StrataError(9, "failed precondition", (
                         f"strata.torch: {unit.plan.name} ran a training "
                         f"forward outside the engine; call engine(...) "

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from strata._native import StrataError
+
 
 class LossScaler:
     """DeepSpeed's dynamic loss scaler (fp16.loss_scale 0), or a static one.
@@ -29,6 +31,13 @@ class LossScaler:
     def update(self, overflow: bool) -> None:
         """After a step: adjusts the scale for the next one."""
         if self.dynamic and overflow:
+            if self.scale <= self.min_scale:
+                raise StrataError(9, "failed precondition", (
+                    f"strata.torch: the fp16 gradients overflowed at the "
+                    f"minimum loss scale {self.min_scale:g}: the run "
+                    f"diverged (as DeepSpeed, strata stops here); lower "
+                    f"the learning rate, use bf16, or lower "
+                    f"fp16.min_loss_scale"))
             if self.hysteresis == 1 or self.left == 1:
                 self.scale = max(self.scale / 2, self.min_scale)
             else:
@@ -55,33 +64,52 @@ class LossScaler:
         self.last_overflow = state["last_overflow"]
 
 
+class ScheduleError(ValueError):
+    """A scheduler section strata cannot run (config.ConfigError's base)."""
+
+
+_PARAMS = {
+    "WarmupLR": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                 "warmup_type"},
+    "WarmupDecayLR": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                      "warmup_type", "total_num_steps"},
+    "WarmupCosineLR": {"warmup_min_ratio", "warmup_num_steps",
+                       "cos_min_ratio", "warmup_type", "total_num_steps"},
+}
+
+
 class Scheduler:
-    """DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR: the learning
-    rate of the step after `iteration` applied steps. Skipped steps (fp16
-    overflow) do not advance it, as in DeepSpeed."""
+    """DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR, step for step
+    as deepspeed/runtime/lr_schedules.py: `iteration` starts at -1 (the
+    first step runs at the minimum) and advances after each applied step;
+    skipped steps (fp16 overflow) do not advance it, as in DeepSpeed."""
 
     def __init__(self, kind: str, params: dict[str, Any],
                  base_lr: float) -> None:
+        unknown = sorted(set(params) - _PARAMS.get(kind, set()))
+        if kind not in _PARAMS or unknown:
+            raise ScheduleError(
+                f"scheduler {kind}: unknown params {unknown}; it takes "
+                f"{', '.join(sorted(_PARAMS.get(kind, ())))}")
         self.kind = kind
         self.base_lr = base_lr
         self.min_lr = float(params.get("warmup_min_lr", 0.0))
-        self.max_lr = float(params.get("warmup_max_lr", base_lr))
+        self.max_lr = float(params.get("warmup_max_lr", 0.001))
         self.warmup = max(2, int(params.get("warmup_num_steps", 1000)))
         self.warmup_type = params.get("warmup_type", "log")
         if self.warmup_type not in ("log", "linear"):
-            raise ValueError(f"scheduler.params.warmup_type "
-                             f"{self.warmup_type!r}: use log or linear")
+            raise ScheduleError(f"scheduler.params.warmup_type "
+                                f"{self.warmup_type!r}: use log or linear")
         self.total = int(params.get("total_num_steps", 0))
-        if kind != "WarmupLR" and self.total <= 0:
-            raise ValueError(f"scheduler {kind} needs "
-                             f"params.total_num_steps > 0")
+        if kind != "WarmupLR" and self.total <= self.warmup:
+            raise ScheduleError(
+                f"scheduler {kind}: params.total_num_steps ({self.total}) "
+                f"must be above warmup_num_steps ({self.warmup})")
         self.min_ratio = float(params.get("warmup_min_ratio", 0.0))
         self.cos_min_ratio = float(params.get("cos_min_ratio", 1e-4))
-        self.iteration = 0
+        self.iteration = -1
 
-    def _gamma(self) -> float:
-        if self.iteration >= self.warmup:
-            return 1.0
+    def _warmup(self) -> float:
         if self.warmup_type == "log":
             return math.log(self.iteration + 1) / math.log(self.warmup)
         return self.iteration / self.warmup
@@ -90,18 +118,23 @@ class Scheduler:
         """The learning rate of the next step."""
         it = self.iteration
         if self.kind == "WarmupCosineLR":
+            if it < 0:
+                return 0.0
             if it < self.warmup:
-                ratio = self.min_ratio + (1 - self.min_ratio) * self._gamma()
+                ratio = self.min_ratio + (1 - self.min_ratio) * self._warmup()
             else:
-                done = min(1.0, (it - self.warmup)
-                           / max(1, self.total - self.warmup))
-                ratio = self.cos_min_ratio + 0.5 * (1 - self.cos_min_ratio) \
-                    * (1 + math.cos(math.pi * done))
+                done = (it - self.warmup + 1) / (self.total - self.warmup)
+                ratio = max(0.0, self.cos_min_ratio + (1 - self.cos_min_ratio)
+                            * (1 + math.cos(math.pi * done)) / 2)
             return self.base_lr * ratio
-        gamma = self._gamma()
-        if self.kind == "WarmupDecayLR" and it >= self.warmup:
-            gamma = max(0.0, (self.total - it)
-                        / max(1.0, self.total - self.warmup))
+        if it < 0:
+            return self.min_lr
+        if it < self.warmup:
+            gamma = self._warmup()
+        elif self.kind == "WarmupDecayLR":
+            gamma = max(0.0, (self.total - it) / (self.total - self.warmup))
+        else:
+            gamma = 1.0
         return self.min_lr + (self.max_lr - self.min_lr) * gamma
 
     def step(self) -> None:

@@ -75,10 +75,11 @@ def loss_of(out: Any) -> torch.Tensor:
 
 
 def forward(m: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
-    """GPT takes (idx, targets); transformers' models (input_ids, labels)."""
-    if isinstance(m, GPT) or isinstance(getattr(m, "module", None), GPT):
-        return m(x, y)
-    return m(input_ids=x, labels=x)
+    """transformers' models take (input_ids, labels), the others (x, y)."""
+    module = getattr(m, "module", m)
+    if hasattr(getattr(module, "config", None), "model_type"):
+        return m(input_ids=x, labels=x)
+    return m(x, y)
 
 
 def train_strata(m: nn.Module, cfg: dict[str, Any],

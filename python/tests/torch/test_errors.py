@@ -99,3 +99,42 @@ def test_backward_without_a_forward_is_refused() -> None:
     with pytest.raises(strata.StrataError, match="needs a training forward"):
         engine.backward(torch.zeros((), requires_grad=True))
     engine.close()
+
+
+def test_too_few_gradient_buffers_for_a_tied_model_are_refused() -> None:
+    with pytest.raises(st.ConfigError, match="strata.grad_buffers 1 is too "
+                       "few.*set it to 2"):
+        st.initialize(model(), config(strata={"grad_buffers": 1}))
+
+
+def test_freezing_a_parameter_after_initialize_is_named() -> None:
+    m = model()
+    engine = st.initialize(m, config())
+    m.blocks[0].fc.bias.requires_grad_(False)
+    x, y = data(1)[0]
+    with pytest.raises(strata.StrataError, match="blocks.0.fc.bias was "
+                       "frozen after initialize"):
+        engine(x, y)
+    engine.close()
+
+
+def test_a_model_is_trained_by_one_engine_at_a_time() -> None:
+    m = model()
+    engine = st.initialize(m, config())
+    with pytest.raises(st.ConfigError, match="already trained through"):
+        st.initialize(m, config())
+    engine.close()
+    st.initialize(m, config()).close()
+
+
+def test_overflowing_at_the_minimum_loss_scale_stops_the_run() -> None:
+    engine = st.initialize(model(), config(fp16={
+        "enabled": True, "initial_scale_power": 24, "hysteresis": 1,
+        "min_loss_scale": 2.0 ** 23}))
+    x, y = data(1)[0]
+    engine.backward(engine(x, y).loss)
+    assert engine.step().skipped and engine.loss_scale == 2.0 ** 23
+    engine.backward(engine(x, y).loss)
+    with pytest.raises(strata.StrataError, match="minimum loss scale.*"
+                       "diverged"):
+        engine.step()

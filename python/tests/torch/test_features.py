@@ -3,14 +3,17 @@ fp16 loss scaling, the scheduler, bf16 and inference through strata.torch."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 import strata.torch as st
 from conftest import (TINY, TORCH_DEVICE, assert_identical, config, data,
                       model, train_strata, train_torch, twin)
 from gpt import GPT
+from strata.torch.schedule import Scheduler
 from test_exact import LOSS_RTOL, PARAM_ATOL
 
 
@@ -103,11 +106,53 @@ def test_the_scheduler_sets_each_steps_lr() -> None:
         engine.backward(engine(x, y).loss)
         engine.step()
     engine.close()
-    assert lrs == pytest.approx([0, 6e-4, 1.2e-3, 1.8e-3, 2.4e-3, 3e-3,
-                                 3e-3, 3e-3])
+    assert lrs == pytest.approx([0, 0, 6e-4, 1.2e-3, 1.8e-3, 2.4e-3, 3e-3,
+                                 3e-3])
     m = model()
     ref = train_torch(twin(m), data(8), lr=lambda s: lrs[s])
     agree(train_strata(m, cfg, data(8)), ref)
+
+
+# Each schedule's learning rates, step by step, as DeepSpeed's
+# deepspeed/runtime/lr_schedules.py gives them (its scheduler stepped after
+# each optimizer step, as DeepSpeed's engine does).
+DEEPSPEED_LRS = [
+    ("WarmupLR", {"warmup_num_steps": 5, "warmup_type": "linear"}, 3e-4,
+     [0, 0, 2e-4, 4e-4, 6e-4, 8e-4, 1e-3, 1e-3]),
+    ("WarmupDecayLR", {"total_num_steps": 10, "warmup_max_lr": 3e-3,
+                       "warmup_num_steps": 4}, 3e-3,
+     [0, 0, 1.5e-3, 2.377e-3, 3e-3, 3e-3, 2.5e-3, 2e-3, 1.5e-3, 1e-3, 5e-4,
+      0]),
+    ("WarmupCosineLR", {"total_num_steps": 10, "warmup_num_steps": 4,
+                        "warmup_type": "linear"}, 2e-3,
+     [0, 0, 5e-4, 1e-3, 1.5e-3, 1.8660e-3, 1.5e-3, 1e-3, 5e-4, 1.3416e-4,
+      2e-7, 1.3416e-4, 5e-4, 1e-3]),
+]
+
+
+@pytest.mark.parametrize("kind,params,lr,expected", DEEPSPEED_LRS,
+                         ids=[k for k, *_ in DEEPSPEED_LRS])
+def test_schedules_match_deepspeeds(kind: str, params: dict, lr: float,
+                                    expected: list[float]) -> None:
+    sched = Scheduler(kind, params, lr)
+    got = []
+    for _ in expected:
+        got.append(sched.lr())
+        sched.step()
+    assert got == pytest.approx(expected, rel=1e-3, abs=1e-9)
+
+
+def test_a_bad_schedule_fails_before_the_model_is_touched() -> None:
+    m = model()
+    before = m.blocks[0].fc.weight.detach().clone()
+    with pytest.raises(st.ConfigError, match="total_num_steps"):
+        st.initialize(m, config(scheduler={"type": "WarmupDecayLR",
+                                           "params": {}}))
+    with pytest.raises(st.ConfigError, match="unknown params "
+                       r"\['warmup_num_step'\]"):
+        st.initialize(m, config(scheduler={"type": "WarmupLR", "params": {
+            "warmup_num_step": 3}}))
+    assert torch.equal(m.blocks[0].fc.weight, before)
 
 
 def test_bf16_trains_with_fp32_masters() -> None:
@@ -125,7 +170,7 @@ def test_inference_through_the_hooks_matches_the_weights() -> None:
     with torch.no_grad():
         logits = engine(x).logits
     plain = GPT(TINY).to(TORCH_DEVICE)
-    plain.load_state_dict(engine.state_dict(), strict=False)
+    plain.load_state_dict(engine.state_dict())  # every key, tied too
     plain.eval()
     with torch.no_grad():
         assert torch.equal(plain(x).logits, logits)
@@ -133,3 +178,36 @@ def test_inference_through_the_hooks_matches_the_weights() -> None:
     engine.backward(engine(x, y).loss)  # training goes on after eval
     assert engine.step() is not None
     engine.close()
+
+
+class InPlace(nn.Module):
+    """Changes each block's output in place, outside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        for block in self.blocks:
+            x = block(x)
+            x.relu_()
+        return ((x - y) ** 2).mean(), x
+
+
+def test_in_place_changes_of_a_modules_output_work() -> None:
+    torch.manual_seed(0)
+    m = InPlace().to(TORCH_DEVICE)
+    steps = [(torch.randn(4, 16, device=TORCH_DEVICE),
+              torch.randn(4, 16, device=TORCH_DEVICE)) for _ in range(5)]
+    ref = train_torch(twin(m), steps)
+    agree(train_strata(m, config(), steps), ref)
+
+
+def test_close_puts_the_trained_weights_back() -> None:
+    m = model()
+    engine = st.initialize(m, config())
+    train_strata(m, config(), data(3), engine=engine, close=False)
+    trained = engine.state_dict()
+    engine.close()
+    for key, value in m.state_dict().items():
+        assert torch.equal(value.cpu(), trained[key]), key
