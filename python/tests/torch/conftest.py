@@ -139,11 +139,11 @@ def twin(m: nn.Module) -> nn.Module:
     return copy.deepcopy(m)
 
 
-def assert_identical(a: Run, b: Run) -> None:
-    assert a.losses == b.losses
-    assert a.state.keys() == b.state.keys()
+def assert_identical(a: Run, b: Run, what: str = "") -> None:
+    assert a.losses == b.losses, what
+    assert a.state.keys() == b.state.keys(), what
     for key in a.state:
-        assert torch.equal(a.state[key], b.state[key]), key
+        assert torch.equal(a.state[key], b.state[key]), f"{what}: {key}"
 
 
 @pytest.fixture

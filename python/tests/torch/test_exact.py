@@ -58,7 +58,7 @@ def test_placements_are_bit_identical(nvme: Path, accumulation: int) -> None:
             if section:
                 section["nvme_path"] = str(nvme)
         run = train_strata(model(), cfg, steps)
-        assert_identical(run, reference), name
+        assert_identical(run, reference, name)
 
 
 def test_four_micro_batches_agree_with_one() -> None:
