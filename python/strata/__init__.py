@@ -203,6 +203,14 @@ class Engine(Owned):
                    _stream(stream), C.byref(view))
         return View(view.value)
 
+    def prefetch(self, group: int, tier: str,
+                 roles: Union[None, str, Iterable[str]] = None) -> None:
+        """Starts making the group's `roles` valid at `tier` in the
+        background, without pinning them; a later fetch waits only for
+        what is still in flight."""
+        lib().call("strata_group_prefetch", self.handle, group,
+                   _choice(TIERS, tier, "tier"), _roles(roles))
+
     def drain(self) -> None:
         """Waits for prefetches, write-behind and queued updates."""
         lib().call("strata_engine_drain", self.handle)

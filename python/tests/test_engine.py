@@ -53,3 +53,19 @@ def test_a_released_view_cannot_be_exported(engine: strata.Engine) -> None:
     view.release()  # a second release of the Python object is a no-op
     with pytest.raises(strata.StrataError, match="released already"):
         view.export("w")
+
+
+def test_a_prefetch_makes_the_next_fetch_a_hit(
+        engine: strata.Engine) -> None:
+    g = engine.register_group("layer.0", [("w", (64,), "fp32")])
+    with engine.fetch(g, "host", roles="compute", write=True):
+        pass
+    engine.evict(g, "device")
+    engine.prefetch(g, "device", "compute")
+    engine.drain()
+    assert engine.stats()["prefetches"] == 1
+    with engine.fetch(g, "device", roles="compute"):
+        pass
+    assert engine.stats()["prefetch_hits"] == 1
+    with pytest.raises(strata.StrataError, match="strata_group_register"):
+        engine.prefetch(9, "device")
