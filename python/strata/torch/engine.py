@@ -116,6 +116,7 @@ class StrataEngine:
         report = self.rt.optimizer.finish_step()
         self.store.end_step()
         self.rt.phase = Phase.IDLE
+        self.rt.end_step()
         if self.scaler:
             self.scaler.update(report.skipped)
         if not report.skipped and self.scheduler:

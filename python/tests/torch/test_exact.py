@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import strata.torch as st
-from conftest import (assert_identical, config, data, model, train_strata,
-                      train_torch, twin)
+from conftest import (TORCH_DEVICE, assert_identical, config, data, model,
+                      train_strata, train_torch, twin)
+from gpt import GPTConfig
 
 # Tolerances against torch.optim.AdamW (fp32). strata's CPU Adam computes
 # the same formula in fp32 but in another order (fused, vectorized, bias
@@ -61,6 +63,32 @@ def test_placements_are_bit_identical(nvme: Path, accumulation: int) -> None:
         assert_identical(run, reference, name)
 
 
+WIDE = GPTConfig(width=256, layers=4, heads=4, seq=16)
+
+
+def test_streaming_through_a_small_device_budget_is_bit_identical() -> None:
+    """A device budget below the model's size (half its fp32 weights, plus
+    its gradient buffers and two blocks in flight) makes the engine evict
+    and refetch groups within every step; the result is the resident
+    run's, with the hooks' prefetch (Note [Prefetch of the updated
+    weights]) and without it."""
+    steps = data(4, WIDE)
+    block = 4 * (12 * WIDE.width ** 2 + 13 * WIDE.width)
+    small = config(strata={"device_budget": 2 * WIDE.parameters()
+                           + 6 * block})
+    reference = train_strata(model(WIDE), config(), steps)
+    for prefetch in (True, False):
+        engine = st.initialize(model(WIDE), small)
+        engine.rt.prefetch = prefetch
+        run = train_strata(engine.module, small, steps, engine,
+                           close=False)
+        stats = engine.store.stats()
+        engine.close()
+        assert stats["evictions"] > 0, "the budget did not make it stream"
+        assert stats["prefetch_hits"] > 0 or not prefetch
+        assert_identical(run, reference, f"streaming, prefetch {prefetch}")
+
+
 def test_four_micro_batches_agree_with_one() -> None:
     """Not bitwise: a loss averaged over 8 rows and 4 averages of 2 rows
     round differently (float addition is not associative)."""
@@ -96,4 +124,49 @@ def test_a_resumed_run_is_bit_identical(scratch: Path, nvme: Path,
     assert second.global_steps == 6
     rest = train_strata(second.module, cfg, steps[6:], engine=second)
     assert rest.losses == whole.losses[6:]
+    assert_identical(rest, type(rest)(rest.losses, [], whole.state))
+
+
+class NormNet(nn.Module):
+    """Byte embeddings through blocks with BatchNorm: a model with buffers
+    (running statistics) that training changes."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(256, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.BatchNorm1d(width),
+                          nn.ReLU()) for _ in range(2))
+        self.head = nn.Linear(width, 256)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor
+                ) -> tuple[torch.Tensor]:
+        h = self.wte(x).flatten(0, 1)
+        for block in self.blocks:
+            h = block(h)
+        return (nn.functional.cross_entropy(self.head(h), y.flatten()),)
+
+
+def norm_net(seed: int) -> NormNet:
+    torch.manual_seed(seed)
+    return NormNet().to(TORCH_DEVICE)
+
+
+def test_a_resumed_run_restores_the_buffers(scratch: Path) -> None:
+    """BatchNorm's running statistics travel in the checkpoint: a run
+    resumed into a model with other statistics is bit-identical."""
+    steps, cfg = data(8), config()
+    whole = train_strata(norm_net(0), cfg, steps)
+    first = st.initialize(norm_net(0), cfg)
+    train_strata(first.module, cfg, steps[:4], engine=first, close=False)
+    first.save_checkpoint(str(scratch / "ckpt"))
+    first.close()
+    other = norm_net(1)
+    for block in other.blocks:
+        block[1].running_mean.fill_(5.0)
+    second = st.initialize(other, cfg)
+    second.load_checkpoint(str(scratch / "ckpt"))
+    rest = train_strata(second.module, cfg, steps[4:], engine=second)
+    assert "blocks.0.1.running_mean" in rest.state
+    assert rest.losses == whole.losses[4:]
     assert_identical(rest, type(rest)(rest.losses, [], whole.state))

@@ -211,3 +211,21 @@ def test_close_puts_the_trained_weights_back() -> None:
     engine.close()
     for key, value in m.state_dict().items():
         assert torch.equal(value.cpu(), trained[key]), key
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_a_step_prefetches_the_first_units_updated_weights(
+        clip: float) -> None:
+    """Note [Prefetch of the updated weights]: when a step ends, the first
+    unit's compute copies, which the optimizer rewrote, start moving to
+    the device; not where the updates land under the next forward."""
+    engine = st.initialize(model(), config(gradient_clipping=clip))
+    first, second = data(2)
+    engine.backward(engine(*first).loss)
+    engine.step()
+    engine.store.drain()
+    assert engine.store.stats()["prefetches"] == (0 if clip else 1)
+    engine.backward(engine(*second).loss)
+    engine.step()
+    assert (engine.store.stats()["prefetch_hits"] > 0) == (clip == 0)
+    engine.close()
