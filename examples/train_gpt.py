@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--device", default="auto", choices=["auto", "cuda",
                                                          "host"])
     args = ap.parse_args()
+    if args.steps < 3:
+        ap.error("--steps must be at least 3 (the warm-up takes 2)")
     cfg = GPTConfig(width=args.width, layers=args.layers, seq=args.seq,
                     heads=max(1, args.width // 64))
     torch.manual_seed(0)
@@ -47,7 +49,8 @@ def main() -> None:
         "optimizer": {"type": "AdamW", "params": {
             "lr": 2e-3, "betas": [0.9, 0.95], "weight_decay": 0.1}},
         "scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": args.steps, "warmup_num_steps": 10}},
+            "total_num_steps": args.steps,
+            "warmup_num_steps": min(10, args.steps // 4)}},
         "zero_optimization": {"stage": 3, "offload_optimizer": {
             "device": "nvme", "nvme_path": args.swap}},
         "strata": {"device": args.device,
