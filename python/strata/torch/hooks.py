@@ -48,7 +48,9 @@ correctness matter: a copy of bytes that an update then replaces is
 invalidated by the engine, and the fetch waits for the update (engine.h).
 It is off where updates land under the next forward (clipping or fp16
 skip-on-overflow in overlap mode): there it would copy most groups
-twice."""
+twice. The root fix is the engine's: its planner (src/sched/planner.h)
+does not know that a step rewrites the compute copies, and when it does,
+this prefetch goes."""
 from __future__ import annotations
 
 import enum

@@ -1,0 +1,413 @@
+"""Plain PyTorch against strata.torch on one GPT and one data set, in one
+invocation (issue #19, section 5).
+
+    python3 bench/torch_offload_bench.py [--swap ./swap] [--json out.json]
+        [--rounds 12] [--block 1] [--warmup 2] [--batch 4] [--seq 256]
+        [--width 768] [--layers 15]
+
+It imports strata and the GPT from the tree (python/, examples/), loads
+libstrata from build/ (or $STRATA_LIBRARY), and runs under the Python of
+the venv scripts/setup.sh makes ($STRATA_TORCH_VENV, by default
+/var/cache/strata/torch-venv) when the one it was started with has no
+torch >= 2.1.
+
+Variants, each from the same initial weights (the same seed) on the same
+byte-level batches (examples/gpt.py):
+  torch  torch.optim.AdamW(foreach=True), everything in memory;
+  nvme   strata.torch, optimizer state (fp32 master, m, v) on NVMe in --swap;
+  host   strata.torch, optimizer state on the host.
+strata runs on the host-emulated device (no GPU needed), with the budgets
+strata.torch derives from the model.
+
+Each variant is a worker process (this script with --variant), so its peak
+RSS is its own. The workers start together and take turns: after --warmup
+unmeasured steps each, every round asks each worker for --block steps, in
+an order that rotates from round to round, so the three share the load the
+machine has at the moment (this one is shared, and its load comes in
+bursts). What a worker leaves running when its turn ends (the nvme
+variant's write-behind of the last groups it stepped, which would
+otherwise run under its own next forward) runs under the next worker's
+step instead.
+
+Before any figure, the per-step losses of the three are compared: the
+strata variants must match torch's within --loss-rtol (the optimizers
+round differently). Prints per variant the median step, tokens/s, the
+ratio to torch's median step, the peak RSS and how much of strata's
+optimizer step was hidden under backward (sum of StepReport.hidden_seconds
+over sum of step_seconds), then the acceptance of issue #19: strata/torch
+<= 1.0 with state on the host and <= 1.1 with it on NVMe."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("torch", "nvme", "host")
+LIMITS = {"host": 1.0, "nvme": 1.1}
+HYPER = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line; --variant makes this process one worker."""
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--swap", default="swap",
+                    help="NVMe swap directory of the nvme variant")
+    ap.add_argument("--json", help="also write the summary to this file")
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--block", type=int, default=1,
+                    help="steps per worker per round")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="unmeasured steps of each worker first")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--width", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=15)
+    ap.add_argument("--loss-rtol", type=float, default=1e-5,
+                    help="largest relative loss difference to torch")
+    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if min(args.block, args.rounds, args.warmup) < 1:
+        ap.error("--block, --rounds and --warmup must be >= 1")
+    return args
+
+
+def bootstrap() -> None:
+    """Puts python/ and examples/ on the path and, when this Python has no
+    torch >= 2.1, runs the script again under the venv's."""
+    for sub in ("python", "examples"):
+        if str(ROOT / sub) not in sys.path:
+            sys.path.insert(0, str(ROOT / sub))
+    try:
+        import torch
+        major, minor = torch.__version__.split(".")[:2]
+        if (int(major), int(minor)) >= (2, 1):
+            return
+    except ImportError:
+        pass
+    venv = Path(os.environ.get("STRATA_TORCH_VENV",
+                               "/var/cache/strata/torch-venv"))
+    python = venv / "bin" / "python"
+    if not python.is_file() or Path(sys.executable) == python:
+        raise SystemExit(
+            f"torch_offload_bench: needs torch >= 2.1, which {sys.executable}"
+            f" lacks and no venv at {venv} has; run `source scripts/"
+            f"setup.sh && strata_torch_venv` (scripts/test.sh does) or "
+            f"start it with a Python that has torch >= 2.1")
+    os.execv(str(python), [str(python), *sys.argv])
+
+
+# ---- the worker ------------------------------------------------------------
+
+
+def build_stepper(args: argparse.Namespace, variant: str
+                  ) -> tuple[Callable[[Any, Any], dict[str, float]],
+                             Callable[[], dict[str, Any]]]:
+    """The variant's model, built from seed 0: a function that trains one
+    step on (x, y) and reports it, and one that closes the variant and
+    returns its extra figures."""
+    import torch
+
+    from gpt import GPT, GPTConfig
+    cfg = GPTConfig(width=args.width, layers=args.layers, seq=args.seq,
+                    heads=max(1, args.width // 64))
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    if variant == "torch":
+        opt = torch.optim.AdamW(model.parameters(), foreach=True, **HYPER)
+
+        def torch_step(x: Any, y: Any) -> dict[str, float]:
+            loss = model(x, y).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return {"loss": loss.item()}
+        return torch_step, lambda: {}
+    return strata_stepper(args, variant, model)
+
+
+def strata_stepper(args: argparse.Namespace, variant: str, model: Any
+                   ) -> tuple[Callable[[Any, Any], dict[str, float]],
+                              Callable[[], dict[str, Any]]]:
+    """build_stepper's strata variants: state on the host or on NVMe."""
+    import strata.torch as st
+    offload: dict[str, Any] = {"device": "cpu"}
+    if variant == "nvme":
+        Path(args.swap).mkdir(parents=True, exist_ok=True)
+        offload = {"device": "nvme", "nvme_path": args.swap}
+    params = dict(HYPER, betas=list(HYPER["betas"]))
+    engine = st.initialize(model, {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "optimizer": {"type": "AdamW", "params": params},
+        "zero_optimization": {"stage": 3, "offload_optimizer": offload},
+        "strata": {"device": "host"}})
+
+    def step(x: Any, y: Any) -> dict[str, float]:
+        stalled = engine.store.stats()["stall_seconds"]
+        loss = engine(x, y).loss
+        engine.backward(loss)
+        report = engine.step()
+        return {"loss": loss.item(), "hidden": report.hidden_seconds,
+                "optimizer": report.step_seconds,
+                "finish_wait": report.finish_wait_seconds,
+                "stall": engine.store.stats()["stall_seconds"] - stalled}
+
+    def close() -> dict[str, Any]:
+        tiers = engine.store.stats()["tiers"]
+        engine.close()
+        return {"strata_peak_bytes": {t: tiers[t]["peak"] for t in tiers}}
+    return step, close
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Answers "run N" on stdin with N steps (one JSON line on stdout), and
+    "end" with the peak RSS; the batches follow one another across runs."""
+    import torch
+
+    from gpt import batches, text_bytes
+    total = args.warmup + args.rounds * args.block
+    data = batches(text_bytes(), args.batch, args.seq, total)
+    step, close = build_stepper(args, args.variant)
+    done = 0
+    for line in sys.stdin:
+        if line.split()[0] == "end":
+            break
+        steps = []
+        for x, y in data[done:done + int(line.split()[1])]:
+            start = time.perf_counter()
+            out = step(x, y)
+            steps.append({"seconds": time.perf_counter() - start, **out})
+        done += len(steps)
+        print(json.dumps({"steps": steps}), flush=True)
+    extra = close()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    print(json.dumps({"peak_rss_bytes": rss,
+                      "threads": torch.get_num_threads(), **extra}),
+          flush=True)
+
+
+# ---- the coordinator -------------------------------------------------------
+
+
+def start_workers(args: argparse.Namespace) -> dict[str, subprocess.Popen]:
+    """One worker process per variant, with the same model arguments."""
+    forward = ["--swap", args.swap, "--rounds", str(args.rounds),
+               "--block", str(args.block), "--warmup", str(args.warmup),
+               "--batch", str(args.batch), "--seq", str(args.seq),
+               "--width", str(args.width), "--layers", str(args.layers)]
+    return {v: subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), *forward,
+         "--variant", v], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True) for v in VARIANTS}
+
+
+def ask(proc: subprocess.Popen, command: str) -> dict[str, Any]:
+    """Sends one command to a worker and reads its JSON answer."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(command + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"torch_offload_bench: a worker died (exit "
+                         f"{proc.wait()}); its error is above")
+    return json.loads(line)
+
+
+def cpu_ticks(pid: int) -> dict[str, int]:
+    """Clock ticks so far: the machine's busy and stolen time (every CPU,
+    /proc/stat) and the time of process `pid` (every thread)."""
+    with open("/proc/stat") as f:
+        t = [int(x) for x in f.readline().split()[1:9]]
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return {"busy": t[0] + t[1] + t[2] + t[5] + t[6], "steal": t[7],
+            "own": int(fields[11]) + int(fields[12])}
+
+
+def run_block(proc: subprocess.Popen, steps: int, load: dict[str, float]
+              ) -> list[dict[str, Any]]:
+    """`steps` steps of one worker; adds the block's wall time and CPU
+    ticks (its own, everything else's, stolen) to `load`."""
+    before, start = cpu_ticks(proc.pid), time.perf_counter()
+    out = ask(proc, f"run {steps}")["steps"]
+    after = cpu_ticks(proc.pid)
+    load["wall"] += time.perf_counter() - start
+    for key in before:
+        load[key] += (after[key] - before[key]) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def run_rounds(args: argparse.Namespace, procs: dict[str, subprocess.Popen]
+               ) -> dict[str, dict[str, Any]]:
+    """Warm-up, then the interleaved rounds; every step of every variant,
+    each marked measured or not, and the machine's load in its rounds."""
+    runs: dict[str, dict[str, Any]] = {v: {"steps": []} for v in VARIANTS}
+    for v in VARIANTS:
+        for s in ask(procs[v], f"run {args.warmup}")["steps"]:
+            runs[v]["steps"].append(dict(s, measured=False, round=-1))
+        runs[v]["load"] = dict.fromkeys(("wall", "busy", "steal", "own"),
+                                        0.0)
+    for r in range(args.rounds):
+        order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+        for v in order:
+            block = run_block(procs[v], args.block, runs[v]["load"])
+            for s in block:
+                runs[v]["steps"].append(dict(s, measured=True, round=r))
+    for v in VARIANTS:
+        runs[v].update(ask(procs[v], "end"))
+        procs[v].wait()
+    return runs
+
+
+def summarize(args: argparse.Namespace, runs: dict[str, dict[str, Any]]
+              ) -> dict[str, dict[str, Any]]:
+    """Per variant: median measured step, tokens/s, ratio to torch, peak
+    RSS, the hidden share of the optimizer, per-round medians."""
+    def median_of(v: str, r: Optional[int] = None) -> float:
+        return statistics.median(
+            s["seconds"] for s in runs[v]["steps"]
+            if s["measured"] and (r is None or s["round"] == r))
+    base = median_of("torch")
+    out: dict[str, dict[str, Any]] = {}
+    for v in VARIANTS:
+        measured = [s for s in runs[v]["steps"] if s["measured"]]
+        load = runs[v]["load"]
+        step = median_of(v)
+        row = {"median_step_s": step,
+               "tokens_per_s": args.batch * args.seq / step,
+               "ratio_to_torch": step / base,
+               "round_ratios": [median_of(v, r) / median_of("torch", r)
+                                for r in range(args.rounds)],
+               "peak_rss_bytes": runs[v]["peak_rss_bytes"],
+               "others_cpus": (load["busy"] - load["own"]) / load["wall"],
+               "steal_cpus": load["steal"] / load["wall"],
+               "torch_threads": runs[v]["threads"],
+               "step_seconds": [s["seconds"] for s in runs[v]["steps"]]}
+        if v != "torch":
+            hidden = sum(s["hidden"] for s in measured)
+            total = sum(s["optimizer"] for s in measured)
+            row.update(hidden_s=hidden / len(measured),
+                       optimizer_s=total / len(measured),
+                       finish_wait_s=statistics.median(
+                           s["finish_wait"] for s in measured),
+                       fetch_stall_s=statistics.median(
+                           s["stall"] for s in measured),
+                       strata_peak_bytes=runs[v]["strata_peak_bytes"])
+        out[v] = row
+    return out
+
+
+def loss_drift(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The largest relative difference of each strata variant's per-step
+    loss to torch's (the same batches, in the same order)."""
+    ref = [s["loss"] for s in runs["torch"]["steps"]]
+    return {v: max(abs(s["loss"] - r) / abs(r)
+                   for s, r in zip(runs[v]["steps"], ref))
+            for v in VARIANTS if v != "torch"}
+
+
+def machine(swap: str) -> dict[str, Any]:
+    """nproc, the CPU model, the kernel, torch's version and the block
+    device under the swap directory."""
+    import torch
+    model = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    path, device = os.path.realpath(swap), "?"
+    with open("/proc/mounts") as f:
+        mounts = [line.split()[:3] for line in f]
+    best = ""
+    for dev, point, fs in mounts:
+        if (path + "/").startswith(point.rstrip("/") + "/") and \
+                len(point) > len(best):
+            best, device = point, f"{dev} ({fs}, mounted on {point})"
+    return {"nproc": os.cpu_count(), "cpu": model,
+            "kernel": os.uname().release, "torch": torch.__version__,
+            "swap_device": device}
+
+
+def report(args: argparse.Namespace, rows: dict[str, dict[str, Any]],
+           drift: dict[str, float], host: dict[str, Any]) -> bool:
+    """Prints the table and the acceptance; True when it holds."""
+    from gpt import GPTConfig
+    params = GPTConfig(width=args.width, layers=args.layers,
+                       seq=args.seq).parameters()
+    print(f"torch_offload_bench: GPT width {args.width}, {args.layers} "
+          f"layers, {params / 1e6:.1f}M parameters, batch {args.batch} x "
+          f"seq {args.seq}; {host['nproc']} CPUs ({host['cpu']}), torch "
+          f"{host['torch']}, swap on {host['swap_device']}")
+    print("losses: largest relative difference to torch "
+          + ", ".join(f"{v} {d:.2e}" for v, d in drift.items()))
+    print("| variant | median step (s) | tokens/s | strata/torch | "
+          "peak RSS (GiB) | optimizer hidden (s per step) | other "
+          "processes, stolen (CPUs) |")
+    print("|---|---|---|---|---|---|---|")
+    for v in VARIANTS:
+        r = rows[v]
+        hidden = (f"{r['hidden_s']:.3f} of {r['optimizer_s']:.3f}"
+                  if v != "torch" else "-")
+        print(f"| {v} | {r['median_step_s']:.3f} | {r['tokens_per_s']:.0f} "
+              f"| {r['ratio_to_torch']:.3f} | "
+              f"{r['peak_rss_bytes'] / (1 << 30):.2f} | {hidden} | "
+              f"{r['others_cpus']:.2f}, {r['steal_cpus']:.2f} |")
+    print("strata's fetches waited (median s per step): " + ", ".join(
+        f"{v} {rows[v]['fetch_stall_s']:.3f}" for v in LIMITS) + "; the "
+        "optimizer's finish: " + ", ".join(
+        f"{v} {rows[v]['finish_wait_s']:.3f}" for v in LIMITS))
+    ok = True
+    for v, limit in LIMITS.items():
+        ratio = rows[v]["ratio_to_torch"]
+        ok &= ratio <= limit
+        rounds = rows[v]["round_ratios"]
+        print(f"acceptance: {v} strata/torch {ratio:.3f} <= {limit}: "
+              f"{'PASS' if ratio <= limit else 'FAIL'} (round by round: "
+              f"median {statistics.median(rounds):.3f}, "
+              f"{min(rounds):.3f} to {max(rounds):.3f})")
+    return ok
+
+
+def main() -> None:
+    """Runs the three workers interleaved and reports (or is a worker)."""
+    bootstrap()
+    args = parse_args()
+    if args.variant:
+        worker(args)
+        return
+    started = time.perf_counter()
+    procs = start_workers(args)
+    try:
+        runs = run_rounds(args, procs)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    drift = loss_drift(runs)
+    if max(drift.values()) > args.loss_rtol:
+        raise SystemExit(f"torch_offload_bench: the losses differ from "
+                         f"torch's by more than {args.loss_rtol}: {drift}")
+    rows = summarize(args, runs)
+    host = machine(args.swap)
+    ok = report(args, rows, drift, host)
+    wall = time.perf_counter() - started
+    print(f"wall time {wall:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "args": vars(args), "machine": host, "loss_drift": drift,
+            "variants": rows, "acceptance": ok, "wall_s": wall}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
