@@ -64,6 +64,7 @@ import strata
 from strata._native import StrataError
 from strata.torch.groups import GroupPlan, UnitPlan
 
+
 class Phase(enum.Enum):
     """Note [Phases]: the engine's state between the user's calls.
 
