@@ -1,0 +1,37 @@
+"""bench/torch_offload_bench.py end to end on a tiny GPT: its workers
+start, train the same batches, agree with torch and report every figure
+(the timings themselves are the benchmark's business, not a test's)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "bench" / \
+    "torch_offload_bench.py"
+
+
+@pytest.mark.skipif(not BENCH.is_file(), reason="no bench/ beside the "
+                    "tests (the GPU bundle carries none)")
+def test_the_offload_bench_runs_and_reports(scratch: Path) -> None:
+    out = scratch / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--swap", str(scratch / "swap"),
+         "--json", str(out), "--width", "64", "--layers", "2", "--seq",
+         "32", "--batch", "2", "--rounds", "2", "--warmup", "1"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "acceptance: nvme strata/torch" in done.stdout
+    summary = json.loads(out.read_text())
+    assert set(summary["variants"]) == {"torch", "nvme", "host"}
+    assert max(summary["loss_drift"].values()) <= 1e-5
+    for name, row in summary["variants"].items():
+        assert row["median_step_s"] > 0 and row["peak_rss_bytes"] > 0, name
+        assert len(row["step_seconds"]) == 3, name
+        if name != "torch":
+            assert 0 <= row["hidden_s"] <= row["optimizer_s"], name
+    assert summary["variants"]["nvme"]["strata_peak_bytes"]["nvme"] > 0
+    assert summary["variants"]["host"]["strata_peak_bytes"]["nvme"] == 0
