@@ -207,7 +207,9 @@ class Engine(Owned):
                  roles: Union[None, str, Iterable[str]] = None) -> None:
         """Starts making the group's `roles` valid at `tier` in the
         background, without pinning them; a later fetch waits only for
-        what is still in flight."""
+        what is still in flight. It may evict other groups' unpinned
+        copies to make room, and is given up (not an error) when nothing
+        can go; an I/O error it meets is raised by the next drain()."""
         lib().call("strata_group_prefetch", self.handle, group,
                    _choice(TIERS, tier, "tier"), _roles(roles))
 

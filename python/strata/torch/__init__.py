@@ -73,10 +73,7 @@ def initialize(model: nn.Module,
                                   for _ in p.params],
                          [t.dtype for _, t in p.params])
                    for gid, p in zip(ids, plans)]
-        deferred = cfg.mode == "overlap" and (cfg.clip_norm > 0
-                                              or cfg.dtype == "fp16")
-        runtime = Runtime(store, device, records, units,
-                          prefetch=not deferred)
+        runtime = Runtime(store, device, records, units, cfg.prefetch)
         runtime.optimizer = strata.Optimizer(
             store, algo=cfg.algo, mode=cfg.mode,
             micro_batches=cfg.accumulation, clip_norm=cfg.clip_norm,

@@ -92,6 +92,7 @@ class Config:
     groups: Optional[list[str]] = None
     threads: int = 0
     grad_buffers: int = 4
+    prefetch: bool = True  # Note [Prefetch of the updated weights]
     io_threads: Optional[int] = None
     ignored: list[str] = field(default_factory=list)
 
@@ -287,7 +288,8 @@ def _scheduler(sched: dict[str, Any], out: Config) -> None:
 def _strata(block: dict[str, Any], out: Config) -> None:
     block = _take(block, "strata",
                   {"device", "device_budget", "host_budget", "nvme_budget",
-                   "mode", "groups", "threads", "io_threads", "grad_buffers"},
+                   "mode", "groups", "threads", "io_threads", "grad_buffers",
+                   "prefetch"},
                   set(), out)
     out.device = str(block.get("device", out.device))
     if out.device not in ("auto", "cuda", "host"):
@@ -304,5 +306,9 @@ def _strata(block: dict[str, Any], out: Config) -> None:
         out.groups = [str(name) for name in block["groups"]]
     out.threads = int(block.get("threads", 0))
     out.grad_buffers = int(block.get("grad_buffers", out.grad_buffers))
+    out.prefetch = block.get("prefetch", out.prefetch)
+    if not isinstance(out.prefetch, bool):
+        raise ConfigError(f"strata.prefetch {out.prefetch!r}: use true or "
+                          f"false")
     if block.get("io_threads") is not None:
         out.io_threads = int(block["io_threads"])

@@ -20,6 +20,9 @@ def test_an_unknown_key_is_named() -> None:
             "offload_optimizer": {"ratio2": 1}}))
     with pytest.raises(st.ConfigError, match="unknown config key 'amp'"):
         st.initialize(model(), config(amp={"enabled": True}))
+    with pytest.raises(st.ConfigError, match="strata.prefetch 'no': use "
+                       "true or false"):
+        st.initialize(model(), config(strata={"prefetch": "no"}))
 
 
 def test_keys_that_change_nothing_are_listed_once() -> None:

@@ -213,19 +213,23 @@ def test_close_puts_the_trained_weights_back() -> None:
         assert torch.equal(value.cpu(), trained[key]), key
 
 
-@pytest.mark.parametrize("clip", [0.0, 1.0])
+@pytest.mark.parametrize("clip,prefetch",
+                         [(0.0, True), (1.0, True), (0.0, False)])
 def test_a_step_prefetches_the_first_units_updated_weights(
-        clip: float) -> None:
+        clip: float, prefetch: bool) -> None:
     """Note [Prefetch of the updated weights]: when a step ends, the first
     unit's compute copies, which the optimizer rewrote, start moving to
-    the device; not where the updates land under the next forward."""
-    engine = st.initialize(model(), config(gradient_clipping=clip))
+    the device, and the next forward's fetches find them there, with
+    clipping (updates that may land under the next forward) too; unless
+    strata.prefetch is false."""
+    engine = st.initialize(model(), config(
+        gradient_clipping=clip, strata={"prefetch": prefetch}))
     first, second = data(2)
     engine.backward(engine(*first).loss)
     engine.step()
     engine.store.drain()
-    assert engine.store.stats()["prefetches"] == (0 if clip else 1)
+    assert engine.store.stats()["prefetches"] == int(prefetch)
     engine.backward(engine(*second).loss)
     engine.step()
-    assert (engine.store.stats()["prefetch_hits"] > 0) == (clip == 0)
+    assert (engine.store.stats()["prefetch_hits"] > 0) == prefetch
     engine.close()
