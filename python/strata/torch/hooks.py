@@ -38,22 +38,22 @@ The optimizer writes each group's new compute copy at its home (the
 host), which leaves the copy at the device stale. The engine's plan
 prefetches only what leaves its device window, so when the device budget
 holds the whole model (the default) it prefetches nothing, and every
-first fetch of the next forward waited for its copy: 0.07 to 0.3 s a
-step for a 107M-parameter model on the host-emulated device, and on a
-GPU a stall per group for the copy over PCIe. So the hooks prefetch each
-unit's groups one unit ahead, in the order of the last training forward:
-the first unit's when a step ends, the next unit's when a unit's forward
-has fetched its own. A prefetch of a valid copy does nothing, and one is
-never a correctness matter: a copy of bytes that an update then replaces
-is invalidated by the engine, and the fetch waits for the update
-(engine.h). Where updates may land under the next forward (clipping or
-fp16 skip-on-overflow in overlap mode), some copies are made twice, and
-the prefetch still pays: a 4-layer GPT (width 256) whose clipping fired
-at every one of 6 steps waited 0.02 s for fetches instead of 0.10 with
-the state on the host, 0.06 instead of 0.10 with it on NVMe. The root
-fix is the engine's: its planner (src/sched/planner.h) does not know
-that a step rewrites the compute copies, and when it does, this prefetch
-goes."""
+first fetch of the next forward waited for its copy: 0.09 to 0.11 s a
+step for a 107M-parameter model on the host-emulated device
+(docs/PERF.md), and on a GPU a stall per group for the copy over PCIe.
+So the hooks prefetch each unit's groups one unit ahead, in the order of
+the last training forward: the first unit's when a step ends, the next
+unit's when a unit's forward has fetched its own. A prefetch of a valid
+copy does nothing, and one is never a correctness matter: a copy of
+bytes that an update then replaces is invalidated by the engine, and the
+fetch waits for the update (engine.h). Where updates may land under the
+next forward (clipping or fp16 skip-on-overflow in overlap mode), some
+copies are made twice, and the prefetch still pays: a 4-layer GPT (width
+256) whose clipping fired at every one of 6 steps waited 0.02 s for
+fetches instead of 0.10 with the state on the host, 0.06 instead of 0.10
+with it on NVMe. The root fix is the engine's: its planner
+(src/sched/planner.h) does not know that a step rewrites the compute
+copies, and when it does, this prefetch goes."""
 from __future__ import annotations
 
 import enum
