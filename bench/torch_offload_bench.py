@@ -344,15 +344,11 @@ def loss_drift(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 
 def machine(swap: str) -> dict[str, Any]:
-    """nproc, the CPU model, the kernel, torch's version and the block
-    device under the swap directory."""
+    """nproc, the CPU (cpu_adam_common.machine), the kernel, torch's
+    version and the block device under the swap directory."""
     import torch
-    model = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+
+    from cpu_adam_common import machine as cpu
     path, device = os.path.realpath(swap), "?"
     with open("/proc/mounts") as f:
         mounts = [line.split()[:3] for line in f]
@@ -361,7 +357,7 @@ def machine(swap: str) -> dict[str, Any]:
         if (path + "/").startswith(point.rstrip("/") + "/") and \
                 len(point) > len(best):
             best, device = point, f"{dev} ({fs}, mounted on {point})"
-    return {"nproc": os.cpu_count(), "cpu": model,
+    return {"nproc": os.cpu_count(), "cpu": cpu(),
             "kernel": os.uname().release, "torch": torch.__version__,
             "swap_device": device}
 
@@ -374,7 +370,7 @@ def report(args: argparse.Namespace, rows: dict[str, dict[str, Any]],
                        seq=args.seq).parameters()
     print(f"torch_offload_bench: GPT width {args.width}, {args.layers} "
           f"layers, {params / 1e6:.1f}M parameters, batch {args.batch} x "
-          f"seq {args.seq}; {host['nproc']} CPUs ({host['cpu']}), torch "
+          f"seq {args.seq}; {host['cpu']}, torch "
           f"{host['torch']}, swap on {host['swap_device']}")
     print("losses: largest relative difference to torch "
           + ", ".join(f"{v} {d:.2e}" for v, d in drift.items()))

@@ -26,11 +26,15 @@ class GPTConfig:
     # "nonreentrant" (torch.utils.checkpoint's use_reentrant).
     checkpointing: str = ""
 
+    def block_parameters(self) -> int:
+        """The parameter count of one block."""
+        return 12 * self.width ** 2 + 13 * self.width
+
     def parameters(self) -> int:
         """The parameter count (the head is tied to the embedding)."""
         w = self.width
-        block = 12 * w * w + 13 * w
-        return self.vocab * w + self.seq * w + self.layers * block + 2 * w
+        return (self.vocab * w + self.seq * w
+                + self.layers * self.block_parameters() + 2 * w)
 
 
 class Output(NamedTuple):

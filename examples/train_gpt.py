@@ -41,7 +41,7 @@ def main() -> None:
     Path(args.swap).mkdir(parents=True, exist_ok=True)
     # Half the model's fp32 weights, plus room for the gradient buffers
     # (4 by default, each a block's size) and two blocks in flight.
-    block = 4 * (12 * cfg.width ** 2 + 13 * cfg.width)
+    block = 4 * cfg.block_parameters()
     device_budget = 2 * cfg.parameters() + 6 * block
     engine = st.initialize(model, {
         "train_micro_batch_size_per_gpu": args.batch,

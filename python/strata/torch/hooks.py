@@ -163,8 +163,7 @@ class Runtime:
         self.handles: list[Any] = []
         # Note [Prefetch of the updated weights]
         self.prefetch = prefetch
-        self.order: list[Unit] = []       # this step's forward, in order
-        self.seen: set[int] = set()       # id() of the units in `order`
+        self.order: dict[int, Unit] = {}  # this step's forward, in order
         self.after: dict[int, Unit] = {}  # id(unit) -> the next, last step
 
     # ---- streams and fetches -------------------------------------------
@@ -220,9 +219,7 @@ class Runtime:
     def _forward_started(self, unit: Unit) -> None:
         """Records `unit` in this step's forward order and prefetches the
         unit that followed it in the last step's."""
-        if id(unit) not in self.seen:
-            self.seen.add(id(unit))
-            self.order.append(unit)
+        self.order.setdefault(id(unit), unit)
         following = self.after.get(id(unit))
         if self.prefetch and following is not None:
             self._prefetch(following)
@@ -232,9 +229,9 @@ class Runtime:
         next one's, whose first unit is prefetched now."""
         if not self.order:
             return
-        self.after = {id(a): b for a, b in zip(self.order, self.order[1:])}
-        first, self.order = self.order[0], []
-        self.seen.clear()
+        units = list(self.order.values())
+        self.after = {id(a): b for a, b in zip(units, units[1:])}
+        first, self.order = units[0], {}
         if self.prefetch:
             self._prefetch(first)
 

@@ -74,7 +74,7 @@ def test_streaming_through_a_small_device_budget_is_bit_identical() -> None:
     in 4 steps); the result is the resident run's, with the hooks'
     prefetch (Note [Prefetch of the updated weights]) and without it."""
     steps = data(4, WIDE)
-    block = 4 * (12 * WIDE.width ** 2 + 13 * WIDE.width)
+    block = 4 * WIDE.block_parameters()
     reference = train_strata(model(WIDE), config(), steps)
     for prefetch in (True, False):
         small = config(strata={"device_budget": 7 * block,
