@@ -101,50 +101,65 @@ Status OffloadOptimizer::Impl::InspectGroups() {
   for (int id = 0; id < residency.group_count(); ++id) {
     const store::GroupLayout& layout = residency.layout(id);
     Group& g = groups_[id];
-    if ((layout.roles & RoleBit(Role::kMaster)) == 0) continue;
-    for (const store::TensorLayout& t : layout.tensors) {
-      for (int r = 0; r < kNumRoles; ++r) {
-        if ((needed & ~t.roles & (1u << r)) == 0) continue;
-        return Status::FailedPrecondition(
-            fmt::format("group '{}': tensor '{}' has no '{}' role, which {} "
-                        "needs{}; register every tensor of a trained group "
-                        "with it (frozen tensors go in a group without "
-                        "'master')",
-                        layout.name, t.name, RoleName(static_cast<Role>(r)),
-                        OptimAlgoName(options_.algo),
-                        grads ? " (with gradient accumulation, deferred "
-                                "steps, clipping or overflow skipping)"
-                              : ""));
-      }
-      if (t.dtype != layout.tensors[0].dtype) {
-        return Status::FailedPrecondition(
-            fmt::format("group '{}' mixes compute dtypes ({} and "
-                        "{}); the optimizer needs one per group",
-                        layout.name, DTypeName(t.dtype),
-                        DTypeName(layout.tensors[0].dtype)));
-      }
+    const bool master = layout.roles & RoleBit(Role::kMaster);
+    if (!master && (layout.roles & RoleBit(Role::kState1)) == 0) continue;
+    g.in_place = !master;
+    const RoleMask roles = master ? needed : needed & ~RoleBit(Role::kMaster);
+    STRATA_RETURN_IF_ERROR(CheckTensors(layout, roles, grads));
+    if (g.in_place && layout.tensors[0].dtype != DType::kFloat32) {
+      return Status::FailedPrecondition(fmt::format(
+          "group '{}' has optimizer state but no 'master' role, and its "
+          "compute copy is {}: only an fp32 group steps its compute copy "
+          "in place; register its tensors with 'master'",
+          layout.name, DTypeName(layout.tensors[0].dtype)));
     }
     g.trainable = true;
     ++trainable;
-    g.n = layout.elements[Role::kMaster];
+    g.n = layout.elements[master ? Role::kMaster : Role::kCompute];
     g.compute = FloatTypeOf(layout.tensors[0].dtype);
     g.compute_bytes = g.n * FloatTypeSize(g.compute);
-    g.step_roles = needed & ~kGradBit;
-    ReadHomes(layout, needed, g);
+    g.step_roles = roles & ~kGradBit;
+    ReadHomes(layout, roles, g);
     speculates_ = speculates_ || g.speculative;
   }
   if (trainable == 0) {
     return Status::FailedPrecondition(
-        "no group has a 'master' role, so there is nothing to "
+        "no group has a 'master' or 'state1' role, so there is nothing to "
         "train; register groups with Role::kMaster");
+  }
+  return Status();
+}
+
+Status OffloadOptimizer::Impl::CheckTensors(const store::GroupLayout& layout,
+                                            RoleMask roles, bool grads) const {
+  for (const store::TensorLayout& t : layout.tensors) {
+    for (int r = 0; r < kNumRoles; ++r) {
+      if ((roles & ~t.roles & (1u << r)) == 0) continue;
+      return Status::FailedPrecondition(fmt::format(
+          "group '{}': tensor '{}' has no '{}' role, which {} needs{}; "
+          "register every tensor of a trained group with it (frozen "
+          "tensors go in a group with neither 'master' nor 'state1')",
+          layout.name, t.name, RoleName(static_cast<Role>(r)),
+          OptimAlgoName(options_.algo),
+          grads ? " (with gradient accumulation, deferred steps, clipping "
+                  "or overflow skipping)"
+                : ""));
+    }
+    if (t.dtype != layout.tensors[0].dtype) {
+      return Status::FailedPrecondition(fmt::format(
+          "group '{}' mixes compute dtypes ({} and "
+          "{}); the optimizer needs one per group",
+          layout.name, DTypeName(t.dtype), DTypeName(layout.tensors[0].dtype)));
+    }
   }
   return Status();
 }
 
 void OffloadOptimizer::Impl::ReadHomes(const store::GroupLayout& layout,
                                        RoleMask needed, Group& g) const {
-  // Only state homed on NVMe keeps its old bytes for an undo.
-  g.speculative = UnderNextForward() && options_.speculate;
+  // Only state homed on NVMe keeps its old bytes for an undo, and only a
+  // master can restore the compute copy: an in-place step overwrites it.
+  g.speculative = UnderNextForward() && options_.speculate && !g.in_place;
   for (const store::ChunkLayout& c : layout.chunks) {
     if ((StateRoles(g) & RoleBit(c.role)) && c.home != Tier::kNvme) {
       g.speculative = false;

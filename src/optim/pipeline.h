@@ -25,7 +25,9 @@
 // 3. Delay the update by a step (ZeRO-Offload's DPU): not exact.
 // How: kAfterBackward runs 1a (the baseline). kOverlap with clipping or
 // skip-on-overflow runs 2 for groups whose state (master, m, v) is all
-// homed on NVMe, with `speculate` on (the default), and 1b for the rest.
+// homed on NVMe, with `speculate` on (the default), and 1b for the rest,
+// among them the fp32 groups without a master (their step updates the
+// compute copy in place, and nothing could restore it).
 // Each speculative step keeps the gradients in kGrad, as 1b does, for the
 // redo. FinishStep keeps the speculation when the clip coefficient is
 // exactly 1 and nothing overflowed: the step ran with the same inputs,
@@ -142,6 +144,7 @@ class OffloadOptimizer::Impl {
     FloatType compute = FloatType::kBF16;
     uint64_t compute_bytes = 0;
     RoleMask step_roles = 0;
+    bool in_place = false;      // fp32, no master: steps its compute copy
     bool write_behind = false;  // has roles homed on NVMe
     bool speculative = false;   // ... state ones, and steps speculatively
     uint64_t host_working = 0;  // its step's roles homed off the host
@@ -197,6 +200,9 @@ class OffloadOptimizer::Impl {
   }
 
   Status InspectGroups();
+  // Every tensor of a trained group has `roles` and the group's dtype.
+  Status CheckTensors(const store::GroupLayout& layout, RoleMask roles,
+                      bool grads) const;
   // The homes of the group's chunks: its write-behind, host working set
   // and whether it speculates.
   void ReadHomes(const store::GroupLayout& layout, RoleMask needed,

@@ -217,7 +217,8 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
     return residency.Address(group, role, Tier::kHost, 0);
   };
   OptimBuffers b;
-  b.params = static_cast<float*>(chunk(Role::kMaster));
+  b.params =
+      static_cast<float*>(chunk(g.in_place ? Role::kCompute : Role::kMaster));
   b.grads = grads;
   b.grad_type = grad_type;
   b.state1 = chunk(Role::kState1);
@@ -234,7 +235,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   step.prep = {static_cast<float>(1.0 / h.loss_scale), params.clip_coef};
   step.overflow = OverflowPolicy::kStopAtNonFinite;
   Result<StepReport> report = cpu_->Step(step, b);
-  if (report.ok() && g.compute == FloatType::kF32) {
+  if (report.ok() && g.compute == FloatType::kF32 && !g.in_place) {
     std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
   }
   Status released = state.Release();

@@ -1,9 +1,11 @@
 // The offloaded optimizer over a model that mixes what pipeline_test's
-// uniform bf16 layers do not: fp32 and fp16 compute copies, a frozen group
-// (no master) beside the trained ones, and sparse gradients (only some
-// elements written, the rest left as the zeros AcquireGradients promises).
-// Each trained group is checked against cpu_adam stepping a flat copy of
-// its chunks in memory, bit for bit.
+// uniform bf16 layers do not: fp32 and fp16 compute copies, an fp32 group
+// without a master (stepped in place), a frozen group (neither master nor
+// state) beside the trained ones, and sparse gradients (only some elements
+// written, the rest left as the zeros AcquireGradients promises). Each
+// trained group is checked against cpu_adam stepping a flat copy of its
+// chunks in memory, bit for bit: with the state on the host, and on NVMe
+// with speculative steps and a skipped one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "strata/cpu_adam.h"
 #include "strata/engine.h"
 #include "strata/offload_optimizer.h"
+#include "tests/testutil/testutil.h"
 
 namespace strata {
 namespace {
@@ -24,9 +27,19 @@ namespace {
 constexpr uint64_t kMiB = 1 << 20;
 constexpr int kFrozen = 0;
 constexpr int kSteps = 4;
-// Group ids 1.. are trained, one per compute dtype.
-const std::vector<DType> kTrained = {DType::kFloat32, DType::kFloat16,
-                                     DType::kBFloat16};
+// Group ids 1.. are trained: one per compute dtype with a master, and an
+// fp32 one without.
+struct Trained {
+  DType dtype;
+  bool master;
+};
+const std::vector<Trained> kTrained = {{DType::kFloat32, true},
+                                       {DType::kFloat16, true},
+                                       {DType::kBFloat16, true},
+                                       {DType::kFloat32, false}};
+constexpr int kWithMaster = 3;
+// With the state on NVMe: the step whose gradients carry a NaN.
+constexpr int kPoisoned = 2;
 
 FloatType FloatTypeOf(DType dtype) {
   return dtype == DType::kFloat32   ? FloatType::kF32
@@ -34,10 +47,14 @@ FloatType FloatTypeOf(DType dtype) {
                                     : FloatType::kBF16;
 }
 
-class MixedModelTest : public testing::Test {
+// The parameter: optimizer state (and masters, kept gradients) homed on
+// NVMe, with clipping that never fires and skip-on-overflow, so groups
+// with a master step speculatively and one step is skipped.
+class MixedModelTest : public testing::TestWithParam<bool> {
  protected:
   struct Group {
     DType dtype = DType::kFloat32;
+    bool has_master = true;
     uint64_t n = 0;  // elements of each role's chunk, padding included
     std::vector<float> master, m, v, grads;
     std::vector<char> compute;  // n elements of dtype
@@ -47,6 +64,14 @@ class MixedModelTest : public testing::Test {
     EngineOptions options;
     options.device = "host";
     options.device_budget = options.host_budget = 4 * kMiB;
+    if (GetParam()) {
+      options.nvme_budget = 16 * kMiB;
+      options.swap_dir = scratch_.path();
+      for (Role role :
+           {Role::kMaster, Role::kState1, Role::kState2, Role::kGrad}) {
+        options.placement.home[static_cast<int>(role)] = Tier::kNvme;
+      }
+    }
     auto engine = Engine::Open(options);
     ASSERT_TRUE(engine.ok()) << engine.status().message();
     engine_ = std::move(*engine);
@@ -55,17 +80,24 @@ class MixedModelTest : public testing::Test {
     frozen.tensors.push_back(
         {"embed", {3000}, DType::kBFloat16, RoleBit(Role::kCompute)});
     ASSERT_EQ(*engine_->RegisterGroup(frozen), kFrozen);
-    for (DType dtype : kTrained) {
+    for (const Trained& t : kTrained) {
       GroupSpec spec;
-      spec.name = "layer." + std::string(DTypeName(dtype));
+      spec.name = "layer." + std::string(DTypeName(t.dtype)) +
+                  (t.master ? "" : ".in_place");
+      const RoleMask roles =
+          t.master ? kAllRoles : kAllRoles & ~RoleBit(Role::kMaster);
       // Sizes off the vector width and the tensor alignment: padding sits
       // between the tensors, and the last element is a real one.
-      spec.tensors.push_back({"w", {37, 29}, dtype, kAllRoles});
-      spec.tensors.push_back({"b", {333}, dtype, kAllRoles});
+      spec.tensors.push_back({"w", {37, 29}, t.dtype, roles});
+      spec.tensors.push_back({"b", {333}, t.dtype, roles});
       ASSERT_TRUE(engine_->RegisterGroup(spec).ok());
     }
     OffloadOptimizerOptions o;
     o.threads = 2;
+    if (GetParam()) {
+      o.clip_norm = 1e6;
+      o.skip_on_overflow = true;
+    }
     auto opt = OffloadOptimizer::Create(engine_.get(), o);
     ASSERT_TRUE(opt.ok()) << opt.status().message();
     optimizer_ = std::move(*opt);
@@ -75,18 +107,20 @@ class MixedModelTest : public testing::Test {
     InitWeights();
   }
 
-  // Random masters in the engine and the reference; the frozen group's
-  // compute copy gets random bits, which no step may change.
+  // Random masters in the engine and the reference (the compute copy of a
+  // group without one); the frozen group's compute copy gets random bits,
+  // which no step may change.
   void InitWeights() {
     std::mt19937_64 rng(5);
     std::normal_distribution<float> dist(0.0f, 0.5f);
     groups_.resize(engine_->group_count());
     for (int g = 1; g < engine_->group_count(); ++g) {
-      auto view =
-          engine_->Fetch(g, Tier::kHost, {RoleBit(Role::kMaster), true});
-      ASSERT_TRUE(view.ok()) << view.status().message();
       Group& r = groups_[g];
-      r.dtype = kTrained[g - 1];
+      r.dtype = kTrained[g - 1].dtype;
+      r.has_master = kTrained[g - 1].master;
+      const Role role = r.has_master ? Role::kMaster : Role::kCompute;
+      auto view = engine_->Fetch(g, Tier::kHost, {RoleBit(role), true});
+      ASSERT_TRUE(view.ok()) << view.status().message();
       const auto* base = static_cast<const char*>(view->tensors[0].data);
       for (const TensorView& t : view->tensors) {
         const char* at = static_cast<const char*>(t.data);
@@ -120,8 +154,9 @@ class MixedModelTest : public testing::Test {
   }
 
   // Gradients of step `s` for group `g`: a third of the elements (a
-  // different third each step) get values, the rest stay zero.
-  void Backward(int s, int g) {
+  // different third each step) get values, the rest stay zero; `poison`
+  // makes the first of them a NaN.
+  void Backward(int s, int g, bool poison = false) {
     Group& r = groups_[g];
     auto buffer = optimizer_->AcquireGradients(g);
     ASSERT_TRUE(buffer.ok()) << buffer.status().message();
@@ -130,6 +165,7 @@ class MixedModelTest : public testing::Test {
     std::normal_distribution<float> dist(0.0f, 0.05f);
     std::vector<float> wide(r.n, 0.0f);
     for (uint64_t i = (s + g) % 3; i < r.n; i += 3) wide[i] = dist(rng);
+    if (poison) wide[(s + g) % 3] = std::nanf("");
     // Written through the compute dtype, so the reference sees exactly
     // the gradients the pipeline gets.
     std::vector<char> narrow(buffer->bytes);
@@ -185,6 +221,7 @@ class MixedModelTest : public testing::Test {
       const Group& r = groups_[g];
       for (Role role :
            {Role::kCompute, Role::kMaster, Role::kState1, Role::kState2}) {
+        if (role == Role::kMaster && !r.has_master) continue;
         auto view = engine_->Fetch(g, Tier::kHost, {RoleBit(role)});
         ASSERT_TRUE(view.ok()) << view.status().message();
         const char* base = static_cast<const char*>(view->tensors[0].data);
@@ -215,18 +252,23 @@ class MixedModelTest : public testing::Test {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<OffloadOptimizer> optimizer_;
   std::unique_ptr<CpuOptimizer> cpu_;
+  testutil::ScratchDir scratch_;
   std::vector<Group> groups_;
   std::vector<char> frozen_;
 };
 
-// fp32 and fp16 compute copies are written in their own dtype, a frozen
-// group needs no hand-off and is never touched, and the elements a caller
-// leaves unwritten count as zero gradients in every step, whichever group
-// last used the buffer.
-TEST_F(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
+// fp32 and fp16 compute copies are written in their own dtype, an fp32
+// group without a master steps its compute copy in place, a frozen group
+// needs no hand-off and is never touched, and the elements a caller leaves
+// unwritten count as zero gradients in every step, whichever group last
+// used the buffer. With the state on NVMe, every group with a master steps
+// speculatively from the second step on, the one without never does (its
+// old bytes could not be restored), and a step with a NaN changes nothing.
+TEST_P(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
   EXPECT_EQ(optimizer_->AcquireGradients(kFrozen).status().code(),
             StatusCode::kFailedPrecondition)
       << "outside a step";
+  int64_t steps = 0;
   for (int s = 0; s < kSteps; ++s) {
     StepHyper h;
     h.lr = 1e-2 * (1 + s);
@@ -237,13 +279,48 @@ TEST_F(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
       EXPECT_EQ(optimizer_->AcquireGradients(kFrozen).status().code(),
                 StatusCode::kInvalidArgument);
     }
-    for (int g = engine_->group_count() - 1; g >= 1; --g) Backward(s, g);
+    // The NaN is in the first hand-off (the group without a master), so
+    // every other group still steps speculatively, to be undone.
+    const bool poison = GetParam() && s == kPoisoned;
+    const int last = engine_->group_count() - 1;
+    for (int g = last; g >= 1; --g) Backward(s, g, poison && g == last);
     Result<OptimStepReport> report = optimizer_->FinishStep();
     ASSERT_TRUE(report.ok()) << report.status().message();
-    ASSERT_EQ(report->step, s + 1);
-    ReferenceStep(h, report->step);
+    ASSERT_EQ(report->skipped, poison);
+    if (!poison) ReferenceStep(h, ++steps);
+    ASSERT_EQ(report->step, steps);
+    EXPECT_EQ(report->speculated, GetParam() && s > 0 ? kWithMaster : 0)
+        << "step " << s + 1;
+    ASSERT_TRUE(engine_->Drain().ok());
     ExpectEqualToReference(s + 1);
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(StateHome, MixedModelTest, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& info) {
+                           return info.param ? "nvme_speculative" : "host";
+                         });
+
+// Only an fp32 compute copy can be its own master: a bf16 group with state
+// but no master is refused, naming the group and the fix.
+TEST(OffloadOptimizerCreateTest, ANarrowGroupWithoutAMasterIsRefused) {
+  EngineOptions options;
+  options.device = "host";
+  options.device_budget = options.host_budget = 4 * kMiB;
+  auto opened = Engine::Open(options);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  GroupSpec spec;
+  spec.name = "layer.0";
+  spec.tensors.push_back(
+      {"w", {1000}, DType::kBFloat16, kAllRoles & ~RoleBit(Role::kMaster)});
+  ASSERT_TRUE((*opened)->RegisterGroup(spec).ok());
+  auto opt = OffloadOptimizer::Create(opened->get(), {});
+  ASSERT_EQ(opt.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(opt.status().message().find("group 'layer.0'"), std::string::npos)
+      << opt.status().message();
+  EXPECT_NE(opt.status().message().find("register its tensors with 'master'"),
+            std::string::npos)
+      << opt.status().message();
 }
 
 // The device budget holds the gradient buffers beside a compute copy, but a

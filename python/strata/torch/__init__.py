@@ -143,7 +143,8 @@ def _check_nvme(cfg: Config) -> None:
 def _roles(cfg: Config, trainable: bool) -> list[str]:
     if not trainable:
         return ["compute"]
-    roles = ["compute", "master", *_STATES[cfg.algo]]
+    master = ["master"] if cfg.master_weights else []
+    roles = ["compute", *master, *_STATES[cfg.algo]]
     if (cfg.accumulation > 1 or cfg.mode == "after_backward"
             or cfg.clip_norm > 0 or cfg.dtype == "fp16"):
         roles.append("grad")

@@ -96,6 +96,14 @@ class Config:
     io_threads: Optional[int] = None
     ignored: list[str] = field(default_factory=list)
 
+    @property
+    def master_weights(self) -> bool:
+        """Whether trained groups keep an fp32 master beside the compute
+        copy: not in fp32, where the optimizer steps the compute copy in
+        place (4 bytes a parameter less, and with the state on NVMe a
+        third less I/O a step)."""
+        return self.dtype != "fp32"
+
 
 def load(config: Union[str, os.PathLike, dict[str, Any]]) -> Config:
     """Parses a ds_config.json path or dict."""

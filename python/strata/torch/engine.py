@@ -230,13 +230,15 @@ class StrataEngine:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """model.state_dict()'s keys (tied names included), on the CPU:
-        fp32 master weights for trainable parameters, the stored copy for
-        frozen ones, and the module's buffers."""
+        fp32 master weights for trainable parameters (in fp32 training the
+        compute copy, which is the master), the stored copy for frozen
+        ones, and the module's buffers."""
         self._require_idle("state_dict")
         self.store.drain()
         weights: dict[int, torch.Tensor] = {}
         for group in self.rt.groups:
-            role = "master" if group.plan.trainable else "compute"
+            role = "master" if group.plan.trainable \
+                and self.config.master_weights else "compute"
             with self.store.fetch(group.id, "host", roles=role) as view:
                 for name, p in group.plan.params:
                     weights[id(p)] = torch.from_dlpack(

@@ -161,6 +161,21 @@ def test_bf16_trains_with_fp32_masters() -> None:
     assert all(v.dtype == torch.float32 for v in run.state.values())
 
 
+@pytest.mark.parametrize("precision,roles", [
+    ({}, {"compute", "state1", "state2"}),
+    ({"bf16": {"enabled": True}}, {"compute", "master", "state1", "state2"}),
+], ids=["fp32", "bf16"])
+def test_fp32_groups_keep_no_master_beside_the_compute_copy(
+        precision: dict[str, Any], roles: set[str]) -> None:
+    """In fp32 the optimizer steps the compute copy in place (the exactness
+    tests check the result); a bf16 compute copy needs its fp32 master."""
+    engine = st.initialize(model(), config(**precision))
+    for group in engine.rt.groups:
+        with engine.store.fetch(group.id, "host") as view:
+            assert {info.role for info in view.tensors} == roles, group.name
+    engine.close()
+
+
 def test_inference_through_the_hooks_matches_the_weights() -> None:
     m = model()
     engine = st.initialize(m, config())
