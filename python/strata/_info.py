@@ -102,6 +102,8 @@ def _from_config(config: ConfigSource) -> _Setup:
     # offload_param says, the fp32 roles where offload_optimizer says.
     home = {role: cfg.state_tier for role in strata.ROLES}
     home["compute"] = cfg.param_tier
+    if not cfg.master_weights:
+        del home["master"]
     on_nvme = "nvme" in home.values()
     nvme = cfg.nvme_budget
     if nvme is None and not on_nvme:

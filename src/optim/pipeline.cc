@@ -125,7 +125,7 @@ Status OffloadOptimizer::Impl::InspectGroups() {
   if (trainable == 0) {
     return Status::FailedPrecondition(
         "no group has a 'master' or 'state1' role, so there is nothing to "
-        "train; register groups with Role::kMaster");
+        "train; register trained groups with their optimizer roles");
   }
   return Status();
 }

@@ -249,10 +249,10 @@ class MixedModelTest : public testing::TestWithParam<bool> {
     ASSERT_TRUE(view->pin.Release().ok());
   }
 
+  testutil::ScratchDir scratch_;  // outlives the engine's swap files
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<OffloadOptimizer> optimizer_;
   std::unique_ptr<CpuOptimizer> cpu_;
-  testutil::ScratchDir scratch_;
   std::vector<Group> groups_;
   std::vector<char> frozen_;
 };

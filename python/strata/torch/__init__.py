@@ -164,8 +164,8 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
     """Budgets the config leaves out, from the model's sizes: the device
     holds every compute copy and the gradient buffers (set device_budget
     to stream a model larger than the GPU); the host holds what is homed
-    there and the staging of the largest groups; NVMe twice what is homed
-    there (speculative steps write a second copy)."""
+    there and the staging of the largest groups; NVMe what is homed there,
+    twice when steps speculate (they write a second copy)."""
     sizes = [_group_bytes(cfg, p, dtype) for p in plans]
     compute = sum(c for c, _ in sizes)
     state = sum(s for _, s in sizes)
@@ -177,7 +177,8 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
     device = compute + (cfg.grad_buffers + 2) * largest_compute + 64 * _MIB
     host = (homed["host"] + 4 * largest
             + cfg.grad_buffers * largest_compute + 64 * _MIB)
-    nvme = 2 * homed["nvme"] + 64 * _MIB if homed["nvme"] else 0
+    copies = 2 if cfg.speculates else 1
+    nvme = copies * homed["nvme"] + 64 * _MIB if homed["nvme"] else 0
     home = {"compute": cfg.param_tier}
     home.update({r: cfg.state_tier
                  for r in ("master", "state1", "state2", "grad")})

@@ -97,12 +97,21 @@ class Config:
     ignored: list[str] = field(default_factory=list)
 
     @property
+    def speculates(self) -> bool:
+        """Whether trained groups step speculatively under backward (Note
+        [Exact steps under overlap] in src/optim/pipeline.h): clipping or
+        fp16's overflow skipping in overlap mode, with the state on NVMe."""
+        return (self.state_tier == "nvme" and self.mode == "overlap"
+                and (self.clip_norm > 0 or self.dtype == "fp16"))
+
+    @property
     def master_weights(self) -> bool:
         """Whether trained groups keep an fp32 master beside the compute
-        copy: not in fp32, where the optimizer steps the compute copy in
-        place (4 bytes a parameter less, and with the state on NVMe a
-        third less I/O a step)."""
-        return self.dtype != "fp32"
+        copy. In fp32 the optimizer steps the compute copy in place (4
+        bytes a parameter less, and with the state on NVMe a third less
+        I/O a step), unless steps speculate: undoing one needs the
+        master."""
+        return self.dtype != "fp32" or self.speculates
 
 
 def load(config: Union[str, os.PathLike, dict[str, Any]]) -> Config:

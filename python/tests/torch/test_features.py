@@ -3,6 +3,7 @@ fp16 loss scaling, the scheduler, bf16 and inference through strata.torch."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,19 +162,30 @@ def test_bf16_trains_with_fp32_masters() -> None:
     assert all(v.dtype == torch.float32 for v in run.state.values())
 
 
-@pytest.mark.parametrize("precision,roles", [
-    ({}, {"compute", "state1", "state2"}),
-    ({"bf16": {"enabled": True}}, {"compute", "master", "state1", "state2"}),
-], ids=["fp32", "bf16"])
-def test_fp32_groups_keep_no_master_beside_the_compute_copy(
-        precision: dict[str, Any], roles: set[str]) -> None:
+@pytest.mark.parametrize("setup,roles", [
+    ("fp32", {"compute", "state1", "state2"}),
+    ("bf16", {"compute", "master", "state1", "state2"}),
+    ("fp32 speculating", {"compute", "master", "state1", "state2", "grad"}),
+])
+def test_fp32_groups_keep_a_master_only_where_steps_speculate(
+        nvme: Path, setup: str, roles: set[str]) -> None:
     """In fp32 the optimizer steps the compute copy in place (the exactness
-    tests check the result); a bf16 compute copy needs its fp32 master."""
-    engine = st.initialize(model(), config(**precision))
-    for group in engine.rt.groups:
-        with engine.store.fetch(group.id, "host") as view:
-            assert {info.role for info in view.tensors} == roles, group.name
-    engine.close()
+    tests check the result); a bf16 compute copy needs its fp32 master, and
+    so does undoing a speculative step (clipping, state on NVMe)."""
+    over: dict[str, Any] = {
+        "fp32": {},
+        "bf16": {"bf16": {"enabled": True}},
+        "fp32 speculating": {"gradient_clipping": 1.0, "zero_optimization": {
+            "offload_optimizer": {"device": "nvme",
+                                  "nvme_path": str(nvme)}}},
+    }[setup]
+    engine = st.initialize(model(), config(**over))
+    try:
+        for group in engine.rt.groups:
+            with engine.store.fetch(group.id, "host") as view:
+                assert {i.role for i in view.tensors} == roles, group.name
+    finally:
+        engine.close()
 
 
 def test_inference_through_the_hooks_matches_the_weights() -> None:
