@@ -14,7 +14,8 @@ torch >= 2.1.
 Variants, each from the same initial weights (the same seed) on the same
 byte-level batches (examples/gpt.py):
   torch  torch.optim.AdamW(foreach=True), everything in memory;
-  nvme   strata.torch, optimizer state (fp32 master, m, v) on NVMe in --swap;
+  nvme   strata.torch, optimizer state (m, v: in fp32 the compute copy is
+         the master) on NVMe in --swap;
   host   strata.torch, optimizer state on the host;
   nvme-noprefetch, host-noprefetch (only with --variants)  the same
          without the adapter's prefetch of the updated weights.
@@ -36,7 +37,9 @@ strata variants must match torch's within --loss-rtol (the optimizers
 round differently). Prints per variant the median step, tokens/s, the
 ratio to torch's median step, the peak RSS and how much of strata's
 optimizer step was hidden under backward (the means per step of
-StepReport.hidden_seconds and of step_seconds), then the acceptance of
+StepReport.hidden_seconds and of step_seconds), the median forward,
+backward and update (torch's optimizer step, strata's step()) of each,
+then the acceptance of
 issue #19: strata/torch <= 1.0 with state on the host and <= 1.1 with it
 on NVMe, each PASS or FAIL. Exits 0 with either (timings are the
 reader's to judge), non-zero when the losses disagree or a worker
@@ -146,13 +149,24 @@ def build_stepper(args: argparse.Namespace, variant: str
         opt = torch.optim.AdamW(model.parameters(), foreach=True, **HYPER)
 
         def torch_step(x: Any, y: Any) -> dict[str, float]:
+            t = [time.perf_counter()]
             loss = model(x, y).loss
+            t.append(time.perf_counter())
             loss.backward()
+            t.append(time.perf_counter())
             opt.step()
             opt.zero_grad(set_to_none=True)
-            return {"loss": loss.item()}
+            return {"loss": loss.item(), **phases(t)}
         return torch_step, lambda: {}
     return strata_stepper(args, variant, model)
+
+
+def phases(t: list[float]) -> dict[str, float]:
+    """A step's forward, backward and update seconds, from the times its
+    forward and backward started (`t`) and now."""
+    t = [*t, time.perf_counter()]
+    return {name: t[i + 1] - t[i]
+            for i, name in enumerate(("forward", "backward", "update"))}
 
 
 def strata_stepper(args: argparse.Namespace, variant: str, model: Any
@@ -176,10 +190,14 @@ def strata_stepper(args: argparse.Namespace, variant: str, model: Any
 
     def step(x: Any, y: Any) -> dict[str, float]:
         stalled = engine.store.stats()["stall_seconds"]
+        t = [time.perf_counter()]
         loss = engine(x, y).loss
+        t.append(time.perf_counter())
         engine.backward(loss)
+        t.append(time.perf_counter())
         report = engine.step()
-        return {"loss": loss.item(), "hidden": report.hidden_seconds,
+        return {"loss": loss.item(), **phases(t),
+                "hidden": report.hidden_seconds,
                 "optimizer": report.step_seconds,
                 "finish_wait": report.finish_wait_seconds,
                 "stall": engine.store.stats()["stall_seconds"] - stalled}
@@ -319,6 +337,8 @@ def summarize(args: argparse.Namespace, runs: dict[str, dict[str, Any]]
                "others_cpus": (load["busy"] - load["own"]) / load["wall"],
                "steal_cpus": load["steal"] / load["wall"],
                "torch_threads": runs[v]["threads"],
+               "phases_s": {p: statistics.median(s[p] for s in measured)
+                            for p in ("forward", "backward", "update")},
                "step_seconds": [s["seconds"] for s in runs[v]["steps"]]}
         if v != "torch":
             hidden = sum(s["hidden"] for s in measured)
@@ -391,6 +411,10 @@ def report(args: argparse.Namespace, rows: dict[str, dict[str, Any]],
         f"{v} {rows[v]['fetch_stall_s']:.3f}" for v in strata) + "; the "
         "optimizer's finish: " + ", ".join(
         f"{v} {rows[v]['finish_wait_s']:.3f}" for v in strata))
+    print("phases (median s per step: forward, backward, update): " +
+          ", ".join(f"{v} " + "/".join(
+              f"{x:.3f}" for x in rows[v]["phases_s"].values())
+              for v in args.variants))
     ok = True
     for v, limit in LIMITS.items():
         ratio = rows[v]["ratio_to_torch"]

@@ -33,6 +33,8 @@ def test_the_offload_bench_runs_and_reports(scratch: Path) -> None:
     for name, row in summary["variants"].items():
         assert row["median_step_s"] > 0 and row["peak_rss_bytes"] > 0, name
         assert len(row["step_seconds"]) == 3, name
+        assert 0 < sum(row["phases_s"].values()) <= max(
+            row["step_seconds"]), name
         if name != "torch":
             assert 0 <= row["hidden_s"] <= row["optimizer_s"], name
     assert summary["variants"]["nvme"]["strata_peak_bytes"]["nvme"] > 0
