@@ -189,7 +189,17 @@ class StrataEngine:
                     f"the checkpoint to load")
             tag = latest.read_text().strip()
         path = str(Path(load_dir) / tag)
-        state = json.loads(self.rt.optimizer.load(path) or "{}")
+        try:
+            state = json.loads(self.rt.optimizer.load(path) or "{}")
+        except StrataError as e:
+            if "does not fit this engine" not in e.message:
+                raise
+            raise StrataError(e.code, e.status, (
+                f"{e.message}. strata.torch: a group's roles follow the "
+                f"config (fp32 or bf16/fp16, gradient_clipping with the "
+                f"optimizer on NVMe, gradient_accumulation_steps, mode): "
+                f"load with the config the checkpoint was saved with"
+                )) from e
         if state.get("format") != _FORMAT:
             raise StrataError(7, "data loss", (
                 f"strata.torch: {path} was not written by "

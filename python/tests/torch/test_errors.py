@@ -141,3 +141,20 @@ def test_overflowing_at_the_minimum_loss_scale_stops_the_run() -> None:
     with pytest.raises(strata.StrataError, match="minimum loss scale.*"
                        "diverged"):
         engine.step()
+
+
+def test_a_checkpoint_of_another_config_names_the_cause(
+        scratch: Path, nvme: Path) -> None:
+    """fp32 state on the host keeps no master; clipping with the state on
+    NVMe does (its steps speculate): the roles differ, and the error says
+    the config is why."""
+    first = st.initialize(model(), config())
+    first.save_checkpoint(str(scratch / "ckpt"))
+    first.close()
+    second = st.initialize(model(), config(
+        gradient_clipping=1.0, zero_optimization={"offload_optimizer": {
+            "device": "nvme", "nvme_path": str(nvme)}}))
+    with pytest.raises(strata.StrataError, match="load with the config the "
+                       "checkpoint was saved with"):
+        second.load_checkpoint(str(scratch / "ckpt"))
+    second.close()
