@@ -98,12 +98,7 @@ def _from_config(config: ConfigSource) -> _Setup:
             f"({error}); pip install 'strata[torch]', or pass budgets "
             f"instead") from error
     cfg = load(config)
-    # As strata.torch.initialize homes them: compute copies where
-    # offload_param says, the fp32 roles where offload_optimizer says.
-    home = {role: cfg.state_tier for role in strata.ROLES}
-    home["compute"] = cfg.param_tier
-    if not cfg.master_weights:
-        del home["master"]
+    home = cfg.homes()
     on_nvme = "nvme" in home.values()
     nvme = cfg.nvme_budget
     if nvme is None and not on_nvme:

@@ -179,15 +179,12 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
             + cfg.grad_buffers * largest_compute + 64 * _MIB)
     copies = 2 if cfg.speculates else 1
     nvme = copies * homed["nvme"] + 64 * _MIB if homed["nvme"] else 0
-    home = {"compute": cfg.param_tier}
-    home.update({r: cfg.state_tier
-                 for r in ("master", "state1", "state2", "grad")})
     return {"device": cfg.device,
             "device_budget": _pick(cfg.device_budget, device),
             "host_budget": _pick(cfg.host_budget, host),
             "nvme_budget": _pick(cfg.nvme_budget, nvme),
             "swap_dir": cfg.nvme_path if homed["nvme"] else None,
-            "home": home, "io_threads": cfg.io_threads}
+            "home": cfg.homes(), "io_threads": cfg.io_threads}
 
 
 def _pick(given: Optional[int], default: int) -> int:

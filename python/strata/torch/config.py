@@ -113,6 +113,15 @@ class Config:
         master."""
         return self.dtype != "fp32" or self.speculates
 
+    def homes(self) -> dict[str, str]:
+        """The home tier of each role strata.torch registers: compute
+        copies where offload_param says, the fp32 roles where
+        offload_optimizer says."""
+        fp32 = ("master",) if self.master_weights else ()
+        return {"compute": self.param_tier,
+                **{role: self.state_tier
+                   for role in (*fp32, "state1", "state2", "grad")}}
+
 
 def load(config: Union[str, os.PathLike, dict[str, Any]]) -> Config:
     """Parses a ds_config.json path or dict."""
