@@ -75,10 +75,13 @@
 //   fence says the kernels are done (the caller synchronized).
 //
 // - While a group is fetched with `write`, its bytes are in flux: fetches of
-//   it at another tier wait for its release, and prefetches skip it. (So a
-//   thread must not fetch, at another tier, a group it holds for writing.)
-//   A read view at another tier keeps the bytes it had, unchanged; a
-//   fetch of the group at that view's tier waits until it is released.
+//   it at another tier wait for its release, and prefetches skip it. The
+//   engine never waits on its own caller: such a fetch from the thread
+//   that holds the write view fails at once (kFailedPrecondition, naming
+//   the view) instead of waiting for itself. A read view at another tier
+//   keeps the bytes it had, unchanged; a fetch of the group at that view's
+//   tier gets its own copy of the new bytes, and the old copy is freed
+//   when the view is released. Nothing waits for a read view.
 //   A write fetch itself first waits for any transfer still copying from
 //   the copy it hands out (a prefetch of the group to the device, say),
 //   even when that copy is already resident; the wait counts as a stall.

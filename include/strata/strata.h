@@ -262,10 +262,18 @@ STRATA_EXPORT strata_status strata_group_get_bytes(const strata_engine* engine,
 
 /* Makes the group's chunks of `roles` (a mask; STRATA_ALL_ROLES for every
  * role the group has) valid at `tier` (the device or the host) and returns
- * them as *view. With write = 1 the fetched copies become the only valid
- * ones, and fetches of the group at another tier wait until the view is
- * released (so a thread must not make one while it holds such a view).
- * Each fetch is undone by releasing its view. */
+ * them as *view. Each fetch is undone by releasing its view.
+ * - With write = 1 the fetched copies become the only valid ones, and a
+ *   fetch of the group at another tier waits until the view is released:
+ *   from another thread it waits; from the thread that fetched the write
+ *   view (which alone would then release it) it fails at once with
+ *   STRATA_FAILED_PRECONDITION naming the view.
+ * - A read view keeps the bytes it was given when the group is written at
+ *   another tier; a later fetch at the view's tier gets its own copy of
+ *   the new bytes, and the old copy is freed when the view is released.
+ *   Nothing ever waits for a read view.
+ * Fails with STRATA_RESOURCE_EXHAUSTED when the tier cannot make room
+ * (naming what the views there hold). */
 STRATA_EXPORT strata_status strata_group_fetch(strata_engine* engine,
                                                int32_t group, int32_t tier,
                                                uint32_t roles, int32_t write,

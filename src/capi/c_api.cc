@@ -193,17 +193,14 @@ strata_status strata_group_get_bytes(const strata_engine* engine, int32_t group,
   });
 }
 
-strata_status strata_group_fetch(strata_engine* engine, int32_t group,
-                                 int32_t tier, uint32_t roles, int32_t write,
-                                 strata_view** view) {
-  return strata_group_fetch_on(engine, group, tier, roles, write, nullptr,
-                               view);
-}
+namespace {
 
-strata_status strata_group_fetch_on(strata_engine* engine, int32_t group,
-                                    int32_t tier, uint32_t roles, int32_t write,
-                                    void* stream, strata_view** view) {
-  return Guard(__func__, [&]() -> Status {
+// strata_group_fetch and strata_group_fetch_on, under the name the caller
+// called (its errors say which).
+strata_status FetchAs(const char* fn, strata_engine* engine, int32_t group,
+                      int32_t tier, uint32_t roles, int32_t write, void* stream,
+                      strata_view** view) {
+  return Guard(fn, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {view, "view"}}));
     STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
     STRATA_RETURN_IF_ERROR(ValidTier(tier));
@@ -221,6 +218,20 @@ strata_status strata_group_fetch_on(strata_engine* engine, int32_t group,
     *view = ViewTable::Get().Add(std::move(fetched));
     return Status::Ok();
   });
+}
+
+}  // namespace
+
+strata_status strata_group_fetch(strata_engine* engine, int32_t group,
+                                 int32_t tier, uint32_t roles, int32_t write,
+                                 strata_view** view) {
+  return FetchAs(__func__, engine, group, tier, roles, write, nullptr, view);
+}
+
+strata_status strata_group_fetch_on(strata_engine* engine, int32_t group,
+                                    int32_t tier, uint32_t roles, int32_t write,
+                                    void* stream, strata_view** view) {
+  return FetchAs(__func__, engine, group, tier, roles, write, stream, view);
 }
 
 strata_status strata_group_prefetch(strata_engine* engine, int32_t group,

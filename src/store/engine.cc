@@ -159,10 +159,9 @@ Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
     for (Role role : kRoles) {
       if ((t.roles & RoleBit(role) & opt.roles) == 0) continue;
       const DType dtype = RoleDType(role, t.dtype);
-      view.tensors.push_back(
-          {t.name, role, dtype, t.shape,
-           residency_->Address(group, role, tier, t.offset[role]),
-           t.elements * DTypeSize(dtype), tier, cuda});
+      view.tensors.push_back({t.name, role, dtype, t.shape,
+                              fetched.base[role] + t.offset[role],
+                              t.elements * DTypeSize(dtype), tier, cuda});
     }
   }
   return view;

@@ -41,6 +41,9 @@ Residency::~Residency() {
     for (Tier t : kTiers) FreeCopy(c, t);
     if (c.spare.valid()) nvme_->Free(c.spare);
   }
+  for (const auto& [serial, retired] : retired_) {
+    FreeMemory(retired.tier, retired.copy);
+  }
 }
 
 int Residency::group_count() const {
@@ -311,15 +314,21 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
         trace_.OnFetch({.group = group, .tier = tier, .roles = opt.roles});
   }
   const int position = opt.record ? position_ : -1;
-  Hold hold{.group = group, .tier = tier, .write = false, .chunks = {}};
+  Hold hold;
+  hold.group = group;
+  hold.tier = tier;
+  hold.thread = std::this_thread::get_id();
   std::vector<int> ids = ChunksOf(group, opt.roles);
-  Status placed = PinAll(lk, ids, opt, hold);
+  FetchTally tally;
+  Status placed = PinAll(lk, ids, opt, hold, tally);
   if (placed.code() == StatusCode::kResourceExhausted) {
     // Note [Eviction order]: the fetch's own copies split the room that
     // eviction made; they go, and are placed again into all of it.
-    STRATA_RETURN_IF_ERROR(DropUnpinned(lk, ids, tier));
-    placed = PinAll(lk, ids, opt, hold);
+    placed = DropUnpinned(lk, ids, tier);
+    tally.Restart();
+    if (placed.ok()) placed = PinAll(lk, ids, opt, hold, tally);
   }
+  if (opt.record) Count(ids.size(), tally);
   STRATA_RETURN_IF_ERROR(placed);
   if (speculative) {
     if (Status s = WriteDownForSpeculation(lk, hold); !s.ok()) {
@@ -328,6 +337,10 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
     }
   }
   if (opt.write) {
+    // A writer from now on: no other tier's write fetch makes the copies
+    // stale (and so retirable) while this one waits for their readers.
+    for (int id : hold.chunks) ++chunks_[id].writers;
+    hold.write = true;
     auto unread = [&] {
       for (int id : hold.chunks) {
         if (chunks_[id].copy[tier].readers > 0) return false;
@@ -338,14 +351,19 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
     for (int id : hold.chunks) {
       if (speculative) StartSpeculation(chunks_[id]);
       Invalidate(chunks_[id], tier);
-      ++chunks_[id].writers;
     }
-    hold.write = true;
+  }
+  Fetched fetched;
+  fetched.position = position;
+  for (size_t i = 0; i < hold.chunks.size(); ++i) {
+    const int id = hold.chunks[i];
+    fetched.base[chunks_[id].role] =
+        static_cast<char*>(CopyBySerial(id, tier, hold.serials[i]).ptr);
   }
   const uint64_t pin = next_pin_++;
   holds_.emplace(pin, std::move(hold));
-  return Fetched{.position = position,
-                 .pin = internal::PinOwner::Make(pin_owner_, pin)};
+  fetched.pin = internal::PinOwner::Make(pin_owner_, pin);
+  return fetched;
 }
 
 // Fetch's chunks made valid and pinned at hold.tier, largest first: each is
@@ -353,17 +371,20 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
 // small chunks cannot split the room a large one needs. On failure nothing
 // stays pinned.
 Status Residency::PinAll(Lock& lk, std::vector<int>& ids,
-                         const FetchOptions& opt, Hold& hold) {
+                         const FetchOptions& opt, Hold& hold,
+                         FetchTally& tally) {
   std::stable_sort(ids.begin(), ids.end(), [this](int a, int b) {
     return chunks_[a].bytes > chunks_[b].bytes;
   });
   for (int id : ids) {
-    if (Status s = FetchChunk(lk, id, hold.tier, opt); !s.ok()) {
+    if (Status s = FetchChunk(lk, id, hold.tier, opt, tally); !s.ok()) {
       Unpin(hold);
       hold.chunks.clear();
+      hold.serials.clear();
       return s;
     }
     hold.chunks.push_back(id);
+    hold.serials.push_back(chunks_[id].copy[hold.tier].serial);
   }
   return Status();
 }
@@ -375,7 +396,7 @@ Status Residency::DropUnpinned(Lock& lk, const std::vector<int>& ids,
     const Chunk& c = chunks_[id];
     const Copy& copy = c.copy[tier];
     if (c.home == tier || !copy.allocated() || copy.busy() || copy.pins > 0 ||
-        copy.readers > 0 || copy.fenced() || WriteDownBlocked(c, tier)) {
+        copy.readers > 0 || copy.fenced()) {
       continue;
     }
     STRATA_RETURN_IF_ERROR(Drop(lk, id, tier));
@@ -384,15 +405,12 @@ Status Residency::DropUnpinned(Lock& lk, const std::vector<int>& ids,
 }
 
 // Makes one chunk valid at `tier` for a demand fetch and pins it there,
-// counting the fetch when `opt.record`; Fetch makes it writable.
+// tallying what the fetch found; Fetch makes it writable.
 Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
-                             const FetchOptions& opt) {
+                             const FetchOptions& opt, FetchTally& tally) {
   Copy& dst = chunks_[id].copy[tier];
   const bool prefetched = dst.prefetched;
-  if (opt.record) {
-    ++counters_.fetches;
-    counters_.late_prefetches += dst.busy() && prefetched;
-  }
+  tally.late += dst.busy() && prefetched;
   STRATA_ASSIGN_OR_RETURN(const bool landing, PinLanding(id, tier, opt));
   if (landing) return Status();
   const auto start = std::chrono::steady_clock::now();
@@ -406,19 +424,25 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
     changed_.wait(lk);
     s = Ensure(lk, id, tier, Reason::For(opt), nullptr);
   }
-  if (opt.record) {
-    counters_.hits += hit;
-    counters_.prefetch_hits += hit && prefetched;
-    if (!hit) {
-      counters_.stall_seconds += std::chrono::duration<double>(
-                                     std::chrono::steady_clock::now() - start)
-                                     .count();
-    }
+  tally.hits += hit;
+  tally.prefetch_hits += hit && prefetched;
+  if (!hit) {
+    tally.stall +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
   }
   if (!s.ok()) return s;
   ++dst.pins;
   dst.last_use = ++clock_;
   return Status();
+}
+
+void Residency::Count(size_t chunks, const FetchTally& tally) {
+  counters_.fetches += chunks;
+  counters_.hits += tally.hits;
+  counters_.prefetch_hits += tally.prefetch_hits;
+  counters_.late_prefetches += tally.late;
+  counters_.stall_seconds += tally.stall;
 }
 
 Result<bool> Residency::PinLanding(int id, Tier tier, const FetchOptions& opt) {
@@ -432,52 +456,6 @@ Result<bool> Residency::PinLanding(int id, Tier tier, const FetchOptions& opt) {
   ++dst.pins;
   dst.last_use = ++clock_;
   return true;
-}
-
-void Residency::Unpin(const Hold& hold) {
-  for (int id : hold.chunks) {
-    --chunks_[id].copy[hold.tier].pins;
-    if (hold.write) --chunks_[id].writers;
-  }
-  changed_.notify_all();
-}
-
-Status Residency::Release(uint64_t pin, const Fence& after) {
-  STRATA_ASSIGN_OR_RETURN(tier::Event fence, device_->Record(after));
-  std::lock_guard<std::mutex> lock(mu_);
-  const auto it = holds_.find(pin);
-  if (it == holds_.end()) {
-    return Status::FailedPrecondition(
-        "release of pin " + std::to_string(pin) +
-        ", which this engine does not hold: released twice, or not its own");
-  }
-  const Hold& hold = it->second;
-  if (!fence.Poll()) {
-    for (int id : hold.chunks) ++chunks_[id].copy[hold.tier].fences;
-    fenced_.push_back({std::move(fence), hold.tier, hold.chunks});
-    fence_added_.notify_one();
-  }
-  Unpin(hold);
-  holds_.erase(it);
-  return Status();
-}
-
-void Residency::WatchFences() {
-  Lock lk(mu_);
-  for (;;) {
-    fence_added_.wait(lk, [this] { return stopping_ || !fenced_.empty(); });
-    if (fenced_.empty()) return;
-    const tier::Event event = fenced_.front().event;
-    lk.unlock();
-    // A failure of the caller's own work is the caller's to report; the
-    // memory is free either way once the event is done.
-    (void)event.Wait();
-    lk.lock();
-    const Fenced done = std::move(fenced_.front());
-    fenced_.pop_front();
-    for (int id : done.chunks) --chunks_[id].copy[done.tier].fences;
-    changed_.notify_all();
-  }
 }
 
 Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int position) {

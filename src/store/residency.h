@@ -18,7 +18,30 @@
 //   state and its transitions: Note [Copy states] below.
 // - A write fetch's copy changes until its release, so no copy is made from
 //   it meanwhile: demand fetches of the chunk at other tiers wait for the
-//   release, prefetches skip it.
+//   release, prefetches skip it (Note [Waits the caller could end]).
+// - A read view keeps the bytes it was given: Note [Retired copies].
+//
+// Note [Retired copies]
+// A write at one tier makes the copies at the others stale, and a read
+// view may hold one of them. Its bytes stay as they were for that view.
+// But the engine never waits for such a view's release (its holder may be
+// the very thread that waits, which then never returns): a move that needs
+// the tier's copy (a fetch there, a write-down into it) retires the held
+// copy instead. The retired copy leaves the chunk, with its memory, pins
+// and fences, and is freed when the last of them ends; the chunk gets a
+// fresh copy at that tier (a home one too: the retired memory then comes
+// back as the home copy when it is freed before a fresh one could be
+// placed). Each hold names the copy it pinned by serial, so a release
+// finds it wherever it went. Retired memory counts against the tier's
+// budget like any pinned copy: when nothing can be evicted for the fresh
+// copy, the move fails naming the views.
+//
+// Note [Waits the caller could end]
+// Every wait in the residency is ended by another thread: a transfer, the
+// fence watcher, or the release of a write view held by another thread.
+// A demand fetch that would wait for a write view held by its own thread
+// (fetched by it and not released) could wait forever, so it fails with
+// kFailedPrecondition naming that view instead.
 //
 // Note [Eviction order]
 // An allocation that does not fit drops copies at that tier, cheapest
@@ -142,6 +165,9 @@ class Residency {
   struct Fetched {
     int position = -1;
     Pin pin;
+    // The fetched chunk of each role (null for a role not fetched): where
+    // the views point, valid while `pin` is held.
+    RoleArray<char*> base;
   };
   // Demand fetch (Engine::Fetch): validates and pins the group's chunks in
   // `opt.roles` at `tier`.
@@ -218,7 +244,8 @@ class Residency {
   // the device, whose fill keeps its event in `landing` meanwhile
   // (PinLanding); the fill then ends as above. A pinned copy made kStale by
   // a write elsewhere keeps its old bytes for the view that holds it:
-  // nothing fills it (or writes down into it) until its pins are gone.
+  // nothing fills it (or writes down into it); a move that needs the tier
+  // retires it (Note [Retired copies]).
   // `fences` counts the releases whose device work has not yet run (Note
   // [Fences]); until it is 0 the copy is treated like a busy one. Its
   // state is unchanged meanwhile. `prefetched` marks a kValid copy that a
@@ -236,6 +263,8 @@ class Residency {
     int fences = 0;       // Note [Fences] not yet complete
     tier::Event landing;  // while kFilling from the host to the device
     bool prefetched = false;
+    uint64_t serial = 0;  // names the memory for holds (Note [Retired
+                          // copies]); set by each allocation
     uint64_t last_use = 0;
 
     bool allocated() const { return state != CopyState::kAbsent; }
@@ -302,6 +331,8 @@ class Residency {
     Tier tier = Tier::kHost;
     bool write = false;
     std::vector<int> chunks;
+    std::vector<uint64_t> serials;  // of the copy pinned, per chunk
+    std::thread::id thread;         // that fetched it
   };
   // The bytes a group's chunks take at their homes, and the bytes a fetch
   // of the whole group needs beside them (at the device, its device roles;
@@ -333,21 +364,49 @@ class Residency {
   // be written keeps its old bytes in the extent that holds them.
   Status WriteDownForSpeculation(Lock& lk, const Hold& hold);
   void StartSpeculation(Chunk& c);
-  Status RestoreOldBytes(Lock& lk, Chunk& c);
+  Status RestoreOldBytes(Lock& lk, int id);
+  // What one fetch found, counted once per chunk (Count) whether it is
+  // placed at the first try or again after DropUnpinned.
+  struct FetchTally {
+    uint64_t hits = 0;
+    uint64_t prefetch_hits = 0;
+    uint64_t late = 0;
+    double stall = 0;  // summed over the tries
+    void Restart() { hits = prefetch_hits = late = 0; }
+  };
   Status PinAll(Lock& lk, std::vector<int>& ids, const FetchOptions& opt,
-                Hold& hold);
+                Hold& hold, FetchTally& tally);
+  void Count(size_t chunks, const FetchTally& tally);
+  // The hold on a write view of chunk `id` that keeps a demand from the
+  // calling thread waiting, when only that thread could release it (Note
+  // [Waits the caller could end]); an error naming it, else OK.
+  Status CheckSelfWait(const Chunk& c, int id, Tier tier) const;
   Status DropUnpinned(Lock& lk, const std::vector<int>& ids, Tier tier);
-  Status FetchChunk(Lock& lk, int id, Tier tier, const FetchOptions& opt);
+  Status FetchChunk(Lock& lk, int id, Tier tier, const FetchOptions& opt,
+                    FetchTally& tally);
   // FetchChunk's way for a read on the caller's stream: pins a copy still
   // landing on the device and makes the stream wait for it. False when the
   // copy is not landing.
   Result<bool> PinLanding(int id, Tier tier, const FetchOptions& opt);
   void Unpin(const Hold& hold);
   // The copy at `tier` may not be filled or written into: a view holds its
-  // old bytes.
+  // old bytes. It is retired instead (Note [Retired copies]).
   static bool HeldStale(const Copy& copy) {
     return copy.state == CopyState::kStale && copy.pins > 0;
   }
+  // Retires the held stale copy of chunk `id` at `tier` and gives the
+  // chunk a fresh one there (Note [Retired copies]). Returns with the lock
+  // held; on failure a home copy is back in place.
+  Status Retire(Lock& lk, int id, Tier tier, Reason why);
+  // Retire's first half: the held stale copy leaves the chunk, whose copy
+  // at `tier` is then absent.
+  void Detach(int id, Tier tier);
+  // The copy of chunk `id` at `tier` with `serial`: the chunk's own, or a
+  // retired one.
+  Copy& CopyBySerial(int id, Tier tier, uint64_t serial);
+  // After a pin or fence of a retired copy ended: frees it once nothing
+  // holds it (or gives it back to its chunk as the home copy).
+  void FreeIfUnheld(uint64_t serial);
   Status AllocateHomes(Group& group, std::vector<int>& ids);
   std::vector<int> ChunksOf(int group, RoleMask roles) const;
   Status Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit);
@@ -364,13 +423,13 @@ class Residency {
   int PickVictim(Tier tier, int requester, Reason why) const;
   uint64_t FreeBytes(Tier tier) const;  // device or host
   // Dropping the copy at `tier` needs a write-down first: it holds the only
-  // valid bytes. Blocked while the copy below is HeldStale.
+  // valid bytes.
   bool MustWriteDown(const Chunk& c, Tier tier) const;
-  bool WriteDownBlocked(const Chunk& c, Tier tier) const;
   Status Drop(Lock& lk, int id, Tier tier);
   Status EvictCached(Lock& lk, Tier tier);
   Status WriteDown(Lock& lk, int id, Tier tier);
   void FreeCopy(Chunk& c, Tier tier);
+  void FreeMemory(Tier tier, const Copy& copy);
   void Invalidate(Chunk& c, Tier keep);
   bool OtherValid(const Chunk& c, Tier tier) const;
   bool AnyBusy(Tier tier) const;  // or fenced
@@ -403,8 +462,17 @@ class Residency {
     tier::Event event;
     Tier tier = Tier::kHost;
     std::vector<int> chunks;
+    std::vector<uint64_t> serials;
   };
   std::deque<Fenced> fenced_;
+  // Note [Retired copies], by serial.
+  struct RetiredCopy {
+    int chunk = -1;
+    Tier tier = Tier::kHost;
+    Copy copy;
+  };
+  std::map<uint64_t, RetiredCopy> retired_;
+  uint64_t next_serial_ = 1;
   std::condition_variable fence_added_;
   bool stopping_ = false;
 

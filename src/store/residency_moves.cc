@@ -35,12 +35,22 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
       continue;
     }
     // A write-fetched copy is changing until its release: nothing may be
-    // copied from it. A stale copy that a view still holds keeps its old
-    // bytes for that view. A demand waits for the release; a prefetch gives
-    // up.
-    if (c.writers > 0 || HeldStale(dst)) {
+    // copied from it. A demand waits for the release (Note [Waits the
+    // caller could end]); a prefetch gives up.
+    if (c.writers > 0) {
       if (!why.demand()) break;
+      status = CheckSelfWait(c, id, tier);
+      if (!status.ok()) break;
       changed_.wait(lk);
+      continue;
+    }
+    // A stale copy that a view still holds keeps its old bytes for that
+    // view: a demand retires it (Note [Retired copies]), a prefetch gives
+    // up.
+    if (HeldStale(dst)) {
+      if (!why.demand()) break;
+      status = Retire(lk, id, tier, why);
+      if (!status.ok()) break;
       continue;
     }
     const Tier from =
@@ -220,6 +230,11 @@ std::string Residency::Occupants(Tier tier) const {
       held += c.bytes;
     }
   }
+  for (const auto& [serial, retired] : retired_) {
+    if (retired.tier != tier || named >= 4) continue;
+    fetched += (named++ > 0 ? ", " : "") + Describe(chunks_[retired.chunk]) +
+               " (a stale copy)";
+  }
   std::string out = HumanBytes(homes) + " of homes";
   if (named > 0) out += "; copies fetched (pinned) by views: " + fetched;
   if (held > 0) out += "; " + HumanBytes(held) + " of other copies in use";
@@ -237,6 +252,7 @@ Status Residency::TryAllocate(Chunk& c, Tier tier) {
                                           : host_->Allocate(c.bytes));
   }
   copy.state = CopyState::kStale;
+  copy.serial = next_serial_++;
   return Status();
 }
 
@@ -262,7 +278,7 @@ int Residency::PickVictim(Tier tier, int requester, Reason why) const {
     }
     if (static_cast<int>(i) == requester || c.home == tier ||
         !copy.allocated() || copy.busy() || copy.pins > 0 || copy.readers > 0 ||
-        copy.fenced() || WriteDownBlocked(c, tier)) {
+        copy.fenced()) {
       continue;
     }
     int64_t score;
@@ -284,20 +300,10 @@ bool Residency::MustWriteDown(const Chunk& c, Tier tier) const {
   return c.copy[tier].usable() && !c.never_written() && !OtherValid(c, tier);
 }
 
-bool Residency::WriteDownBlocked(const Chunk& c, Tier tier) const {
-  return MustWriteDown(c, tier) && HeldStale(c.copy[TowardHome(tier, c.home)]);
-}
-
 // Drops the copy at `tier`, writing it one tier toward home first when it
 // holds the only valid bytes. On a failed write the copy stays valid.
 Status Residency::Drop(Lock& lk, int id, Tier tier) {
   Chunk& c = chunks_[id];
-  if (WriteDownBlocked(c, tier)) {
-    return Status::FailedPrecondition(
-        Describe(c) + ": its only valid copy is on " + TierLabel(tier) +
-        ", and the copy below it is held by a view that a write made stale; "
-        "release that view first");
-  }
   if (MustWriteDown(c, tier)) {
     STRATA_RETURN_IF_ERROR(WriteDown(lk, id, tier));
   }
@@ -318,7 +324,11 @@ Status Residency::WriteDown(Lock& lk, int id, Tier tier) {
   copy.state = CopyState::kFlushing;
   Status status;
   while (lower.busy() || lower.fenced()) changed_.wait(lk);
-  if (!lower.allocated()) status = Allocate(lk, id, to, Reason::Demand());
+  if (HeldStale(lower)) {
+    status = Retire(lk, id, to, Reason::Demand());
+  } else if (!lower.allocated()) {
+    status = Allocate(lk, id, to, Reason::Demand());
+  }
   if (status.ok()) {
     lower.state = CopyState::kFilling;
     lk.unlock();
@@ -336,6 +346,11 @@ Status Residency::WriteDown(Lock& lk, int id, Tier tier) {
 void Residency::FreeCopy(Chunk& c, Tier tier) {
   Copy& copy = c.copy[tier];
   if (!copy.allocated()) return;
+  FreeMemory(tier, copy);
+  copy = Copy();
+}
+
+void Residency::FreeMemory(Tier tier, const Copy& copy) {
   if (tier == Tier::kNvme) {
     nvme_->Free(copy.extent);
   } else if (tier == Tier::kDevice) {
@@ -343,7 +358,6 @@ void Residency::FreeCopy(Chunk& c, Tier tier) {
   } else {
     host_->Free(copy.ptr);
   }
-  copy = Copy();
 }
 
 // A write fetch at `keep`: every other copy is stale from now on (a moving

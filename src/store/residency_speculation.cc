@@ -97,7 +97,7 @@ Status Residency::EndSpeculation(int group, Outcome outcome) {
     if (outcome == Outcome::kKeep) {
       c.speculative = false;
     } else {
-      STRATA_RETURN_IF_ERROR(RestoreOldBytes(lk, c));
+      STRATA_RETURN_IF_ERROR(RestoreOldBytes(lk, id));
     }
     if (SpeculationHook hook = speculation_hook.load()) hook();
   }
@@ -107,7 +107,8 @@ Status Residency::EndSpeculation(int group, Outcome outcome) {
 
 // Drops the new bytes everywhere and makes the old extent the NVMe copy
 // again, once no move of the chunk is in flight.
-Status Residency::RestoreOldBytes(Lock& lk, Chunk& c) {
+Status Residency::RestoreOldBytes(Lock& lk, int id) {
+  Chunk& c = chunks_[id];
   auto at_rest = [&] {
     for (Tier t : kTiers) {
       const Copy& copy = c.copy[t];
@@ -117,6 +118,8 @@ Status Residency::RestoreOldBytes(Lock& lk, Chunk& c) {
   };
   changed_.wait(lk, at_rest);
   for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    // A view of older bytes keeps them (Note [Retired copies]).
+    if (HeldStale(c.copy[t])) Detach(id, t);
     if (c.copy[t].pins > 0) {
       return Status::FailedPrecondition(
           Describe(c) + " is fetched on " + TierLabel(t) +

@@ -1,0 +1,128 @@
+// The residency manager's holds: releasing a fetch's pins (with fences,
+// Note [Fences]), the copies retired for the views that still hold them
+// (Note [Retired copies]) and the waits a caller could only end itself
+// (Note [Waits the caller could end]). The contract is in residency.h.
+#include <utility>
+
+#include "src/store/residency.h"
+
+namespace strata::store {
+
+Status Residency::Release(uint64_t pin, const Fence& after) {
+  STRATA_ASSIGN_OR_RETURN(tier::Event fence, device_->Record(after));
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = holds_.find(pin);
+  if (it == holds_.end()) {
+    return Status::FailedPrecondition(
+        "release of pin " + std::to_string(pin) +
+        ", which this engine does not hold: released twice, or not its own");
+  }
+  const Hold hold = std::move(it->second);
+  holds_.erase(it);
+  if (!fence.Poll()) {
+    for (size_t i = 0; i < hold.chunks.size(); ++i) {
+      ++CopyBySerial(hold.chunks[i], hold.tier, hold.serials[i]).fences;
+    }
+    fenced_.push_back({std::move(fence), hold.tier, hold.chunks, hold.serials});
+    fence_added_.notify_one();
+  }
+  Unpin(hold);
+  return Status();
+}
+
+void Residency::Unpin(const Hold& hold) {
+  for (size_t i = 0; i < hold.chunks.size(); ++i) {
+    const int id = hold.chunks[i];
+    --CopyBySerial(id, hold.tier, hold.serials[i]).pins;
+    FreeIfUnheld(hold.serials[i]);
+    if (hold.write) --chunks_[id].writers;
+  }
+  changed_.notify_all();
+}
+
+void Residency::WatchFences() {
+  Lock lk(mu_);
+  for (;;) {
+    fence_added_.wait(lk, [this] { return stopping_ || !fenced_.empty(); });
+    if (fenced_.empty()) return;
+    const tier::Event event = fenced_.front().event;
+    lk.unlock();
+    // A failure of the caller's own work is the caller's to report; the
+    // memory is free either way once the event is done.
+    (void)event.Wait();
+    lk.lock();
+    const Fenced done = std::move(fenced_.front());
+    fenced_.pop_front();
+    for (size_t i = 0; i < done.chunks.size(); ++i) {
+      --CopyBySerial(done.chunks[i], done.tier, done.serials[i]).fences;
+      FreeIfUnheld(done.serials[i]);
+    }
+    changed_.notify_all();
+  }
+}
+
+Residency::Copy& Residency::CopyBySerial(int id, Tier tier, uint64_t serial) {
+  Copy& own = chunks_[id].copy[tier];
+  if (own.serial == serial) return own;
+  const auto it = retired_.find(serial);
+  STRATA_CHECK(it != retired_.end() && "a hold names a copy that is gone");
+  return it->second.copy;
+}
+
+void Residency::Detach(int id, Tier tier) {
+  Copy& copy = chunks_[id].copy[tier];
+  STRATA_CHECK(HeldStale(copy));
+  retired_.emplace(copy.serial, RetiredCopy{id, tier, copy});
+  copy = Copy();
+  changed_.notify_all();
+}
+
+Status Residency::Retire(Lock& lk, int id, Tier tier, Reason why) {
+  const uint64_t serial = chunks_[id].copy[tier].serial;
+  Detach(id, tier);
+  Status status = Allocate(lk, id, tier, why);
+  Chunk& c = chunks_[id];
+  if (!status.ok() && c.home == tier && !c.copy[tier].allocated()) {
+    // A home copy is never absent: the retired memory is the home again
+    // (FreeIfUnheld did this already if its views were released meanwhile).
+    const auto it = retired_.find(serial);
+    c.copy[tier] = it->second.copy;
+    retired_.erase(it);
+  }
+  return status;
+}
+
+void Residency::FreeIfUnheld(uint64_t serial) {
+  const auto it = retired_.find(serial);
+  if (it == retired_.end()) return;
+  Copy& copy = it->second.copy;
+  if (copy.pins > 0 || copy.fenced()) return;
+  Chunk& c = chunks_[it->second.chunk];
+  const Tier tier = it->second.tier;
+  if (c.home == tier && !c.copy[tier].allocated()) {
+    c.copy[tier] = copy;  // stale: a write elsewhere holds the bytes
+  } else {
+    FreeMemory(tier, copy);
+  }
+  retired_.erase(it);
+  changed_.notify_all();
+}
+
+Status Residency::CheckSelfWait(const Chunk& c, int id, Tier tier) const {
+  const std::thread::id self = std::this_thread::get_id();
+  for (const auto& [pin, hold] : holds_) {
+    if (!hold.write || hold.thread != self) continue;
+    for (int held : hold.chunks) {
+      if (held != id) continue;
+      return Status::FailedPrecondition(
+          Describe(c) + " is fetched for writing on " + TierLabel(hold.tier) +
+          " by this thread and not released, so a fetch of it on " +
+          TierLabel(tier) +
+          " would wait for this thread itself; release the write view "
+          "first (Note [Waits the caller could end])");
+    }
+  }
+  return Status();
+}
+
+}  // namespace strata::store
