@@ -223,7 +223,9 @@ class STRATA_EXPORT OffloadOptimizer {
   // Starts an optimizer step (micro_batches forward/backward passes).
   Status BeginStep(const StepHyper& hyper);
   // A zeroed gradient buffer for `group`; blocks while every buffer is
-  // still being copied to the host.
+  // still being copied to the host. When every buffer is acquired by this
+  // thread and not handed off, only this thread could free one: that is
+  // kFailedPrecondition naming the groups that hold them, not a wait.
   Result<GradientBuffer> AcquireGradients(int group);
   // Hands the buffer back with this micro-batch's gradients in it. On the
   // group's micro_batches-th hand-off its gradients are final. Kernels that

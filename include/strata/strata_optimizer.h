@@ -150,7 +150,9 @@ STRATA_EXPORT strata_status strata_optimizer_close(strata_optimizer* optimizer);
 STRATA_EXPORT strata_status strata_optimizer_begin_step(
     strata_optimizer* optimizer, const strata_step_hyper* hyper);
 /* A zeroed gradient buffer for `group`; blocks while every buffer is still
- * being copied to the host. */
+ * being copied to the host. STRATA_FAILED_PRECONDITION, naming the groups
+ * that hold them, when every buffer is acquired by the calling thread and
+ * not handed off (it would wait for itself). */
 STRATA_EXPORT strata_status strata_optimizer_acquire_gradients(
     strata_optimizer* optimizer, int32_t group, strata_gradients** gradients);
 /* Hands the buffer back with this micro-batch's gradients in it, and ends

@@ -265,6 +265,27 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
   return Status();
 }
 
+// Note [Waits the caller could end] (src/store/residency.h), for gradient
+// buffers: with every buffer acquired by this thread and none on its way
+// back from the worker, only this thread could free one.
+Status OffloadOptimizer::Impl::CheckSelfWait(int group) const {
+  std::string held;
+  for (const Slot& s : slots_) {
+    if (s.pending || s.acquirer != std::this_thread::get_id()) {
+      return Status();
+    }
+    held += fmt::format("{}'{}'", held.empty() ? "" : ", ",
+                        parts_.residency->layout(s.group).name);
+  }
+  return Status::FailedPrecondition(fmt::format(
+      "AcquireGradients for group '{}': all {} gradient buffers are "
+      "acquired by this thread and not handed off (groups {}), so it would "
+      "wait for itself; hand one of them off first, or raise grad_buffers "
+      "to {}",
+      parts_.residency->layout(group).name, slots_.size(), held,
+      slots_.size() + 1));
+}
+
 Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
   if (!(hyper.loss_scale > 0) || !std::isfinite(hyper.loss_scale)) {
     return Status::InvalidArgument(fmt::format(
@@ -324,11 +345,13 @@ Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
         if (!slots_[i].acquired && !slots_[i].pending) index = i;
       }
       if (index >= 0 || !error_.ok()) break;
+      STRATA_RETURN_IF_ERROR(CheckSelfWait(group));
       changed_.wait(lk);
     }
     acquire_wait_ += Seconds(Clock::now() - start);
     if (index < 0) return error_;
     slots_[index].acquired = true;
+    slots_[index].acquirer = std::this_thread::get_id();
     slots_[index].group = group;
   }
   Slot& s = slots_[index];

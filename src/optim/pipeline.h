@@ -163,7 +163,8 @@ class OffloadOptimizer::Impl {
     tier::Event d2h;  // set by HandOff, waited for by the worker
     int group = -1;
     bool acquired = false;
-    bool pending = false;  // handed off, not yet consumed by the worker
+    std::thread::id acquirer;  // while acquired
+    bool pending = false;      // handed off, not yet consumed by the worker
   };
   // What a group's step runs with, decided when it was queued (Note
   // [Exact steps under overlap]).
@@ -212,6 +213,7 @@ class OffloadOptimizer::Impl {
   Status MakeDeviceRoom(uint64_t bytes);  // for the gradient buffers
   Status MakeHostRoom(uint64_t bytes);
   Status AllocateSlots();
+  Status CheckSelfWait(int group) const;  // under mu_
   // Steps wait for the global norm (clipping, skipping, kAfterBackward).
   bool Deferred() const;
   // ... and run under the next forward (Note [Steps under the next

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <map>
 #include <memory>
@@ -487,6 +488,42 @@ TEST(OffloadOptimizerTest, CallsOutOfOrderAreRefused) {
   ASSERT_TRUE(o.HandOff(*buffer).ok());
   EXPECT_EQ(o.AcquireGradients(0).status().code(),
             StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(o.FinishStep().ok());
+}
+
+// Note [Waits the caller could end]: with both buffers acquired by this
+// thread, a third AcquireGradients fails naming their groups (issue #30: it
+// waited forever); from another thread it waits for a hand-off.
+TEST(OffloadOptimizerTest, AnAcquireThatOnlyItsOwnThreadCouldEndFails) {
+  testutil::ScratchDir dir;
+  auto engine = NvmeStateEngine(dir.path(), 4 * kMiB, 4 * kMiB);
+  ASSERT_NE(engine, nullptr);
+  auto opt = OffloadOptimizer::Create(engine.get(), {.grad_buffers = 2});
+  ASSERT_TRUE(opt.ok()) << opt.status().message();
+  OffloadOptimizer& o = **opt;
+  ASSERT_TRUE(o.BeginStep({}).ok());
+  auto a = o.AcquireGradients(3);
+  auto b = o.AcquireGradients(2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = o.AcquireGradients(1);
+  ASSERT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(c.status().message().find(
+                "all 2 gradient buffers are acquired by this thread and not "
+                "handed off (groups 'layer.3', 'layer.2')"),
+            std::string::npos)
+      << c.status().message();
+  std::future<Result<GradientBuffer>> other =
+      std::async(std::launch::async, [&] { return o.AcquireGradients(1); });
+  EXPECT_EQ(other.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout);
+  ASSERT_TRUE(o.HandOff(*a).ok());
+  auto d = other.get();
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_TRUE(o.HandOff(*b).ok());
+  ASSERT_TRUE(o.HandOff(*d).ok());
+  auto e = o.AcquireGradients(0);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  ASSERT_TRUE(o.HandOff(*e).ok());
   EXPECT_TRUE(o.FinishStep().ok());
 }
 
