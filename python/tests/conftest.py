@@ -1,8 +1,11 @@
 """Fixtures of the Python package's tests: a scratch directory on a real
-disk (O_DIRECT) and a small host-emulated engine."""
+disk (O_DIRECT), a small host-emulated engine, and a watchdog on every
+test."""
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -10,6 +13,18 @@ from typing import Iterator
 import pytest
 
 import strata
+
+
+# A test that runs this long hangs (the slowest takes seconds): every
+# thread's stack is printed and the run ends failed, instead of stalling CI.
+WATCHDOG_S = 300
+
+
+@pytest.fixture(autouse=True)
+def watchdog() -> Iterator[None]:
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True, file=sys.stderr)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture

@@ -21,17 +21,30 @@ module, so that its post-hook never runs.
 Note [Backward fetch and hand-off]
 The forward post-hook wraps the unit's outputs in _BackwardFetch: its
 backward runs once the gradient of every output is there, before the
-unit's own backward, and fetches the unit's groups again and acquires a
-gradient buffer for each trainable group, whose tensor slices become the
-parameters' .grad, so AccumulateGrad adds into strata's buffer in place.
-A parameter's post-accumulate-grad hook marks it final; when every
-trainable parameter of a group is final the buffer is handed off, fenced
-on the current stream, and the CPU steps the group under the rest of
-backward. The pre-hook wraps the unit's inputs in a _BackwardFetch too, whose
-backward runs when the unit's backward is done and releases its views.
-What neither reaches (a unit whose inputs need no gradient, a group whose
+unit's own backward, and fetches the unit's groups again. A parameter's
+gradient hook (a pre-hook of its AccumulateGrad) acquires its group's
+gradient buffer when the first of the group's gradients is complete, and
+points every parameter's .grad at its tensor slice, so AccumulateGrad adds
+into strata's buffer in place. A parameter's post-accumulate-grad hook
+marks it final; when every trainable parameter of a group is final the
+buffer is handed off, fenced on the current stream, and the CPU steps the
+group under the rest of backward. The pre-hook wraps the unit's inputs in
+a _BackwardFetch too, whose backward runs when the unit's backward is
+done and releases its views (after the hand-off, for a group whose buffer
+is acquired: AccumulateGrad needs the parameter's real shape). What
+neither reaches (a unit whose inputs need no gradient, a group whose
 parameters got no gradient) is released or handed off (zeros) by
 Runtime.end_backward.
+
+A buffer is acquired only when a gradient is complete, not when the
+unit's backward starts: a parameter used by several forwards before one
+backward (R-drop, contrastive losses: engine(x1), engine(x2), backward of
+the sum) gets its gradient only after the backward of its last use, and
+autograd runs the second forward's backward first, so buffers taken at
+each unit's backward fetch were all held at once, waiting for gradients
+that could not come before a buffer was free (issue #30: it hung). Held
+from the first complete gradient to the hand-off, a group needs its
+buffer only while its own parameters accumulate.
 
 Note [Prefetch of the updated weights]
 The optimizer writes each group's new compute copy at its home (the
@@ -263,6 +276,8 @@ class Runtime:
         for group in self.groups:
             if group.plan.trainable:
                 for _, p in group.plan.params:
+                    self.handles.append(p.register_hook(
+                        self._complete(group)))
                     self.handles.append(p.register_post_accumulate_grad_hook(
                         self._accumulated))
 
@@ -313,12 +328,13 @@ class Runtime:
     # ---- backward ------------------------------------------------------
 
     def _backward_fetch(self, unit: Unit) -> None:
-        assert self.optimizer is not None
         unit.held += self._views(unit)
-        for group in unit.groups:
-            if (group.plan.trainable and group.grads is None
-                    and not group.handed):
+
+    def _complete(self, group: Group) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            if group.grads is None and not group.handed:
                 self._acquire(group, point=True)
+        return hook
 
     def _acquire(self, group: Group, point: bool) -> None:
         assert self.optimizer is not None
