@@ -199,6 +199,21 @@ struct OptimStepReport {
   // step again, or get their compute copy back, under the next forward.
   int speculated = 0;
   int undone = 0;
+  // The first group (in group order) whose gradients were not finite; -1
+  // when all were. With skip_on_overflow, the group that made the step skip.
+  int overflow_group = -1;
+};
+
+// What AbortStep() left of the step it ended.
+struct OptimAbortReport {
+  // Groups whose update of the aborted step had been applied and cannot be
+  // undone (kOverlap without clipping or skip_on_overflow steps each group
+  // as soon as its gradients are final): the model now mixes two steps.
+  // Always 0 when steps wait for the global norm.
+  int applied = 0;
+  // The step had settled (an interrupted FinishStep) and stands: it counts
+  // as taken, and its last updates land in the background.
+  bool completed = false;
 };
 
 class STRATA_EXPORT OffloadOptimizer {
@@ -238,6 +253,13 @@ class STRATA_EXPORT OffloadOptimizer {
   // kOverlap mode, queues them under the next forward instead). Every
   // trainable group must have been handed off micro_batches times.
   Result<OptimStepReport> FinishStep();
+  // Ends the open step without FinishStep, after an error or an interrupt
+  // in the caller's forward or backward: hand-offs not yet consumed are
+  // dropped, acquired buffers freed, speculative updates undone; updates
+  // already applied stay (the report says how many). Between steps it does
+  // nothing. Waits for the CPU optimizer's current task (kCancelled if
+  // interrupted: call it again). The next BeginStep starts clean.
+  Result<OptimAbortReport> AbortStep();
 
   int64_t step() const;  // steps applied so far
   // For a resume: the steps already applied. No step may be in progress.

@@ -32,6 +32,7 @@ enum class StatusCode : int {
   kUnavailable,         // a kernel facility is missing or blocked
   kFailedPrecondition,  // the object is in the wrong state for the call
   kInternal,            // an unexpected errno or library failure
+  kCancelled,           // the caller asked a wait to stop (Ctrl-C)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -74,6 +75,9 @@ class [[nodiscard]] Status {
   static Status Internal(std::string message) {
     return Status(StatusCode::kInternal, std::move(message));
   }
+  static Status Cancelled(std::string message) {
+    return Status(StatusCode::kCancelled, std::move(message));
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
@@ -110,6 +114,8 @@ inline std::string_view StatusCodeName(StatusCode code) {
       return "failed precondition";
     case StatusCode::kInternal:
       return "internal";
+    case StatusCode::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }

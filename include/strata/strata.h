@@ -74,7 +74,8 @@ typedef enum strata_status {
   STRATA_DATA_LOSS = 7,
   STRATA_UNAVAILABLE = 8,
   STRATA_FAILED_PRECONDITION = 9,
-  STRATA_INTERNAL = 10
+  STRATA_INTERNAL = 10,
+  STRATA_CANCELLED = 11 /* a wait ended by strata_set_interrupt_fd */
 } strata_status;
 
 /* Enum values travel in int32_t fields so that struct layouts do not depend
@@ -122,6 +123,20 @@ STRATA_EXPORT const char* strata_last_error(void);
 
 STRATA_EXPORT strata_status strata_version_get(int32_t* major, int32_t* minor,
                                                int32_t* patch);
+
+/* Ctrl-C for callers blocked in strata. A call that waits for something
+ * that may take long (a write view another thread holds, a gradient
+ * buffer, the CPU optimizer, a queued update, the prefetches, a
+ * checkpoint's quiesce) looks at `fd` from the waiting thread at least
+ * every 100 ms; once it is readable (a signal handler wrote to it, as
+ * Python's does to its wakeup fd), the wait ends and the call fails with
+ * STRATA_CANCELLED, having released what it pinned and changed nothing:
+ * the engine stays usable and the call may be made again. strata never
+ * reads the descriptor; the caller drains it. -1 (the default) turns it
+ * off. One descriptor for the process; strata's own threads never look.
+ * The Python binding uses it so that KeyboardInterrupt reaches a call
+ * blocked in strata. */
+STRATA_EXPORT strata_status strata_set_interrupt_fd(int32_t fd);
 
 /* ---- Engine ---------------------------------------------------------- */
 

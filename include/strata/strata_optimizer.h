@@ -123,7 +123,18 @@ typedef struct strata_step_report {
   double acquire_wait_seconds;
   int32_t speculated; /* groups stepped speculatively under backward */
   int32_t undone;     /* of those, undone (clipped or skipped) */
+  /* Since 0.2: the first group whose gradients were not finite, -1 none. */
+  int32_t overflow_group;
+  int32_t reserved;
 } strata_step_report;
+
+/* strata::OptimAbortReport; the caller sets struct_size. */
+typedef struct strata_abort_report {
+  uint32_t struct_size;
+  int32_t applied;   /* groups whose update stays: the model mixes steps */
+  int32_t completed; /* 1: the step had settled and stands */
+  int32_t reserved;
+} strata_abort_report;
 
 /* strata::GradientBuffer, without its tensors (strata_gradients_get_tensor);
  * the caller sets struct_size. */
@@ -167,6 +178,11 @@ STRATA_EXPORT strata_status strata_optimizer_hand_off(
 /* After backward; see strata::OffloadOptimizer::FinishStep. */
 STRATA_EXPORT strata_status strata_optimizer_finish_step(
     strata_optimizer* optimizer, strata_step_report* report);
+/* Ends the open step without finishing it, after an error or an interrupt
+ * in the caller's forward or backward; see
+ * strata::OffloadOptimizer::AbortStep. Between steps it does nothing. */
+STRATA_EXPORT strata_status strata_optimizer_abort_step(
+    strata_optimizer* optimizer, strata_abort_report* report);
 
 STRATA_EXPORT strata_status
 strata_optimizer_get_step(const strata_optimizer* optimizer, int64_t* step);

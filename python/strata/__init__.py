@@ -23,6 +23,7 @@ from strata import _native
 from strata._native import Exported, Owned, StrataError, lib, sized
 
 __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
+           "AbortReport",
            "StrataError", "Exported", "TIERS", "ROLES", "DTYPES", "info",
            "version", "__version__"]
 
@@ -269,5 +270,6 @@ class View:
         self.release()
 
 
-from strata.optimizer import Gradients, Optimizer, StepReport  # noqa: E402
+from strata.optimizer import (AbortReport, Gradients, Optimizer,  # noqa: E402
+                              StepReport)
 from strata._info import info  # noqa: E402

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import ctypes as C
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 NUM_TIERS = 3
 NUM_ROLES = 5
 WHOLE_BUFFER = -1
+
+
+CANCELLED = 11  # STRATA_CANCELLED: the interrupt check stopped a wait
 
 
 class StrataError(Exception):
@@ -102,7 +107,12 @@ StepReport = _struct("StepReport", [
     ("clip_coef", C.c_double), ("step_seconds", C.c_double),
     ("hidden_seconds", C.c_double), ("finish_wait_seconds", C.c_double),
     ("acquire_wait_seconds", C.c_double), ("speculated", C.c_int32),
-    ("undone", C.c_int32)])
+    ("undone", C.c_int32), ("overflow_group", C.c_int32),
+    ("reserved", C.c_int32)])
+
+AbortReport = _struct("AbortReport", [
+    ("struct_size", C.c_uint32), ("applied", C.c_int32),
+    ("completed", C.c_int32), ("reserved", C.c_int32)])
 
 GradientsInfo = _struct("GradientsInfo", [
     ("struct_size", C.c_uint32), ("group", C.c_int32), ("data", C.c_void_p),
@@ -133,12 +143,14 @@ STRUCTS = {
     "strata_optimizer_options": OptimizerOptions,
     "strata_step_hyper": StepHyper,
     "strata_step_report": StepReport,
+    "strata_abort_report": AbortReport,
     "strata_gradients_info": GradientsInfo,
 }
 
 _P = C.c_void_p
 _PROTOTYPES: dict[str, list[Any]] = {
     "strata_version_get": [C.POINTER(C.c_int32)] * 3,
+    "strata_set_interrupt_fd": [C.c_int32],
     "strata_engine_options_init": [C.POINTER(EngineOptions)],
     "strata_engine_open": [C.POINTER(EngineOptions), C.POINTER(_P)],
     "strata_engine_close": [_P],
@@ -175,6 +187,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "strata_optimizer_acquire_gradients": [_P, C.c_int32, C.POINTER(_P)],
     "strata_optimizer_hand_off": [_P, _P, _P, _P],
     "strata_optimizer_finish_step": [_P, C.POINTER(StepReport)],
+    "strata_optimizer_abort_step": [_P, C.POINTER(AbortReport)],
     "strata_optimizer_get_step": [_P, C.POINTER(C.c_int64)],
     "strata_optimizer_set_step": [_P, C.c_int64],
     "strata_optimizer_save": [_P, C.c_char_p, C.c_char_p],
@@ -200,9 +213,34 @@ def _candidates() -> list[Path]:
     return out
 
 
+# Note [Ctrl-C in strata's waits]
+# A thread blocked in a ctypes call runs no Python signal handler, so a
+# Ctrl-C during a long wait in strata did nothing. While the main thread
+# is in a call that may wait (BLOCKING), Python's wakeup fd (which its
+# signal handler writes a byte to for every signal with a Python handler)
+# is a pipe that strata watches (strata.h, strata_set_interrupt_fd): the
+# wait ends within 100 ms and the call fails with STRATA_CANCELLED, having
+# changed nothing. Back in Python the pending handlers run as usual (the
+# default SIGINT handler raises KeyboardInterrupt from the call), and when
+# none raises the call is made again. The bytes read from the pipe are
+# passed on to the wakeup fd that was set before (asyncio's), so no one
+# misses a signal. Other threads' calls are not interrupted: Python runs
+# signal handlers on the main thread only.
+BLOCKING = frozenset({
+    "strata_group_fetch_on", "strata_group_evict", "strata_engine_drain",
+    "strata_engine_save", "strata_engine_load",
+    "strata_optimizer_acquire_gradients", "strata_optimizer_finish_step",
+    "strata_optimizer_abort_step",
+    "strata_optimizer_save", "strata_optimizer_load"})
+_check_signals = C.pythonapi.PyErr_CheckSignals
+_check_signals.restype = C.c_int
+_check_signals.argtypes = []
+
+
 class Library:
     """The loaded libstrata with typed functions; `call` raises
-    StrataError on a failed status."""
+    StrataError on a failed status, or what a signal handler raises when a
+    signal ends one of its waits (Note [Ctrl-C in strata's waits])."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -214,15 +252,46 @@ class Library:
             function = getattr(self._lib, name)
             function.argtypes = argtypes
             function.restype = C.c_int
+        self._wake_read, self._wake_write = os.pipe2(
+            os.O_NONBLOCK | os.O_CLOEXEC)
+        self._lib.strata_set_interrupt_fd(self._wake_read)
 
     def status_name(self, code: int) -> str:
         return self._lib.strata_status_name(code).decode()
 
     def call(self, name: str, *args: Any) -> None:
-        code = getattr(self._lib, name)(*args)
+        function = getattr(self._lib, name)
+        blocking = name in BLOCKING and \
+            threading.current_thread() is threading.main_thread()
+        code = self._watched(function, args) if blocking else function(*args)
+        while code == CANCELLED and blocking:
+            _check_signals()  # raises what a handler raises
+            code = self._watched(function, args)
         if code != 0:
             raise StrataError(code, self.status_name(code),
                               self._lib.strata_last_error().decode())
+
+    def _watched(self, function: Any, args: tuple) -> int:
+        """function(*args) with signals waking strata's waits."""
+        previous = signal.set_wakeup_fd(self._wake_write,
+                                        warn_on_full_buffer=False)
+        try:
+            return function(*args)
+        finally:
+            signal.set_wakeup_fd(previous)
+            self._drain(previous)
+
+    def _drain(self, forward: int) -> None:
+        while True:
+            try:
+                data = os.read(self._wake_read, 512)
+            except BlockingIOError:
+                return
+            if forward >= 0:
+                try:
+                    os.write(forward, data)
+                except OSError:
+                    pass  # its reader's buffer is full: it has signals
 
 
 _library: Optional[Library] = None

@@ -26,6 +26,14 @@ class StepReport:
     acquire_wait_seconds: float
     speculated: int
     undone: int
+    overflow_group: int  # the first group with non-finite gradients, or -1
+
+
+@dataclass
+class AbortReport:
+    """What abort_step left of the step (strata_abort_report)."""
+    applied: int     # groups whose update stays: the model mixes two steps
+    completed: bool  # the step had settled and stands (counted as taken)
 
 
 class Gradients:
@@ -148,6 +156,15 @@ class Optimizer(Owned):
         values = {f.name: getattr(raw, f.name) for f in fields(StepReport)}
         values["skipped"] = bool(values["skipped"])
         return StepReport(**values)
+
+    def abort_step(self) -> AbortReport:
+        """Ends the open step without finishing it (after an error or an
+        interrupt in forward or backward): hand-offs not yet consumed are
+        dropped, speculative updates undone; updates already applied stay
+        (counted in `applied`). Between steps it does nothing."""
+        raw = sized(_native.AbortReport)
+        lib().call("strata_optimizer_abort_step", self.handle, C.byref(raw))
+        return AbortReport(raw.applied, bool(raw.completed))
 
     @property
     def step(self) -> int:

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "common/interrupt.h"
 #include "src/capi/convert.h"
 #include "src/capi/guard.h"
 #include "src/capi/handles.h"
@@ -27,7 +28,9 @@ static_assert(STRATA_NUM_TIERS == strata::kNumTiers &&
               STRATA_NUM_ROLES == strata::kNumRoles &&
               STRATA_ALL_ROLES == strata::kAllRoles);
 static_assert(STRATA_INTERNAL ==
-              static_cast<int>(strata::StatusCode::kInternal));
+                  static_cast<int>(strata::StatusCode::kInternal) &&
+              STRATA_CANCELLED ==
+                  static_cast<int>(strata::StatusCode::kCancelled));
 
 using strata::Status;
 using strata::capi::CopyText;
@@ -47,6 +50,11 @@ const char* strata_status_name(strata_status status) {
 }
 
 const char* strata_last_error(void) { return strata::capi::LastError(); }
+
+strata_status strata_set_interrupt_fd(int32_t fd) {
+  strata::internal::SetInterruptFd(fd);
+  return STRATA_OK;
+}
 
 strata_status strata_version_get(int32_t* major, int32_t* minor,
                                  int32_t* patch) {

@@ -159,6 +159,16 @@ strata_status strata_optimizer_finish_step(strata_optimizer* optimizer,
   });
 }
 
+strata_status strata_optimizer_abort_step(strata_optimizer* optimizer,
+                                          strata_abort_report* report) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        NonNull({{optimizer, "optimizer"}, {report, "report"}}));
+    STRATA_ASSIGN_OR_RETURN(auto done, optimizer->optimizer->AbortStep());
+    return strata::capi::WriteAbortReport(done, report);
+  });
+}
+
 strata_status strata_optimizer_get_step(const strata_optimizer* optimizer,
                                         int64_t* step) {
   return Guard(__func__, [&]() -> Status {

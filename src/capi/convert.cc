@@ -57,7 +57,10 @@ constexpr size_t kGroupSpecV1Size = sizeof(strata_group_spec);
 constexpr size_t kTensorInfoV1Size = sizeof(strata_tensor_info);
 constexpr size_t kOptimizerOptionsV1Size = sizeof(strata_optimizer_options);
 constexpr size_t kStepHyperV1Size = sizeof(strata_step_hyper);
-constexpr size_t kStepReportV1Size = sizeof(strata_step_report);
+// The step report gained overflow_group after v1.
+constexpr size_t kStepReportV1Size =
+    offsetof(strata_step_report, overflow_group);
+constexpr size_t kAbortReportV1Size = sizeof(strata_abort_report);
 constexpr size_t kGradientsInfoV1Size = sizeof(strata_gradients_info);
 
 Result<Placement> ToPlacement(const int32_t (&home)[kNumRoles]) {
@@ -407,7 +410,16 @@ Status WriteStepReport(const OptimStepReport& report, strata_step_report* out) {
   c.acquire_wait_seconds = report.acquire_wait_seconds;
   c.speculated = report.speculated;
   c.undone = report.undone;
+  c.overflow_group = report.overflow_group;
   return WriteVersioned(c, kStepReportV1Size, "strata_step_report", out);
+}
+
+Status WriteAbortReport(const OptimAbortReport& report,
+                        strata_abort_report* out) {
+  strata_abort_report c = {};
+  c.applied = report.applied;
+  c.completed = report.completed;
+  return WriteVersioned(c, kAbortReportV1Size, "strata_abort_report", out);
 }
 
 Status WriteGradientsInfo(const GradientBuffer& buffer,

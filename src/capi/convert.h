@@ -57,6 +57,8 @@ Result<StepHyper> ReadStepHyper(const strata_step_hyper& hyper);
 // Before the step ends, so that a bad report fails before it is lost.
 Status CheckStepReport(const strata_step_report& out);
 Status WriteStepReport(const OptimStepReport& report, strata_step_report* out);
+Status WriteAbortReport(const OptimAbortReport& report,
+                        strata_abort_report* out);
 Status WriteGradientsInfo(const GradientBuffer& buffer,
                           strata_gradients_info* out);
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/interrupt.h"
 #include "strata/engine.h"
 #include "strata/offload_optimizer.h"
 #include "strata/status.h"
@@ -56,6 +57,8 @@ const char* LastError() noexcept;
 template <typename Body>
 strata_status Guard(const char* fn, Body&& body) noexcept {
   try {
+    // Note [Interruptible waits]: the caller's thread, inside the ABI.
+    const internal::CallerScope caller;
     const Status status = body();
     if (status.ok()) return STRATA_OK;
     return Fail(fn, status.code(), status.message());

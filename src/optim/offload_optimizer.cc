@@ -111,6 +111,10 @@ Status OffloadOptimizer::HandOff(const GradientBuffer& buffer,
   return impl_->HandOff(buffer, after);
 }
 
+Result<OptimAbortReport> OffloadOptimizer::AbortStep() {
+  return impl_->Abort();
+}
+
 Result<OptimStepReport> OffloadOptimizer::FinishStep() {
   return impl_->Finish();
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "common/interrupt.h"
 #include "common/text.h"
 
 namespace strata {
@@ -346,7 +347,8 @@ Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
       }
       if (index >= 0 || !error_.ok()) break;
       STRATA_RETURN_IF_ERROR(CheckSelfWait(group));
-      changed_.wait(lk);
+      STRATA_RETURN_IF_ERROR(internal::WaitOnce(
+          changed_, lk, "a gradient buffer back from the CPU optimizer"));
     }
     acquire_wait_ += Seconds(Clock::now() - start);
     if (index < 0) return error_;
@@ -425,136 +427,14 @@ Status OffloadOptimizer::Impl::Quiesce() {
         "updates; call it after FinishStep()");
   }
   std::unique_lock<std::mutex> lk(mu_);
-  changed_.wait(lk, [this] {
-    return tasks_.empty() && running_ == 0 && writes_.empty() && writing_ == 0;
-  });
+  STRATA_RETURN_IF_ERROR(internal::WaitUntil(
+      changed_, lk,
+      [this] {
+        return tasks_.empty() && running_ == 0 && writes_.empty() &&
+               writing_ == 0;
+      },
+      "the CPU optimizer and its write-behind"));
   return std::exchange(error_, Status());
-}
-
-// Called with mu_ held: every trained group handed off once per
-// micro-batch, unless an error already ends the step.
-Status OffloadOptimizer::Impl::CheckHandOffs() const {
-  for (size_t id = 0; id < groups_.size() && error_.ok(); ++id) {
-    if (groups_[id].trainable &&
-        this_step_[id].handoffs != options_.micro_batches) {
-      return Status::FailedPrecondition(
-          fmt::format("FinishStep: group '{}' was handed off {} of {} times "
-                      "(micro_batches); hand off every trained group once "
-                      "per micro-batch",
-                      parts_.residency->layout(id).name,
-                      this_step_[id].handoffs, options_.micro_batches));
-    }
-  }
-  return Status();
-}
-
-// Called with mu_ held and the worker idle: the gradient norm over every
-// group in group order (Note [Exact steps under overlap]), and whether the
-// step is skipped; kDataLoss for non-finite gradients without
-// skip_on_overflow.
-Status OffloadOptimizer::Impl::ReduceNorms(OptimStepReport* report) const {
-  double total = 0;
-  int bad = -1;
-  for (size_t id = 0; id < groups_.size(); ++id) {
-    total += this_step_[id].sum_squares;
-    if (!this_step_[id].finite && bad < 0) bad = id;
-  }
-  report->grad_norm = std::sqrt(total) / current_.hyper.loss_scale;
-  if (bad < 0) return Status();
-  if (options_.skip_on_overflow) {
-    report->skipped = true;
-    return Status();
-  }
-  return Status::DataLoss(fmt::format(
-      "non-finite gradients in group '{}' at step {}; {}. Load "
-      "the last checkpoint, and lower the learning rate or use "
-      "a loss scale with skip_on_overflow",
-      parts_.residency->layout(bad).name, step_ + 1,
-      Deferred() ? "no group was updated"
-                 : "groups whose gradients came earlier were updated"));
-}
-
-float OffloadOptimizer::Impl::ClipCoef(double grad_norm) const {
-  if (options_.clip_norm <= 0) return 1.0f;
-  return static_cast<float>(
-      std::min(1.0, options_.clip_norm / (grad_norm + 1e-6)));
-}
-
-// Called with mu_ held.
-void OffloadOptimizer::Impl::QueueDeferred(const StepParams& params,
-                                           bool restore) {
-  for (auto it = this_order_.rbegin(); it != this_order_.rend(); ++it) {
-    const GroupStep& now = this_step_[*it];
-    if (now.kept || (restore && !now.speculated)) continue;
-    parts_.pending->Mark(*it);
-    tasks_.push_back({*it, -1, false, false, params, restore});
-  }
-  changed_.notify_all();
-}
-
-Status OffloadOptimizer::Impl::SettleSpeculation(
-    std::unique_lock<std::mutex>& lk, bool keep, OptimStepReport* report) {
-  std::vector<int> groups;
-  for (size_t id = 0; id < groups_.size(); ++id) {
-    if (this_step_[id].speculated) groups.push_back(id);
-  }
-  report->speculated = static_cast<int>(groups.size());
-  report->undone = keep ? 0 : report->speculated;
-  lk.unlock();
-  Status status;
-  for (int id : groups) {
-    const Status ended = parts_.residency->EndSpeculation(
-        id, keep ? store::Residency::Outcome::kKeep
-                 : store::Residency::Outcome::kRestore);
-    if (status.ok()) status = ended;
-  }
-  lk.lock();
-  for (int id : groups) this_step_[id].kept = keep && status.ok();
-  return status;
-}
-
-// Note [Exact steps under overlap]: speculative updates stand only when
-// clipping did not fire and nothing overflowed.
-Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
-  if (!in_step_) {
-    return Status::FailedPrecondition("FinishStep without BeginStep");
-  }
-  const Clock::time_point start = Clock::now();
-  std::unique_lock<std::mutex> lk(mu_);
-  // After an error the step ends with it, hand-offs missing or not.
-  STRATA_RETURN_IF_ERROR(CheckHandOffs());
-  finishing_ = true;
-  changed_.wait(lk, [this] { return tasks_.empty() && running_ == 0; });
-  in_step_ = false;
-  OptimStepReport report;
-  const Status failed = std::exchange(error_, Status());
-  const Status reduced = failed.ok() ? ReduceNorms(&report) : failed;
-  StepParams params = current_;
-  params.clip_coef = ClipCoef(report.grad_norm);
-  const bool stands =
-      reduced.ok() && !report.skipped && params.clip_coef == 1.0f;
-  STRATA_RETURN_IF_ERROR(SettleSpeculation(lk, stands, &report));
-  if (!reduced.ok()) {
-    QueueDeferred(params, true);  // undone groups get their compute back
-    return reduced;
-  }
-  if (Deferred()) {
-    report.clip_coef = report.skipped ? 1.0 : params.clip_coef;
-    QueueDeferred(params, report.skipped);
-    if (!UnderNextForward()) {
-      changed_.wait(lk, [this] { return tasks_.empty() && running_ == 0; });
-      STRATA_RETURN_IF_ERROR(std::exchange(error_, Status()));
-    }
-  }
-  if (!report.skipped) ++step_;
-  order_ = this_order_;
-  report.step = step_;
-  report.step_seconds = std::exchange(step_seconds_, 0);
-  report.hidden_seconds = std::exchange(hidden_seconds_, 0);
-  finishing_ = false;
-  report.finish_wait_seconds = Seconds(Clock::now() - start);
-  report.acquire_wait_seconds = acquire_wait_;
-  return report;
 }
 
 }  // namespace strata

@@ -102,6 +102,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -121,6 +122,7 @@ class OffloadOptimizer::Impl {
   Result<GradientBuffer> Acquire(int group);
   Status HandOff(const GradientBuffer& buffer, const Fence& after);
   Result<OptimStepReport> Finish();
+  Result<OptimAbortReport> Abort();
   // Between steps: waits for the write-behind; its error, if any.
   Status Quiesce();
   // After a Load: fetches of groups whose update failed may go on.
@@ -156,6 +158,7 @@ class OffloadOptimizer::Impl {
     bool finite = true;
     bool speculated = false;  // stepped with clip_coef 1, not yet settled
     bool kept = false;        // ... and FinishStep kept the update
+    bool applied = false;     // stepped for good under backward
   };
   struct Slot {
     void* device = nullptr;  // device and host are fixed after Init
@@ -172,6 +175,11 @@ class OffloadOptimizer::Impl {
     StepHyper hyper;
     float clip_coef = 1.0f;
     int64_t step = 1;  // this step's number, from 1 (bias correction)
+  };
+  // What FinishStep's first phase found, for its second.
+  struct Settled {
+    OptimStepReport report;
+    Clock::time_point start;
   };
   struct Task {
     int group = -1;
@@ -229,6 +237,7 @@ class OffloadOptimizer::Impl {
   bool Speculates(int group) const;
   void RecordWritten(int group);
   Status ConsumeGradients(const Task& task);
+  void MarkApplied(int group);  // stepped for good under this backward
   // How the pipeline uses a chunk it fetches to the host: reads it, updates
   // it, or overwrites every byte (FetchOptions::discard: nothing is read).
   enum class Access { kRead, kUpdate, kOverwrite };
@@ -239,8 +248,18 @@ class OffloadOptimizer::Impl {
   // Prefetches the state of the groups that step after `group` (-1: the
   // first): the deferred steps queued, else in the last step's order.
   void ReadAhead(int group);
+  // Finish's first phase (Note [Exact steps under overlap]), with mu_
+  // held: the step's work ended, the norm reduced, speculation settled,
+  // deferred steps queued.
+  Result<Settled> Settle(std::unique_lock<std::mutex>& lk);
   // Finish's passes, each called with mu_ held.
   Status CheckHandOffs() const;
+  // Abort's: drops this step's hand-offs not yet consumed (their copies
+  // to the host waited for first) and frees every acquired buffer.
+  void DropHandOffs(std::unique_lock<std::mutex>& lk);
+  // Ends the step's bookkeeping (Finish and Abort): the step count, the
+  // order, the seconds.
+  void EndStepBookkeeping(OptimStepReport* report, bool taken);
   Status ReduceNorms(OptimStepReport* report) const;
   // Keeps (`keep`) or undoes the speculative steps of this step; counts
   // them in `report`. Called with mu_ held and the worker idle; unlocks it
@@ -283,6 +302,8 @@ class OffloadOptimizer::Impl {
   double hidden_seconds_ = 0;
   double acquire_wait_ = 0;
   bool finishing_ = false;
+  // FinishStep's first phase is done (it was interrupted in the second).
+  std::optional<Settled> settled_;
 };
 
 }  // namespace strata

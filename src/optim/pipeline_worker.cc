@@ -132,6 +132,7 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     if (sum.ok()) record(*sum);
     if (sum.ok() && sum->finite) {
       status = StepGroup(task.group, s.host, g.compute, task.params, false);
+      if (status.ok()) MarkApplied(task.group);
     }
     free_slot();
     return sum.ok() ? status : sum.status();
@@ -159,10 +160,16 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     if (status.ok() && sum->finite && (!Deferred() || speculate)) {
       status =
           StepGroup(task.group, acc, FloatType::kF32, task.params, speculate);
+      if (status.ok() && !speculate) MarkApplied(task.group);
     }
   }
   Status released = grads->Release();
   return status.ok() ? released : status;
+}
+
+void OffloadOptimizer::Impl::MarkApplied(int group) {
+  std::lock_guard<std::mutex> lk(mu_);
+  this_step_[group].applied = true;
 }
 
 // The pipeline's fetches: to the host, outside the trace (the pipeline reads

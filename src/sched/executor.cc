@@ -1,5 +1,7 @@
 #include "src/sched/executor.h"
 
+#include "common/interrupt.h"
+
 namespace strata::sched {
 
 Executor::Executor(int threads) {
@@ -26,7 +28,9 @@ void Executor::Submit(uint64_t key, Job job) {
 
 Status Executor::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
-  idle_.wait(lock, [this] { return queue_.empty() && running_ == 0; });
+  STRATA_RETURN_IF_ERROR(internal::WaitUntil(
+      idle_, lock, [this] { return queue_.empty() && running_ == 0; },
+      "the prefetches and write-behind"));
   return std::exchange(first_error_, Status());
 }
 

@@ -24,7 +24,7 @@ struct EngineParts {
   tier::Device* device = nullptr;
   tier::PinnedPool* host = nullptr;
   store::Residency* residency = nullptr;
-  transport::Mover* mover = nullptr;  // every byte moved goes through it
+  transport::Mover* mover = nullptr;         // every byte moved goes through it
   store::PendingUpdates* pending = nullptr;  // Engine::Fetch waits for these
 };
 

@@ -19,22 +19,22 @@ void PendingUpdates::Settle(int group, const Status& outcome) {
 Status PendingUpdates::Wait(int group, Failed failed) {
   Lock lk(mu_);
   auto it = entries_.end();
-  Block(lk, [&] {
+  STRATA_RETURN_IF_ERROR(Block(lk, [&] {
     it = entries_.find(group);
     return it == entries_.end() || it->second.pending == 0;
-  });
+  }));
   if (it == entries_.end() || failed == Failed::kIgnore) return Status();
   return it->second.failed;
 }
 
 Status PendingUpdates::WaitAll() {
   Lock lk(mu_);
-  Block(lk, [&] {
+  STRATA_RETURN_IF_ERROR(Block(lk, [&] {
     for (const auto& [group, e] : entries_) {
       if (e.pending > 0) return false;
     }
     return true;
-  });
+  }));
   for (const auto& [group, e] : entries_) {
     if (!e.failed.ok()) return e.failed;
   }

@@ -29,6 +29,7 @@
 #include <map>
 #include <mutex>
 
+#include "common/interrupt.h"
 #include "strata/status.h"
 
 namespace strata::store {
@@ -42,7 +43,8 @@ class PendingUpdates {
   // What Wait returns for a group whose update failed: the error, or
   // nothing (for a fetch that overwrites every byte: a checkpoint's Load).
   enum class Failed { kReport, kIgnore };
-  // Blocks while the update of `group` is pending; its failure, if any.
+  // Blocks while the update of `group` is pending; its failure, if any
+  // (kCancelled when the caller interrupts the wait).
   Status Wait(int group, Failed failed = Failed::kReport);
   // Wait for every group.
   Status WaitAll();
@@ -64,15 +66,18 @@ class PendingUpdates {
   std::map<int, Entry> entries_;
   double waited_ = 0;
 
-  // Blocks on changed_ until `done` holds, counting the time in waited_.
+  // Blocks on changed_ until `done` holds, counting the time in waited_;
+  // kCancelled when the caller interrupts it (Note [Interruptible waits]).
   template <typename Done>
-  void Block(Lock& lk, Done done) {
-    if (done()) return;
+  Status Block(Lock& lk, Done done) {
+    if (done()) return Status();
     const auto start = std::chrono::steady_clock::now();
-    changed_.wait(lk, done);
+    Status status =
+        internal::WaitUntil(changed_, lk, done, "an optimizer update to land");
     waited_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
+    return status;
   }
 };
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/enum_array.h"
+#include "common/interrupt.h"
 #include "common/text.h"
 
 namespace strata::store {
@@ -347,7 +348,12 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
       }
       return true;
     };
-    changed_.wait(lk, unread);
+    if (Status s = internal::WaitUntil(changed_, lk, unread,
+                                       "transfers copying from the copies");
+        !s.ok()) {
+      Unpin(hold);
+      return s;
+    }
     for (int id : hold.chunks) {
       if (speculative) StartSpeculation(chunks_[id]);
       Invalidate(chunks_[id], tier);
@@ -421,8 +427,8 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
   // is a stall, not a hit.
   while (s.ok() && opt.write && dst.readers > 0) {
     hit = false;
-    changed_.wait(lk);
-    s = Ensure(lk, id, tier, Reason::For(opt), nullptr);
+    s = internal::WaitOnce(changed_, lk, "a transfer copying from the copy");
+    if (s.ok()) s = Ensure(lk, id, tier, Reason::For(opt), nullptr);
   }
   tally.hits += hit;
   tally.prefetch_hits += hit && prefetched;

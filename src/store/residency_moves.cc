@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/interrupt.h"
 #include "common/text.h"
 #include "src/store/residency.h"
 
@@ -31,7 +32,8 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
   Status status;
   while (!dst.usable()) {
     if (dst.busy() || dst.fenced()) {
-      changed_.wait(lk);
+      status = internal::WaitOnce(changed_, lk, "a copy in flight");
+      if (!status.ok()) break;
       continue;
     }
     // A write-fetched copy is changing until its release: nothing may be
@@ -40,8 +42,11 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
     if (c.writers > 0) {
       if (!why.demand()) break;
       status = CheckSelfWait(c, id, tier);
+      if (status.ok()) {
+        status = internal::WaitOnce(changed_, lk,
+                                    "a write view another thread holds");
+      }
       if (!status.ok()) break;
-      changed_.wait(lk);
       continue;
     }
     // A stale copy that a view still holds keeps its old bytes for that
@@ -57,7 +62,8 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
         why.kind == Reason::Kind::kDiscard ? tier : SourceOf(c, tier);
     const Copy& src = c.copy[from];
     if (from != tier && (src.busy() || src.fenced())) {
-      changed_.wait(lk);
+      status = internal::WaitOnce(changed_, lk, "a copy in flight");
+      if (!status.ok()) break;
       continue;
     }
     if (from != tier && !src.usable()) {
@@ -202,7 +208,8 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, Reason why) {
       return Status::Unavailable("no room for a prefetch");
     }
     if (AnyBusy(tier)) {
-      changed_.wait(lk);
+      STRATA_RETURN_IF_ERROR(
+          internal::WaitOnce(changed_, lk, "room, while copies move"));
       continue;
     }
     if (why.prefetch()) return Status::Unavailable("no room for a prefetch");

@@ -10,8 +10,8 @@ static int first_struct = 1;
 static int first_field = 1;
 
 static void Begin(const char* name, size_t size) {
-  printf("%s\n  \"%s\": {\"size\": %zu, \"fields\": {", first_struct ? "{" : ",",
-         name, size);
+  printf("%s\n  \"%s\": {\"size\": %zu, \"fields\": {",
+         first_struct ? "{" : ",", name, size);
   first_struct = 0;
   first_field = 1;
 }
@@ -144,6 +144,14 @@ int main(void) {
   FIELD(strata_step_report, acquire_wait_seconds);
   FIELD(strata_step_report, speculated);
   FIELD(strata_step_report, undone);
+  FIELD(strata_step_report, overflow_group);
+  FIELD(strata_step_report, reserved);
+  END();
+  BEGIN(strata_abort_report);
+  FIELD(strata_abort_report, struct_size);
+  FIELD(strata_abort_report, applied);
+  FIELD(strata_abort_report, completed);
+  FIELD(strata_abort_report, reserved);
   END();
   BEGIN(strata_gradients_info);
   FIELD(strata_gradients_info, struct_size);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "strata/strata.h"
 #include "tests/capi/c_check.h"
@@ -232,6 +233,66 @@ static void CheckNoWaitOnTheCallersOwnViews(void) {
   CHECK_OK(strata_engine_close(engine));
 }
 
+struct Holder {
+  strata_engine* engine;
+  volatile int holding;
+  volatile int release;
+};
+
+/* Holds a write view of group 0 on the device until told to release. */
+static void* HoldWriteView(void* arg) {
+  struct Holder* h = (struct Holder*)arg;
+  strata_view* view = NULL;
+  if (strata_group_fetch(h->engine, 0, STRATA_TIER_DEVICE, kCompute, 1,
+                         &view) != STRATA_OK) {
+    return (void*)strata_last_error();
+  }
+  __atomic_store_n(&h->holding, 1, __ATOMIC_RELEASE);
+  const struct timespec tick = {0, 1000 * 1000};
+  while (!__atomic_load_n(&h->release, __ATOMIC_ACQUIRE)) {
+    nanosleep(&tick, NULL);
+  }
+  return strata_view_release(view) == STRATA_OK ? NULL
+                                                : (void*)strata_last_error();
+}
+
+/* Note [Interruptible waits]: a host fetch of group 0 waits for another
+ * thread's write view; once the interrupt descriptor is readable, it fails
+ * with STRATA_CANCELLED, and the engine goes on: the view is released and
+ * the fetch then succeeds. */
+static void CheckAnInterruptEndsAWait(void) {
+  strata_engine* engine = Open(2);
+  int interrupt[2];
+  CHECK(pipe(interrupt) == 0);
+  CHECK_OK(strata_set_interrupt_fd(interrupt[0]));
+  struct Holder holder = {engine, 0, 0};
+  pthread_t thread;
+  CHECK(pthread_create(&thread, NULL, HoldWriteView, &holder) == 0);
+  const struct timespec tick = {0, 1000 * 1000};
+  while (!__atomic_load_n(&holder.holding, __ATOMIC_ACQUIRE)) {
+    nanosleep(&tick, NULL);
+  }
+  CHECK(write(interrupt[1], "!", 1) == 1);
+  strata_view* view = NULL;
+  CHECK_FAILS(STRATA_CANCELLED, strata_group_fetch(engine, 0, STRATA_TIER_HOST,
+                                                   kCompute, 0, &view));
+  CHECK(strstr(strata_last_error(),
+               "interrupted while waiting for a write "
+               "view another thread holds") != NULL);
+  char drained;
+  CHECK(read(interrupt[0], &drained, 1) == 1);
+  __atomic_store_n(&holder.release, 1, __ATOMIC_RELEASE);
+  void* why = NULL;
+  CHECK(pthread_join(thread, &why) == 0);
+  if (why != NULL) Die(__FILE__, __LINE__, (const char*)why, STRATA_OK);
+  CHECK_OK(strata_group_fetch(engine, 0, STRATA_TIER_HOST, kCompute, 0, &view));
+  CHECK_OK(strata_view_release(view));
+  CHECK_OK(strata_set_interrupt_fd(-1));
+  close(interrupt[0]);
+  close(interrupt[1]);
+  CHECK_OK(strata_engine_close(engine));
+}
+
 /* Threads fetch read views, check every byte, and swap each into a shared
  * mailbox, releasing the view they take out: views are released by other
  * threads than their own, in no particular order, under eviction pressure
@@ -306,6 +367,7 @@ int main(void) {
   CheckMisuse();
   CheckReleasingTheWriterEndsTheWrite();
   CheckNoWaitOnTheCallersOwnViews();
+  CheckAnInterruptEndsAWait();
   CheckCrossThreadReleases();
   printf("pins_test: OK\n");
   return 0;

@@ -24,6 +24,7 @@ TEST(StatusTest, EachFactoryCarriesItsCodeAndMessage) {
       {Status::Unavailable("m"), StatusCode::kUnavailable},
       {Status::FailedPrecondition("m"), StatusCode::kFailedPrecondition},
       {Status::Internal("m"), StatusCode::kInternal},
+      {Status::Cancelled("m"), StatusCode::kCancelled},
   };
   for (const auto& c : cases) {
     EXPECT_EQ(c.status.code(), c.code);

@@ -99,6 +99,35 @@ TEST_P(PipelineTest, EngineStatsCountTheGradientCopies) {
   }
 }
 
+// Issue #30 §2: a step abandoned in its backward (an error or Ctrl-C in
+// the caller's code) ends with AbortStep. Where steps wait for the global
+// norm nothing was applied and not a byte changed, so the next step runs
+// as if the aborted one never began; in plain overlap mode the groups whose
+// final gradients the CPU had taken stepped, and the report counts them.
+TEST_P(PipelineTest, AnAbortedStepIsUndoneWhereStepsWaitForTheNorm) {
+  const Config& c = GetParam();
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(Step(s).ok());
+  ASSERT_TRUE(optimizer_->BeginStep(Hyper(2)).ok());
+  for (int mb = 0; mb < c.micro_batches; ++mb) {
+    for (int g = 0; g < kGroups; ++g) Forward(g);
+    for (int g = kGroups - 1; g >= kGroups / 2; --g) Backward(2, mb, g, -1);
+  }
+  auto held = optimizer_->AcquireGradients(0);  // never handed off
+  ASSERT_TRUE(held.ok()) << held.status().message();
+  Result<OptimAbortReport> aborted = optimizer_->AbortStep();
+  ASSERT_TRUE(aborted.ok()) << aborted.status().message();
+  EXPECT_FALSE(aborted->completed);
+  const bool waits = c.mode == OptimMode::kAfterBackward || c.clip_norm > 0;
+  // Hand-offs the worker had not consumed yet are dropped, not applied.
+  EXPECT_LE(aborted->applied, waits ? 0 : kGroups / 2);
+  EXPECT_EQ(optimizer_->step(), 2);
+  EXPECT_TRUE(optimizer_->AbortStep().ok());  // between steps: nothing
+  if (!waits) return;
+  ExpectEqualToReference();
+  for (int s = 2; s < 4; ++s) ASSERT_TRUE(Step(s).ok());
+  ExpectEqualToReference();
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Modes, PipelineTest,
     testing::Values(Config{OptimMode::kOverlap, false, 0, 1},
@@ -121,6 +150,7 @@ TEST_P(OverflowTest, NonFiniteGradientsSkipOrFailNamingTheGroup) {
   if (GetParam().skip_on_overflow) {
     ASSERT_TRUE(poisoned.ok()) << poisoned.status().message();
     EXPECT_TRUE(poisoned->skipped);
+    EXPECT_EQ(poisoned->overflow_group, 2);
     EXPECT_EQ(poisoned->step, 3);
     EXPECT_EQ(optimizer_->step(), 3);
     ExpectEqualToReference();  // not one byte changed
