@@ -218,15 +218,16 @@ struct OptimAbortReport {
 
 class STRATA_EXPORT OffloadOptimizer {
  public:
-  // Every group whose tensors carry kMaster or kState1 is trainable; its
-  // tensors must all carry kCompute, the state roles of `algo` (and kGrad
-  // when micro_batches > 1, the mode is kAfterBackward, or clipping or
+  // Every group whose tensors carry kState1 is trainable; its tensors must
+  // all carry kCompute, the state roles of `algo` (and kGrad when
+  // micro_batches > 1, the mode is kAfterBackward, or clipping or
   // skip_on_overflow is on) and kMaster, and share one compute dtype. An
   // fp32 group may leave out kMaster: its compute copy is its master, and
   // the step updates it in place (4 B/param less memory and, with the
   // state on NVMe, a third less I/O a step; but it never steps
-  // speculatively). Groups with neither kMaster nor kState1 are frozen and
-  // never stepped.
+  // speculatively). Groups without kState1 are frozen and never stepped
+  // (a kMaster of theirs only keeps their exact fp32 values beside a
+  // narrower compute copy).
   static Result<std::unique_ptr<OffloadOptimizer>> Create(
       Engine* engine, const OffloadOptimizerOptions& options);
   ~OffloadOptimizer();

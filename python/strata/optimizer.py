@@ -81,8 +81,9 @@ class Gradients:
 
 class Optimizer(Owned):
     """CPU Adam, AdamW, Adagrad or Lion over every trainable group of an
-    Engine (a group whose tensors carry the master or state1 role; an
-    fp32 group without a master is stepped in place).
+    Engine (a group whose tensors carry the state1 role; an fp32 group
+    without a master is stepped in place; a group without state1 is
+    frozen, and a master of its only keeps its exact fp32 values).
 
     mode "overlap" steps each group as soon as its gradients are final;
     "after_backward" waits for finish_step. clip_norm > 0 clips the global

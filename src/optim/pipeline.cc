@@ -103,7 +103,9 @@ Status OffloadOptimizer::Impl::InspectGroups() {
     const store::GroupLayout& layout = residency.layout(id);
     Group& g = groups_[id];
     const bool master = layout.roles & RoleBit(Role::kMaster);
-    if (!master && (layout.roles & RoleBit(Role::kState1)) == 0) continue;
+    // Without optimizer state a group is frozen; a master then only keeps
+    // its exact fp32 values.
+    if ((layout.roles & RoleBit(Role::kState1)) == 0) continue;
     g.in_place = !master;
     const RoleMask roles = master ? needed : needed & ~RoleBit(Role::kMaster);
     STRATA_RETURN_IF_ERROR(CheckTensors(layout, roles, grads));
@@ -125,8 +127,8 @@ Status OffloadOptimizer::Impl::InspectGroups() {
   }
   if (trainable == 0) {
     return Status::FailedPrecondition(
-        "no group has a 'master' or 'state1' role, so there is nothing to "
-        "train; register trained groups with their optimizer roles");
+        "no group has a 'state1' role, so there is nothing to train; "
+        "register trained groups with their optimizer roles");
   }
   return Status();
 }
@@ -139,7 +141,7 @@ Status OffloadOptimizer::Impl::CheckTensors(const store::GroupLayout& layout,
       return Status::FailedPrecondition(fmt::format(
           "group '{}': tensor '{}' has no '{}' role, which {} needs{}; "
           "register every tensor of a trained group with it (frozen "
-          "tensors go in a group with neither 'master' nor 'state1')",
+          "tensors go in a group without 'state1')",
           layout.name, t.name, RoleName(static_cast<Role>(r)),
           OptimAlgoName(options_.algo),
           grads ? " (with gradient accumulation, deferred steps, clipping "

@@ -241,11 +241,21 @@ std::unique_ptr<Engine> NvmeStateEngine(const std::string& swap_dir,
 }
 
 TEST(OffloadOptimizerTest, MissingRolesAndMixedDtypesFailAtCreate) {
+  // A master without optimizer state is a frozen group's: nothing to train.
   auto engine =
       OneGroupEngine(RoleBit(Role::kCompute) | RoleBit(Role::kMaster));
-  auto missing = OffloadOptimizer::Create(engine.get(), {});
+  auto frozen = OffloadOptimizer::Create(engine.get(), {});
+  ASSERT_FALSE(frozen.ok());
+  EXPECT_NE(frozen.status().message().find("nothing to train"),
+            std::string::npos)
+      << frozen.status().message();
+  auto missing = OffloadOptimizer::Create(
+      OneGroupEngine(RoleBit(Role::kCompute) | RoleBit(Role::kMaster) |
+                     RoleBit(Role::kState1))
+          .get(),
+      {});
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.status().message().find("tensor 'w0' has no 'state1'"),
+  EXPECT_NE(missing.status().message().find("tensor 'w0' has no 'state2'"),
             std::string::npos)
       << missing.status().message();
   OffloadOptimizerOptions accumulate;
