@@ -171,6 +171,14 @@ struct StepHyper {
   double loss_scale = 1.0;  // gradients are multiplied by 1 / loss_scale
 };
 
+// One group's own hyperparameters for a step (BeginStep), as a torch
+// optimizer's param_groups give them: weight decay off for biases and
+// norms, per-layer learning rates. Its loss_scale must be the step's.
+struct GroupHyper {
+  int group = -1;
+  StepHyper hyper;
+};
+
 // A device buffer for one group's gradients of one micro-batch: zeroed,
 // in the group's compute dtype, each tensor at its compute-chunk offset.
 struct GradientBuffer {
@@ -236,8 +244,11 @@ class STRATA_EXPORT OffloadOptimizer {
 
   const OffloadOptimizerOptions& options() const;
 
-  // Starts an optimizer step (micro_batches forward/backward passes).
-  Status BeginStep(const StepHyper& hyper);
+  // Starts an optimizer step (micro_batches forward/backward passes) with
+  // `hyper` for every trained group but those `groups` names (each at most
+  // once, with the same loss_scale).
+  Status BeginStep(const StepHyper& hyper,
+                   const std::vector<GroupHyper>& groups = {});
   // A zeroed gradient buffer for `group`; blocks while every buffer is
   // still being copied to the host. When every buffer is acquired by this
   // thread and not handed off, only this thread could free one: that is

@@ -160,6 +160,13 @@ STRATA_EXPORT strata_status strata_optimizer_close(strata_optimizer* optimizer);
 
 STRATA_EXPORT strata_status strata_optimizer_begin_step(
     strata_optimizer* optimizer, const strata_step_hyper* hyper);
+/* strata_optimizer_begin_step with per-group hyperparameters: group
+ * groups[i] steps with group_hypers[i] (the same loss_scale as `hyper`),
+ * every other trained group with `hyper`; see strata::GroupHyper. */
+STRATA_EXPORT strata_status strata_optimizer_begin_step_groups(
+    strata_optimizer* optimizer, const strata_step_hyper* hyper,
+    const int32_t* groups, const strata_step_hyper* group_hypers,
+    int32_t count);
 /* A zeroed gradient buffer for `group`; blocks while every buffer is still
  * being copied to the host. STRATA_FAILED_PRECONDITION, naming the groups
  * that hold them, when every buffer is acquired by the calling thread and

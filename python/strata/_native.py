@@ -184,6 +184,9 @@ _PROTOTYPES: dict[str, list[Any]] = {
                                 C.POINTER(_P)],
     "strata_optimizer_close": [_P],
     "strata_optimizer_begin_step": [_P, C.POINTER(StepHyper)],
+    "strata_optimizer_begin_step_groups": [
+        _P, C.POINTER(StepHyper), C.POINTER(C.c_int32), C.POINTER(StepHyper),
+        C.c_int32],
     "strata_optimizer_acquire_gradients": [_P, C.c_int32, C.POINTER(_P)],
     "strata_optimizer_hand_off": [_P, _P, _P, _P],
     "strata_optimizer_finish_step": [_P, C.POINTER(StepReport)],

@@ -79,6 +79,15 @@ class Gradients:
             "strata_gradients_export_dlpack", handle, index, out))
 
 
+def _hyper(values: dict[str, float]) -> Any:
+    """A strata_step_hyper with its defaults, then `values`."""
+    hyper = _native.StepHyper()
+    lib().call("strata_step_hyper_init", C.byref(hyper))
+    for name, value in values.items():
+        setattr(hyper, name, value)
+    return hyper
+
+
 class Optimizer(Owned):
     """CPU Adam, AdamW, Adagrad or Lion over every trainable group of an
     Engine (a group whose tensors carry the state1 role; an fp32 group
@@ -119,18 +128,32 @@ class Optimizer(Owned):
     def begin_step(self, *, lr: float = 1e-3, beta1: float = 0.9,
                    beta2: float = 0.999, eps: float = 1e-8,
                    weight_decay: float = 0.0, lr_decay: float = 0.0,
-                   loss_scale: float = 1.0) -> None:
+                   loss_scale: float = 1.0,
+                   groups: Optional[dict[int, dict[str, float]]] = None
+                   ) -> None:
         """Starts a step with its hyperparameters; the gradients are
-        divided by loss_scale."""
-        hyper = _native.StepHyper()
-        lib().call("strata_step_hyper_init", C.byref(hyper))
-        for name, value in (("lr", lr), ("beta1", beta1), ("beta2", beta2),
-                            ("eps", eps), ("weight_decay", weight_decay),
-                            ("lr_decay", lr_decay),
-                            ("loss_scale", loss_scale)):
-            setattr(hyper, name, value)
-        lib().call("strata_optimizer_begin_step", self.handle,
-                   C.byref(hyper))
+        divided by loss_scale. `groups` maps a group id to the
+        hyperparameters it steps with instead (any of lr, beta1, beta2,
+        eps, weight_decay, lr_decay; the others as given here)."""
+        common = {"lr": lr, "beta1": beta1, "beta2": beta2, "eps": eps,
+                  "weight_decay": weight_decay, "lr_decay": lr_decay,
+                  "loss_scale": loss_scale}
+        hyper = _hyper(common)
+        if not groups:
+            lib().call("strata_optimizer_begin_step", self.handle,
+                       C.byref(hyper))
+            return
+        ids = (C.c_int32 * len(groups))(*groups)
+        hypers = (_native.StepHyper * len(groups))()
+        for i, over in enumerate(groups.values()):
+            unknown = set(over) - set(common) | ({"loss_scale"} & set(over))
+            if unknown:
+                raise ValueError(f"per-group hyperparameters take "
+                                 f"{', '.join(sorted(set(common) - {'loss_scale'}))}, "
+                                 f"not {', '.join(sorted(unknown))}")
+            hypers[i] = _hyper({**common, **over})
+        lib().call("strata_optimizer_begin_step_groups", self.handle,
+                   C.byref(hyper), ids, hypers, len(groups))
 
     def acquire_gradients(self, group: int) -> Gradients:
         """A zeroed gradient buffer for `group`."""

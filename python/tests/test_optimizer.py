@@ -3,6 +3,7 @@ the report, save and load, and misuse as exceptions."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ def model(engine: strata.Engine, groups: int = 2) -> None:
                                              ("b", (7,), "fp32")])
 
 
-def step(opt: strata.Optimizer, groups: int = 2,
-         value: float = 1.0) -> strata.StepReport:
-    opt.begin_step(lr=1e-3)
+def step(opt: strata.Optimizer, groups: int = 2, value: float = 1.0,
+         per_group: Optional[dict[int, dict[str, float]]] = None
+         ) -> strata.StepReport:
+    opt.begin_step(lr=1e-3, groups=per_group)
     for g in reversed(range(groups)):
         grads = opt.acquire_gradients(g)
         whole = np.from_dlpack(grads.export())
@@ -88,3 +90,19 @@ def test_misuse_is_an_exception(engine: strata.Engine) -> None:
     with pytest.raises(strata.StrataError, match="handed off"):
         opt.finish_step()  # group 1 never was
     opt.close()
+
+
+def test_groups_step_with_their_own_hyperparameters(
+        engine: strata.Engine) -> None:
+    """Group 1 with lr 0 stays; group 0 moves by the common lr; a loss
+    scale of a group's own is refused (the gradients are scaled once)."""
+    model(engine)
+    with strata.Optimizer(engine, threads=1) as opt:
+        step(opt, per_group={1: {"lr": 0.0}})
+        assert np.allclose(master(engine, 0), -1e-3, atol=1e-7)
+        assert np.array_equal(master(engine, 1), np.zeros(N, np.float32))
+        with pytest.raises(ValueError, match="not loss_scale"):
+            opt.begin_step(groups={0: {"loss_scale": 2.0}})
+        with pytest.raises(strata.StrataError, match="group 7 .* not a "
+                           "trained group"):
+            opt.begin_step(groups={7: {"lr": 0.1}})

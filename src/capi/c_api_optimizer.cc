@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "src/capi/convert.h"
 #include "src/capi/guard.h"
@@ -106,6 +107,29 @@ strata_status strata_optimizer_begin_step(strata_optimizer* optimizer,
         NonNull({{optimizer, "optimizer"}, {hyper, "hyper"}}));
     STRATA_ASSIGN_OR_RETURN(auto cc, strata::capi::ReadStepHyper(*hyper));
     return optimizer->optimizer->BeginStep(cc);
+  });
+}
+
+strata_status strata_optimizer_begin_step_groups(
+    strata_optimizer* optimizer, const strata_step_hyper* hyper,
+    const int32_t* groups, const strata_step_hyper* group_hypers,
+    int32_t count) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        NonNull({{optimizer, "optimizer"}, {hyper, "hyper"}}));
+    if (count < 0 ||
+        (count > 0 && (groups == nullptr || group_hypers == nullptr))) {
+      return Status::InvalidArgument(
+          "count must be >= 0, with groups and group_hypers of that many");
+    }
+    STRATA_ASSIGN_OR_RETURN(auto cc, strata::capi::ReadStepHyper(*hyper));
+    std::vector<strata::GroupHyper> per_group;
+    for (int32_t i = 0; i < count; ++i) {
+      STRATA_ASSIGN_OR_RETURN(auto h,
+                              strata::capi::ReadStepHyper(group_hypers[i]));
+      per_group.push_back({groups[i], h});
+    }
+    return optimizer->optimizer->BeginStep(cc, per_group);
   });
 }
 

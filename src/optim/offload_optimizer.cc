@@ -98,8 +98,9 @@ const OffloadOptimizerOptions& OffloadOptimizer::options() const {
   return impl_->options_;
 }
 
-Status OffloadOptimizer::BeginStep(const StepHyper& hyper) {
-  return impl_->BeginStep(hyper);
+Status OffloadOptimizer::BeginStep(const StepHyper& hyper,
+                                   const std::vector<GroupHyper>& groups) {
+  return impl_->BeginStep(hyper, groups);
 }
 
 Result<GradientBuffer> OffloadOptimizer::AcquireGradients(int group) {

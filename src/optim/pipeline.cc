@@ -289,11 +289,43 @@ Status OffloadOptimizer::Impl::CheckSelfWait(int group) const {
       slots_.size() + 1));
 }
 
-Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
+Status OffloadOptimizer::Impl::CheckGroupHyper(
+    const StepHyper& hyper, const std::vector<GroupHyper>& groups) const {
   if (!(hyper.loss_scale > 0) || !std::isfinite(hyper.loss_scale)) {
     return Status::InvalidArgument(fmt::format(
         "loss_scale must be finite and > 0, not {}", hyper.loss_scale));
   }
+  std::vector<bool> seen(groups_.size(), false);
+  for (const GroupHyper& g : groups) {
+    if (g.group < 0 || g.group >= static_cast<int>(groups_.size()) ||
+        !groups_[g.group].trainable || seen[g.group]) {
+      return Status::InvalidArgument(fmt::format(
+          "BeginStep: group {} in the per-group hyperparameters is not a "
+          "trained group, or is named twice",
+          g.group));
+    }
+    seen[g.group] = true;
+    if (g.hyper.loss_scale != hyper.loss_scale) {
+      return Status::InvalidArgument(fmt::format(
+          "BeginStep: group '{}' has loss_scale {}, the step {}: the "
+          "gradients are scaled once, so every group shares the step's",
+          parts_.residency->layout(g.group).name, g.hyper.loss_scale,
+          hyper.loss_scale));
+    }
+  }
+  return Status();
+}
+
+OffloadOptimizer::Impl::StepParams OffloadOptimizer::Impl::ParamsOf(
+    int group, const StepParams& base) const {
+  StepParams out = base;
+  out.hyper = group_hyper_[group];
+  return out;
+}
+
+Status OffloadOptimizer::Impl::BeginStep(
+    const StepHyper& hyper, const std::vector<GroupHyper>& groups) {
+  STRATA_RETURN_IF_ERROR(CheckGroupHyper(hyper, groups));
   if (in_step_) {
     return Status::FailedPrecondition(
         "BeginStep: the previous step was not finished; call "
@@ -312,6 +344,8 @@ Status OffloadOptimizer::Impl::BeginStep(const StepHyper& hyper) {
     // A step that ended on an error may leave buffers never handed off.
     for (Slot& slot : slots_) slot.acquired = false;
     current_ = {hyper, 1.0f, step_ + 1};
+    group_hyper_.assign(groups_.size(), hyper);
+    for (const GroupHyper& g : groups) group_hyper_[g.group] = g.hyper;
     finishing_ = false;  // a step that failed in FinishStep left it set
     acquire_wait_ = 0;
     this_order_.clear();
@@ -417,7 +451,8 @@ Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer,
   ++now.handoffs;
   const bool final = now.handoffs == options_.micro_batches;
   if (final) this_order_.push_back(buffer.group);
-  tasks_.push_back({buffer.group, index, now.handoffs == 1, final, current_});
+  tasks_.push_back({buffer.group, index, now.handoffs == 1, final,
+                    ParamsOf(buffer.group, current_)});
   changed_.notify_all();
   return Status();
 }

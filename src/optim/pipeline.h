@@ -118,7 +118,8 @@ class OffloadOptimizer::Impl {
   Status Init(Engine* engine, const OffloadOptimizerOptions& options);
   ~Impl();
 
-  Status BeginStep(const StepHyper& hyper);
+  Status BeginStep(const StepHyper& hyper,
+                   const std::vector<GroupHyper>& groups);
   Result<GradientBuffer> Acquire(int group);
   Status HandOff(const GradientBuffer& buffer, const Fence& after);
   Result<OptimStepReport> Finish();
@@ -222,6 +223,10 @@ class OffloadOptimizer::Impl {
   Status MakeHostRoom(uint64_t bytes);
   Status AllocateSlots();
   Status CheckSelfWait(int group) const;  // under mu_
+  Status CheckGroupHyper(const StepHyper& hyper,
+                         const std::vector<GroupHyper>& groups) const;
+  // `base` with the hyperparameters of `group` this step.
+  StepParams ParamsOf(int group, const StepParams& base) const;
   // Steps wait for the global norm (clipping, skipping, kAfterBackward).
   bool Deferred() const;
   // ... and run under the next forward (Note [Steps under the next
@@ -286,6 +291,8 @@ class OffloadOptimizer::Impl {
 
   // Guarded by mu_.
   StepParams current_;  // this step's, set by BeginStep
+  // Each group's hyperparameters this step (BeginStep's `groups`).
+  std::vector<StepHyper> group_hyper_;
   std::mutex mu_;
   std::condition_variable changed_;  // any of the below changed
   std::vector<GroupStep> this_step_;
