@@ -187,7 +187,8 @@ STRATA_EXPORT strata_status strata_optimizer_finish_step(
     strata_optimizer* optimizer, strata_step_report* report);
 /* Ends the open step without finishing it, after an error or an interrupt
  * in the caller's forward or backward; see
- * strata::OffloadOptimizer::AbortStep. Between steps it does nothing. */
+ * strata::OffloadOptimizer::AbortStep. Every gradient handle of the
+ * optimizer not handed off ends with it. Between steps it does nothing. */
 STRATA_EXPORT strata_status strata_optimizer_abort_step(
     strata_optimizer* optimizer, strata_abort_report* report);
 

@@ -106,3 +106,26 @@ def test_groups_step_with_their_own_hyperparameters(
         with pytest.raises(strata.StrataError, match="group 7 .* not a "
                            "trained group"):
             opt.begin_step(groups={7: {"lr": 0.1}})
+
+
+def test_an_aborted_step_changes_nothing_and_frees_its_buffers(
+        engine: strata.Engine) -> None:
+    """abort_step after a partial backward (issue #30 §2): with clipping the
+    steps wait for the norm, so nothing moved; the buffer still held is
+    ended with the step, the optimizer closes and the next step runs."""
+    model(engine)
+    opt = strata.Optimizer(engine, threads=1, clip_norm=1.0)
+    step(opt)
+    before = [master(engine, g) for g in (0, 1)]
+    opt.begin_step(lr=1e-3)
+    opt.hand_off(opt.acquire_gradients(1))
+    held = opt.acquire_gradients(0)
+    report = opt.abort_step()
+    assert report == strata.AbortReport(applied=0, completed=False)
+    assert opt.abort_step() == report  # between steps: nothing
+    for g in (0, 1):
+        assert np.array_equal(master(engine, g), before[g])
+    with pytest.raises(strata.StrataError, match="handed off already"):
+        opt.hand_off(held)
+    assert step(opt).step == 2
+    opt.close()

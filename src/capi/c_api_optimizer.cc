@@ -189,6 +189,7 @@ strata_status strata_optimizer_abort_step(strata_optimizer* optimizer,
     STRATA_RETURN_IF_ERROR(
         NonNull({{optimizer, "optimizer"}, {report, "report"}}));
     STRATA_ASSIGN_OR_RETURN(auto done, optimizer->optimizer->AbortStep());
+    GradientsTable::Get().EndAllOf(optimizer);
     return strata::capi::WriteAbortReport(done, report);
   });
 }

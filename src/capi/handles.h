@@ -101,6 +101,15 @@ class HandleTable {
     return count;
   }
 
+  // Ends every live handle of `owner` (an aborted step's buffers).
+  template <typename Owner>
+  void EndAllOf(const Owner* owner) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(objects_, [&](const auto& entry) {
+      return entry.second->owner == owner;
+    });
+  }
+
  private:
   static uint64_t IdOf(const Handle* handle) {
     return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(handle));
