@@ -91,7 +91,7 @@ def train(engine: st.StrataEngine, data: list, device: torch.device
         bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{rate:.0f}")
         tqdm.write(f"step {step + 1} loss {losses[-1]:.4f} tokens/s "
                    f"{rate:.0f} hidden {report.hidden_seconds:.3f}s "
-                   f"lr {engine.get_lr():.2e}")
+                   f"lr {engine.get_lr()[0]:.2e}")
     return losses
 
 

@@ -82,8 +82,9 @@ def test_info_command_reads_a_ds_config(
     host = _tier_line(out, "host")
     assert "3.0 GiB" in host and host.endswith("home of: compute")
     nvme = _tier_line(out, "nvme")
-    # fp32 without speculative steps: the compute copy is the master.
-    assert "home of: state1, state2, grad" in nvme
+    # fp32 with the state on NVMe in overlap mode: steps speculate (each
+    # waits for the overflow check), so there is a master.
+    assert "home of: master, state1, state2, grad" in nvme
     assert f"swap_dir {scratch}" in nvme
     assert main(["info", "--config", str(scratch / "missing.json")]) == 1
     assert "cannot read the config" in capsys.readouterr().err

@@ -301,6 +301,7 @@ class OffloadOptimizer::Impl {
   std::vector<int> this_order_;  // ... of this step, so far
   std::deque<Task> tasks_;
   int running_ = 0;
+  int consuming_ = 0;       // of running_, this step's hand-offs
   std::deque<int> writes_;  // groups whose state goes back to NVMe
   int writing_ = 0;
   bool stop_ = false;

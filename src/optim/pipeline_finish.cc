@@ -160,9 +160,11 @@ Result<OptimAbortReport> OffloadOptimizer::Impl::Abort() {
     return out;
   }
   DropHandOffs(lk);
+  // An earlier step's update may run on (and wait for its own inputs):
+  // only this step's hand-offs matter here.
   STRATA_RETURN_IF_ERROR(internal::WaitUntil(
-      changed_, lk, [this] { return running_ == 0; },
-      "the CPU optimizer's current task"));
+      changed_, lk, [this] { return consuming_ == 0; },
+      "the CPU optimizer's work on this step's gradients"));
   OptimStepReport undone;
   const Status settled = SettleSpeculation(lk, false, &undone);
   QueueDeferred(current_, true);  // undone groups get their compute back

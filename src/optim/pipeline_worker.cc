@@ -35,10 +35,12 @@ void OffloadOptimizer::Impl::WorkerLoop() {
     const Task task = tasks_.front();
     tasks_.pop_front();
     ++running_;
+    consuming_ += task.slot >= 0;
     lk.unlock();
     const Status status = RunTask(task);
     lk.lock();
     --running_;
+    consuming_ -= task.slot >= 0;
     if (!status.ok() && error_.ok()) error_ = status;
     changed_.notify_all();
   }

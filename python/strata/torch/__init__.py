@@ -13,43 +13,62 @@ initialize() splits the model into groups (strata.torch.groups), registers
 them with a strata.Engine (compute copies homed where offload_param says,
 fp32 master weights and optimizer state where offload_optimizer says),
 writes the model's weights into them, and replaces every parameter's memory
-by an empty placeholder: from then on strata holds the weights, and the
-module hooks (strata.torch.hooks) point the parameters at fetched copies
-while their modules run."""
+by a placeholder (Note [Managed parameters] in weights.py): from then on
+strata holds the weights, the module hooks (strata.torch.hooks) point the
+parameters at fetched copies while their modules run, and model.state_dict()
+reads the real values. strata.torch.deepspeed runs DeepSpeed scripts with
+their import line changed."""
 from __future__ import annotations
 
+import atexit
 import os
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 import torch
 from torch import nn
 
 import strata
+from strata.torch import optim, weights
 from strata.torch.config import Config, ConfigError, load
 from strata.torch.engine import StrataEngine
 from strata.torch.groups import GroupPlan, UnitPlan, dtype_name, plan
 from strata.torch.hooks import Group, Runtime
+from strata.torch.optim import StrataOptimizer
+from strata.torch.schedule import ConfigScheduler, Scheduler
+from strata.torch.weights import GatheredParameters
 
-__all__ = ["initialize", "StrataEngine", "Config", "ConfigError", "load"]
+__all__ = ["initialize", "StrataEngine", "StrataOptimizer",
+           "GatheredParameters", "Config", "ConfigError", "load"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16,
            "fp16": torch.float16}
 _MIB = 1 << 20
 _STATES = {"adam": ("state1", "state2"), "adamw": ("state1", "state2"),
            "adagrad": ("state1",), "lion": ("state1",)}
+# Engines not closed yet: their swap files go at the interpreter's exit.
+_open: "weakref.WeakSet[StrataEngine]" = weakref.WeakSet()
 
 
 def initialize(model: nn.Module,
                config: Union[str, os.PathLike, dict[str, Any], Config],
-               *, groups: Optional[list[str]] = None) -> StrataEngine:
+               *, groups: Optional[list[str]] = None,
+               optimizer: Optional[torch.optim.Optimizer] = None,
+               model_parameters: Optional[Iterable[Any]] = None,
+               lr_scheduler: Any = None) -> StrataEngine:
     """Hands `model`'s parameters to strata and returns the engine that
     trains it. `config` is a ds_config.json path, its dict, or a Config;
     `groups` (or the config's strata.groups) names the modules that each
     fetch one group, overriding the default (the blocks of the largest
-    nn.ModuleList, then the other top-level modules)."""
+    nn.ModuleList, then the other top-level modules). `optimizer` (a torch
+    AdamW, Adam, Adagrad or Lion) is taken over with its param groups, or
+    `model_parameters` (a list of parameters or of param-group dicts) gives
+    the param groups of the config's optimizer; `lr_scheduler` is a
+    scheduler built on that optimizer, or a callable that builds one on
+    engine.optimizer."""
     if getattr(model, "_strata_engine", None) is not None:
         raise ConfigError(
             "this model is already trained through a strata.torch engine; "
@@ -59,39 +78,80 @@ def initialize(model: nn.Module,
         warnings.warn("strata.torch: these config keys do not change what "
                       "strata computes and are ignored: "
                       + ", ".join(sorted(cfg.ignored)), stacklevel=2)
-    plans, units = plan(model, groups or cfg.groups)
+    facade, cfg.algo = optim.build(model, cfg, optimizer, model_parameters)
+    plans, units = plan(model, groups or cfg.groups,
+                        optim.group_index(facade))
     _check_grad_buffers(cfg, plans, units)
+    scheduler = _scheduler(cfg, facade, lr_scheduler)
     dtype = _DTYPES[cfg.dtype]
     _check_nvme(cfg)
     store = strata.Engine(**_engine_options(cfg, plans, dtype))
     try:
-        ids = [_register(store, cfg, p, dtype) for p in plans]
-        for gid, p in zip(ids, plans):
-            _write_weights(store, gid, p)
-        device = _torch_device(store)
-        records = [Group(gid, p, [torch.empty(0, dtype=dtype, device=device)
-                                  for _ in p.params],
-                         [t.dtype for _, t in p.params])
-                   for gid, p in zip(ids, plans)]
-        runtime = Runtime(store, device, records, units, cfg.prefetch)
-        runtime.optimizer = strata.Optimizer(
-            store, algo=cfg.algo, mode=cfg.mode,
-            micro_batches=cfg.accumulation, clip_norm=cfg.clip_norm,
-            skip_on_overflow=cfg.dtype == "fp16", threads=cfg.threads,
-            grad_buffers=cfg.grad_buffers)
+        runtime = _runtime(store, cfg, plans, units, dtype)
     except BaseException:
         store.close()
         raise
+    device = runtime.device
     for buffer in model.buffers():
         buffer.data = buffer.data.to(device)
-    for group in records:
+    for group in runtime.groups:
         for (_, p), empty in zip(group.plan.params, group.placeholders):
-            p.data = empty
+            weights.manage(p, runtime, empty)
             p.grad = None
     runtime.install()
-    engine = StrataEngine(model, cfg, store, runtime)
+    engine = StrataEngine(model, cfg, store, runtime, facade, scheduler)
+    runtime.handles += weights.install_state_dict_hooks(runtime, engine)
     model._strata_engine = engine
+    _open.add(engine)
     return engine
+
+
+def _runtime(store: strata.Engine, cfg: Config, plans: list[GroupPlan],
+             units: list[UnitPlan], dtype: torch.dtype) -> Runtime:
+    """The groups registered and written, and the hooks' state over them
+    with strata's optimizer (every step skipped exactly on non-finite
+    gradients: Note [Recovery] in engine.py)."""
+    ids = [_register(store, cfg, p, dtype) for p in plans]
+    for gid, p in zip(ids, plans):
+        _write_weights(store, gid, p)
+    device = _torch_device(store)
+    records = []
+    for gid, p in zip(ids, plans):
+        roles = _roles(cfg, p.trainable)
+        records.append(Group(
+            gid, p, [weights.placeholder(t.shape, dtype, device)
+                     for _, t in p.params],
+            [t.dtype for _, t in p.params], roles, "master" in roles))
+    runtime = Runtime(store, device, records, units, cfg.prefetch)
+    runtime.optimizer = strata.Optimizer(
+        store, algo=cfg.algo, mode=cfg.mode,
+        micro_batches=cfg.accumulation, clip_norm=cfg.clip_norm,
+        skip_on_overflow=True, threads=cfg.threads,
+        grad_buffers=cfg.grad_buffers)
+    return runtime
+
+
+def _scheduler(cfg: Config, facade: StrataOptimizer, given: Any) -> Any:
+    """engine.lr_scheduler: the config's, or the one passed in (built on
+    the optimizer passed in, which engine.optimizer shares), or one a
+    callable passed in builds on engine.optimizer."""
+    if given is not None and cfg.scheduler is not None:
+        raise ConfigError(
+            "an lr_scheduler was passed to initialize and the config has a "
+            "\"scheduler\" section; keep one of them")
+    if cfg.scheduler is not None:
+        kind, params = cfg.scheduler
+        return ConfigScheduler(Scheduler(kind, params, cfg.lr), facade)
+    if given is not None and not hasattr(given, "step"):
+        return given(facade)
+    return given
+
+
+@atexit.register
+def _free_at_exit() -> None:
+    """Swap files go at a normal exit too, not only at close()."""
+    for engine in list(_open):
+        engine.free()
 
 
 def _check_grad_buffers(cfg: Config, plans: list[GroupPlan],
@@ -141,14 +201,14 @@ def _check_nvme(cfg: Config) -> None:
 
 
 def _roles(cfg: Config, trainable: bool) -> list[str]:
+    """A frozen group keeps an fp32 master beside a narrower compute copy,
+    so that close() gives its weights back exactly. A trained group keeps
+    its fp32 gradients (grad) until the step's global checks say whether
+    it stands (every step is skipped exactly on non-finite gradients)."""
     if not trainable:
-        return ["compute"]
+        return ["compute"] if cfg.dtype == "fp32" else ["compute", "master"]
     master = ["master"] if cfg.master_weights else []
-    roles = ["compute", *master, *_STATES[cfg.algo]]
-    if (cfg.accumulation > 1 or cfg.mode == "after_backward"
-            or cfg.clip_norm > 0 or cfg.dtype == "fp16"):
-        roles.append("grad")
-    return roles
+    return ["compute", *master, *_STATES[cfg.algo], "grad"]
 
 
 def _group_bytes(cfg: Config, p: GroupPlan, dtype: torch.dtype

@@ -38,12 +38,12 @@ _IGNORED_ZERO = {
     "reduce_bucket_size", "allgather_partitions", "allgather_bucket_size",
     "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
     "stage3_max_live_parameters", "stage3_max_reuse_distance",
-    "stage3_gather_16bit_weights_on_model_save", "sub_group_size",
+    "sub_group_size",
     "round_robin_gradients", "memory_efficient_linear",
     "load_from_fp32_weights",
     "elastic_checkpoint", "ignore_unused_parameters", "prefetch_bucket_size",
     "param_persistence_threshold", "max_live_parameters", "max_reuse_distance",
-    "gather_16bit_weights_on_model_save", "cpu_offload_use_pin_memory",
+    "cpu_offload_use_pin_memory",
 }
 _IGNORED_OFFLOAD = {"buffer_count", "buffer_size", "max_in_cpu",
                     "pipeline_read", "pipeline_write", "fast_init", "ratio",
@@ -94,15 +94,22 @@ class Config:
     grad_buffers: int = 4
     prefetch: bool = True  # Note [Prefetch of the updated weights]
     io_threads: Optional[int] = None
+    # save_16bit_model writes only with this (DeepSpeed's ZeRO-3 rule).
+    gather_16bit_on_save: bool = False
+    optimizer_given: bool = False  # the config has an "optimizer" section
+    # Steps skipped in a row for non-finite gradients (bf16, fp32) before
+    # the run stops; fp16 stops at its minimum loss scale instead.
+    max_consecutive_skips: int = 5
     ignored: list[str] = field(default_factory=list)
 
     @property
     def speculates(self) -> bool:
         """Whether trained groups step speculatively under backward (Note
-        [Exact steps under overlap] in src/optim/pipeline.h): clipping or
-        fp16's overflow skipping in overlap mode, with the state on NVMe."""
-        return (self.state_tier == "nvme" and self.mode == "overlap"
-                and (self.clip_norm > 0 or self.dtype == "fp16"))
+        [Exact steps under overlap] in src/optim/pipeline.h): in overlap
+        mode with the state on NVMe, since every step is skipped exactly
+        when a gradient is not finite, so each waits for the global
+        checks."""
+        return self.state_tier == "nvme" and self.mode == "overlap"
 
     @property
     def master_weights(self) -> bool:
@@ -163,6 +170,16 @@ def _number(value: Any, key: str, kind: type = float) -> Any:
                           ) from None
 
 
+def _bool(value: Any, key: str) -> bool:
+    """A JSON boolean, or a ConfigError naming the key: the string "false"
+    is true in Python, and "auto" is HF's to fill in."""
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{key}: {value!r} is not a boolean; write true or "
+                      f"false (JSON booleans, not strings; strata fills in "
+                      f"no \"auto\")")
+
+
 def _take(section: Any, where: str, known: set[str],
           ignored: set[str], out: Config) -> dict[str, Any]:
     if not isinstance(section, dict):
@@ -206,8 +223,15 @@ def _top(raw: dict[str, Any], out: Config) -> None:
 
 def _zero(zero: Optional[dict[str, Any]], out: Config) -> None:
     zero = _take(zero or {"stage": 3}, "zero_optimization",
-                 {"stage", "offload_param", "offload_optimizer"},
+                 {"stage", "offload_param", "offload_optimizer",
+                  "stage3_gather_16bit_weights_on_model_save",
+                  "gather_16bit_weights_on_model_save"},
                  _IGNORED_ZERO, out)
+    for key in ("stage3_gather_16bit_weights_on_model_save",
+                "gather_16bit_weights_on_model_save"):
+        if key in zero:
+            out.gather_16bit_on_save = _bool(zero[key],
+                                             f"zero_optimization.{key}")
     if zero.get("stage", 3) != 3:
         raise ConfigError(
             f"zero_optimization.stage {zero.get('stage')}: strata offloads "
@@ -217,6 +241,8 @@ def _zero(zero: Optional[dict[str, Any]], out: Config) -> None:
         section = _take(zero.get(key) or {}, f"zero_optimization.{key}",
                         {"device", "nvme_path", "pin_memory"},
                         _IGNORED_OFFLOAD, out)
+        if "pin_memory" in section:
+            _bool(section["pin_memory"], f"zero_optimization.{key}.pin_memory")
         device = section.get("device", "cpu")
         if device not in ("cpu", "nvme", "none"):
             raise ConfigError(f"zero_optimization.{key}.device {device!r}: "
@@ -236,6 +262,7 @@ def _optimizer(opt: Optional[dict[str, Any]], out: Config) -> None:
     if opt is None:
         return
     opt = _take(opt, "optimizer", {"type", "params"}, set(), out)
+    out.optimizer_given = True
     kind = str(opt.get("type", "AdamW")).lower()
     if kind not in _OPTIMIZERS:
         raise ConfigError(f"optimizer.type {opt.get('type')!r}: strata runs "
@@ -245,6 +272,9 @@ def _optimizer(opt: Optional[dict[str, Any]], out: Config) -> None:
                     "lr_decay", "bias_correction", "torch_adam"},
                    set(), out)
     out.algo = _OPTIMIZERS[kind]
+    for key in ("adam_w_mode", "bias_correction", "torch_adam"):
+        if key in params:
+            _bool(params[key], f"optimizer.params.{key}")
     # DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
     if kind == "adam" and not params.get("adam_w_mode", True):
         out.algo = "adam"
@@ -276,6 +306,11 @@ def _precision(raw: dict[str, Any], out: Config) -> None:
                                 "consecutive_hysteresis", "min_loss_scale",
                                 "auto_cast", "fp16_master_weights_and_grads"},
                  set(), out)
+    for name, section in (("bf16", bf16), ("fp16", fp16)):
+        for key in ("enabled", "auto_cast", "fp16_master_weights_and_grads",
+                    "consecutive_hysteresis"):
+            if key in section:
+                section[key] = _bool(section[key], f"{name}.{key}")
     if bf16.get("enabled") and fp16.get("enabled"):
         raise ConfigError("bf16.enabled and fp16.enabled are both true; "
                           "enable one")
@@ -315,7 +350,7 @@ def _strata(block: dict[str, Any], out: Config) -> None:
     block = _take(block, "strata",
                   {"device", "device_budget", "host_budget", "nvme_budget",
                    "mode", "groups", "threads", "io_threads", "grad_buffers",
-                   "prefetch"},
+                   "prefetch", "max_consecutive_skips"},
                   set(), out)
     out.device = str(block.get("device", out.device))
     if out.device not in ("auto", "cuda", "host"):
@@ -332,9 +367,12 @@ def _strata(block: dict[str, Any], out: Config) -> None:
         out.groups = [str(name) for name in block["groups"]]
     out.threads = int(block.get("threads", 0))
     out.grad_buffers = int(block.get("grad_buffers", out.grad_buffers))
-    out.prefetch = block.get("prefetch", out.prefetch)
-    if not isinstance(out.prefetch, bool):
-        raise ConfigError(f"strata.prefetch {out.prefetch!r}: use true or "
-                          f"false")
+    if "prefetch" in block:
+        out.prefetch = _bool(block["prefetch"], "strata.prefetch")
+    out.max_consecutive_skips = _number(
+        block.get("max_consecutive_skips", out.max_consecutive_skips),
+        "strata.max_consecutive_skips", int)
+    if out.max_consecutive_skips < 1:
+        raise ConfigError("strata.max_consecutive_skips must be >= 1")
     if block.get("io_threads") is not None:
         out.io_threads = int(block["io_threads"])

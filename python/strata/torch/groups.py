@@ -10,11 +10,14 @@ without the subtrees of other units), also a parameter registered first in
 another unit (tied weights: the LM head fetches the embedding's group).
 A parameter belongs to the group of the first unit that holds it, so each
 is stored once. Frozen parameters (requires_grad False) go into a
-separate group of the unit, which has no optimizer state."""
+separate group of the unit, which has no optimizer state; trainable ones
+of different optimizer param groups (weight decay off for biases and
+norms, per-layer learning rates) into separate groups too, since a group
+steps with one set of hyperparameters."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -22,9 +25,11 @@ from torch import nn
 
 @dataclass
 class GroupPlan:
-    """One strata group: `params` are (qualified name, parameter)."""
+    """One strata group: `params` are (qualified name, parameter);
+    `param_group` the optimizer param group they are in (0 when frozen)."""
     name: str
     trainable: bool
+    param_group: int = 0
     params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
 
 
@@ -87,10 +92,14 @@ def _region(model: nn.Module, unit: str, own_children: bool,
         stack += [(f"{name}.{n}", c) for n, c in child.named_children()]
 
 
-def plan(model: nn.Module, modules: Optional[list[str]] = None
+def plan(model: nn.Module, modules: Optional[list[str]] = None,
+         param_group: Optional[Callable[[nn.Parameter], int]] = None
          ) -> tuple[list[GroupPlan], list[UnitPlan]]:
     """The groups and units of `model`; `modules` overrides the units (each
-    named module is one; parameters outside them go to the root's)."""
+    named module is one; parameters outside them go to the root's);
+    `param_group` gives a trainable parameter's optimizer param group
+    (default: all in 0)."""
+    param_group = param_group or (lambda p: 0)
     if modules is None:
         unit_specs = _default_units(model)
     else:
@@ -111,16 +120,17 @@ def plan(model: nn.Module, modules: Optional[list[str]] = None
         if modules is not None and unit_name == "":
             region = [p for p in model.parameters() if id(p) not in owner
                       and not _in_units(model, p, unit_set)]
-        local: dict[bool, int] = {}
+        local: dict[tuple[bool, int], int] = {}
         for p in region:
             if id(p) not in owner:
                 trainable = bool(p.requires_grad)
-                if trainable not in local:
-                    suffix = "" if trainable else " (frozen)"
-                    groups.append(GroupPlan(unit.name + suffix, trainable))
-                    local[trainable] = len(groups) - 1
-                owner[id(p)] = local[trainable]
-                groups[local[trainable]].params.append((names[id(p)], p))
+                key = (trainable, param_group(p) if trainable else 0)
+                if key not in local:
+                    groups.append(GroupPlan(unit.name + _suffix(*key),
+                                            trainable, key[1]))
+                    local[key] = len(groups) - 1
+                owner[id(p)] = local[key]
+                groups[local[key]].params.append((names[id(p)], p))
             if owner[id(p)] not in unit.groups:
                 unit.groups.append(owner[id(p)])
         if unit.groups:
@@ -130,6 +140,12 @@ def plan(model: nn.Module, modules: Optional[list[str]] = None
         raise ValueError(f"parameters {missing[:3]} are in no group; name "
                          f"their modules in strata.groups")
     return groups, units
+
+
+def _suffix(trainable: bool, param_group: int) -> str:
+    if not trainable:
+        return " (frozen)"
+    return f" (param group {param_group})" if param_group else ""
 
 
 def _in_units(model: nn.Module, p: nn.Parameter, units: set[str]) -> bool:

@@ -5,9 +5,10 @@ gradient buffers and hand each group off as soon as it is final.
 
 Note [Parameters between hooks]
 A managed parameter's .data is strata memory only while one of its
-group's views is held (Group.live > 0); otherwise it is an empty
-placeholder, so a stray use fails instead of reading memory strata may
-have reused. Autograd saves tensors for backward; a view of a parameter
+group's views is held (Group.live > 0); otherwise it is a placeholder, and
+any use of it fails naming it (Note [Managed parameters] in weights.py)
+instead of reading memory strata may have reused. Autograd saves tensors
+for backward; a view of a parameter
 (weight.t() in F.linear) would keep pointing at the forward fetch's memory.
 The saved-tensor hooks (pack/unpack) therefore store such a tensor as a
 reference to its parameter and rebuild the view from the parameter's
@@ -69,9 +70,10 @@ with it on NVMe. The root fix is the engine's: its planner
 copies, and when it does, this prefetch goes."""
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -108,7 +110,10 @@ class Group:
     plan: GroupPlan
     placeholders: list[torch.Tensor]
     dtypes: list[torch.dtype]           # the parameters' before initialize
+    roles: list[str]                    # registered with strata
+    has_master: bool                    # an fp32 master beside the compute
     live: int = 0                       # views held
+    gathered: int = 0                   # GatheredParameters contexts
     deferred: list[strata.View] = field(default_factory=list)
     grads: Optional[strata.Gradients] = None
     final: set[int] = field(default_factory=set)  # params accumulated
@@ -163,7 +168,7 @@ class Runtime:
         self.groups = groups
         self.units = [Unit(u, [groups[i] for i in u.groups]) for u in units]
         self.phase = Phase.IDLE
-        self.busy = False  # inside a hook: the guard lets everything pass
+        self.busy = 0  # inside strata's own code: every use passes
         self.live_storage: dict[int, nn.Parameter] = {}
         self.group_of: dict[int, Group] = {}
         self.name_of: dict[int, str] = {}
@@ -248,21 +253,77 @@ class Runtime:
         if self.prefetch:
             self._prefetch(first)
 
-    def check_live(self, p: nn.Parameter) -> None:
-        """Fails naming `p` when it is managed and its group not fetched."""
-        group = self.group_of.get(id(p))
-        if group is not None and group.live == 0:
-            raise StrataError(9, "failed precondition", (
-                f"strata.torch: parameter {self.name_of[id(p)]} was used "
-                f"outside the modules that fetch its group {group.name!r}; "
-                f"use it only inside the module that holds it, or list "
-                f"the module that uses it in strata.groups"))
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        """strata.torch's own code: managed parameters may be used."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
 
-    def abort_forward(self) -> None:
-        """After a failed forward: releases the views it still held."""
-        for unit in self.units:
-            while unit.forward:
-                self._release_unit(unit, unit.forward.pop())
+    def usable(self, p: nn.Parameter) -> bool:
+        group = self.group_of[id(p)]
+        return bool(self.busy or group.live or group.gathered)
+
+    def grad_readable(self, p: nn.Parameter) -> bool:
+        return self.usable(p) or self.phase is Phase.BACKWARD
+
+    def check_gatherable(self, group: Group) -> None:
+        """GatheredParameters reads and writes the master: between
+        optimizer steps only."""
+        if self.phase is not Phase.IDLE:
+            raise StrataError(9, "failed precondition", (
+                f"strata.torch: GatheredParameters of group {group.name!r} "
+                f"in the middle of an optimizer step; use it between "
+                f"steps (after engine.step())"))
+
+    def check_usable(self, p: nn.Parameter, what: str) -> None:
+        """Fails naming `p` when its group is not fetched (Note
+        [Managed parameters] in weights.py)."""
+        if self.usable(p):
+            return
+        name, group = self.name_of[id(p)], self.group_of[id(p)]
+        if self.phase in (Phase.FORWARD, Phase.BACKWARD):
+            raise StrataError(9, "failed precondition", (
+                f"strata.torch: parameter {name} was used outside the "
+                f"modules that fetch its group {group.name!r}; use it only "
+                f"inside the module that holds it, or list the module that "
+                f"uses it in strata.groups"))
+        raise StrataError(9, "failed precondition", (
+            f"strata.torch: parameter {name} ({what}) is held by strata "
+            f"between the engine's passes, so its data here is a "
+            f"placeholder; read its values with model.state_dict() or "
+            f"engine.state_dict(), or inside strata.torch."
+            f"GatheredParameters([...]) (deepspeed.zero.GatheredParameters),"
+            f" which also writes changes back"))
+
+    def reset(self) -> None:
+        """After an error or an interrupt in a pass (Note [Recovery] in
+        engine.py): every view the passes hold is released, gradient
+        buffers not handed off are forgotten (the optimizer's abort_step
+        ends them), and each group's state of the micro-batch is
+        cleared."""
+        with self.inside():
+            pairs: list[tuple[Group, strata.View]] = []
+            for unit in self.units:
+                for views in unit.forward:
+                    n = len(unit.groups)
+                    pairs += [(unit.groups[i % n], v)
+                              for i, v in enumerate(views)]
+                n = len(unit.groups)
+                pairs += [(unit.groups[i % n], v)
+                          for i, v in enumerate(unit.held)]
+                unit.forward, unit.held = [], []
+            for group in self.groups:
+                pairs += [(group, v) for v in group.deferred]
+                group.deferred = []
+                group.grads = None
+                group.handed = False
+                group.final.clear()
+                for _, p in group.plan.params:
+                    p.grad = None
+            self.release(pairs)
 
     # ---- module hooks --------------------------------------------------
 
@@ -288,8 +349,7 @@ class Runtime:
 
     def _pre_hook(self, unit: Unit) -> Callable[..., Any]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-            self.busy = True
-            try:
+            with self.inside():
                 if (self.phase in (Phase.IDLE, Phase.OPEN)
                         and torch.is_grad_enabled() and module.training):
                     raise StrataError(9, "failed precondition", (
@@ -306,14 +366,11 @@ class Runtime:
                 if not torch.is_grad_enabled():
                     return None
                 return _wrap(args, kwargs, lambda: self._backward_done(unit))
-            finally:
-                self.busy = False
         return hook
 
     def _post_hook(self, unit: Unit) -> Callable[..., Any]:
         def hook(module: nn.Module, args: Any, output: Any) -> Any:
-            self.busy = True
-            try:
+            with self.inside():
                 if self.phase is not Phase.BACKWARD:
                     self._release_unit(unit, unit.forward.pop())
                 if not torch.is_grad_enabled():
@@ -321,19 +378,19 @@ class Runtime:
                 wrapped = _wrap((output,), {},
                                 lambda: self._backward_fetch(unit))
                 return None if wrapped is None else wrapped[0][0]
-            finally:
-                self.busy = False
         return hook
 
     # ---- backward ------------------------------------------------------
 
     def _backward_fetch(self, unit: Unit) -> None:
-        unit.held += self._views(unit)
+        with self.inside():
+            unit.held += self._views(unit)
 
     def _complete(self, group: Group) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             if group.grads is None and not group.handed:
-                self._acquire(group, point=True)
+                with self.inside():
+                    self._acquire(group, point=True)
         return hook
 
     def _acquire(self, group: Group, point: bool) -> None:
@@ -343,10 +400,15 @@ class Runtime:
             p.grad = torch.from_dlpack(group.grads.export(name))
 
     def _backward_done(self, unit: Unit) -> None:
-        held, unit.held = unit.held, []
-        self._release_unit(unit, held)
+        with self.inside():
+            held, unit.held = unit.held, []
+            self._release_unit(unit, held)
 
     def _accumulated(self, p: nn.Parameter) -> None:
+        with self.inside():
+            self._final(p)
+
+    def _final(self, p: nn.Parameter) -> None:
         group = self.group_of[id(p)]
         name = self.name_of[id(p)]
         if group.grads is None:
@@ -375,6 +437,10 @@ class Runtime:
     def end_backward(self) -> None:
         """After loss.backward(): releases what backward still holds and
         hands off every trainable group not handed off yet."""
+        with self.inside():
+            self._end_backward()
+
+    def _end_backward(self) -> None:
         for unit in self.units:
             if unit.held:
                 self._backward_done(unit)

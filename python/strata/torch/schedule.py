@@ -141,6 +141,38 @@ class Scheduler:
         self.iteration += 1
 
 
-def make_scheduler(spec: Optional[tuple[str, dict[str, Any]]],
-                   base_lr: float) -> Optional[Scheduler]:
-    return Scheduler(spec[0], spec[1], base_lr) if spec else None
+class ConfigScheduler:
+    """engine.lr_scheduler for the config's "scheduler" section: a
+    Scheduler that sets the learning rate of every param group of
+    `optimizer` (as DeepSpeed's do) now, and after each applied step."""
+
+    def __init__(self, schedule: Scheduler, optimizer: Any) -> None:
+        self.schedule = schedule
+        self.optimizer = optimizer
+        # WarmupCosineLR scales each group's own learning rate; the others
+        # set absolute ones.
+        self.base = [group["lr"] for group in optimizer.param_groups]
+        self._apply()
+
+    def _apply(self) -> None:
+        lr = self.schedule.lr()
+        for group, base in zip(self.optimizer.param_groups, self.base):
+            group["lr"] = lr * base / self.schedule.base_lr \
+                if self.schedule.kind == "WarmupCosineLR" else lr
+
+    def step(self, **_: Any) -> None:
+        self.schedule.step()
+        self._apply()
+
+    def get_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        return self.get_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"iteration": self.schedule.iteration}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.schedule.iteration = state["iteration"]
+        self._apply()

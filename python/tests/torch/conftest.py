@@ -89,7 +89,7 @@ def train_strata(m: nn.Module, cfg: dict[str, Any],
     """Trains `m` through strata on `batches_`, one step each."""
     engine = engine or st.initialize(m, cfg)
     run = Run()
-    n = engine.config.accumulation
+    n = engine.ds_config.accumulation
     for x, y in batches_:
         total = 0.0
         for mx, my in micro_batches(x, y, n):

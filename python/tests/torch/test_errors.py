@@ -20,8 +20,8 @@ def test_an_unknown_key_is_named() -> None:
             "offload_optimizer": {"ratio2": 1}}))
     with pytest.raises(st.ConfigError, match="unknown config key 'amp'"):
         st.initialize(model(), config(amp={"enabled": True}))
-    with pytest.raises(st.ConfigError, match="strata.prefetch 'no': use "
-                       "true or false"):
+    with pytest.raises(st.ConfigError, match="strata.prefetch: 'no' is "
+                       "not a boolean; write true or false"):
         st.initialize(model(), config(strata={"prefetch": "no"}))
 
 
@@ -154,7 +154,7 @@ def test_a_checkpoint_of_another_config_names_the_cause(
     second = st.initialize(model(), config(
         gradient_clipping=1.0, zero_optimization={"offload_optimizer": {
             "device": "nvme", "nvme_path": str(nvme)}}))
-    with pytest.raises(strata.StrataError, match="load with the config the "
-                       "checkpoint was saved with"):
+    with pytest.raises(strata.StrataError, match="load it with the model "
+                       "and config it was saved with"):
         second.load_checkpoint(str(scratch / "ckpt"))
     second.close()

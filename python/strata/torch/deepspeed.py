@@ -1,0 +1,130 @@
+"""DeepSpeed's entry points over strata.torch, so that a DeepSpeed training
+script runs with one line changed:
+
+    import strata.torch.deepspeed as deepspeed     # was: import deepspeed
+
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    args = parser.parse_args()
+    engine, optimizer, loader, scheduler = deepspeed.initialize(
+        args=args, model=model, model_parameters=model.parameters(),
+        training_data=dataset)
+    with deepspeed.zero.GatheredParameters(model.lm_head.weight,
+                                           modifier_rank=0):
+        ...
+
+initialize() takes DeepSpeed's arguments and returns its 4-tuple; the
+engine is a StrataEngine (engine.py), which has DeepSpeed's engine methods.
+One rank only for now: a world size above 1 is refused naming it.
+zero.Init is accepted and builds the model as usual (in host memory).
+README's "Coming from DeepSpeed" lists what differs and why."""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from strata.torch import initialize as _initialize
+from strata.torch.config import ConfigError
+from strata.torch.engine import StrataEngine
+from strata.torch.weights import GatheredParameters
+
+__all__ = ["initialize", "add_config_arguments", "init_distributed", "zero"]
+
+
+def initialize(args: Any = None, model: Optional[torch.nn.Module] = None,
+               optimizer: Any = None,
+               model_parameters: Optional[Iterable[Any]] = None,
+               training_data: Any = None, lr_scheduler: Any = None,
+               distributed_port: int = 29500, mpu: Any = None,
+               dist_init_required: Optional[bool] = None,
+               collate_fn: Optional[Callable[..., Any]] = None,
+               config: Any = None, mesh_param: Any = None,
+               config_params: Any = None
+               ) -> tuple[StrataEngine, Any, Any, Any]:
+    """DeepSpeed's initialize: (engine, engine.optimizer, a DataLoader of
+    training_data or None, engine.lr_scheduler). The config comes from
+    `config`, `config_params` or args.deepspeed_config; `optimizer` (a
+    torch optimizer, or a callable that builds one from the parameters) and
+    `model_parameters` give the param groups, `lr_scheduler` (a scheduler
+    or a callable taking the optimizer) the schedule."""
+    if model is None:
+        raise ConfigError("deepspeed.initialize needs model=")
+    if mpu is not None or mesh_param is not None:
+        raise ConfigError("mpu / mesh_param: strata runs data parallelism "
+                          "only; remove them")
+    _one_rank()
+    config = config if config is not None else config_params
+    if config is None:
+        config = getattr(args, "deepspeed_config", None)
+    if config is None:
+        raise ConfigError(
+            "no DeepSpeed config: pass config= (a dict or a JSON path), or "
+            "--deepspeed_config with deepspeed.add_config_arguments")
+    if callable(optimizer) and not isinstance(optimizer,
+                                              torch.optim.Optimizer):
+        optimizer = optimizer(list(model_parameters or model.parameters()))
+        model_parameters = None
+    engine = _initialize(model, config, optimizer=optimizer,
+                         model_parameters=model_parameters,
+                         lr_scheduler=lr_scheduler)
+    loader = None
+    if training_data is not None:
+        loader = torch.utils.data.DataLoader(
+            training_data,
+            batch_size=engine.train_micro_batch_size_per_gpu(),
+            shuffle=True, collate_fn=collate_fn)
+    return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def add_config_arguments(parser: argparse.ArgumentParser
+                         ) -> argparse.ArgumentParser:
+    """DeepSpeed's --deepspeed and --deepspeed_config."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (strata.torch here)")
+    group.add_argument("--deepspeed_config", default=None, type=str,
+                       help="DeepSpeed JSON configuration file")
+    return parser
+
+
+def init_distributed(dist_backend: Optional[str] = None,
+                     auto_mpi_discovery: bool = True,
+                     distributed_port: int = 29500, verbose: bool = True,
+                     timeout: Any = None, init_method: Any = None,
+                     dist_init_required: Optional[bool] = None,
+                     config: Any = None, rank: int = -1,
+                     world_size: int = -1) -> None:
+    """One rank: nothing to set up (a larger world is refused)."""
+    _one_rank(world_size)
+
+
+def _one_rank(world_size: int = -1) -> None:
+    world = world_size if world_size > 0 else \
+        int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        raise ConfigError(
+            f"WORLD_SIZE {world}: strata.torch trains one rank today (ZeRO "
+            f"across ranks is the next issue); run one process")
+
+
+class _Init:
+    """deepspeed.zero.Init: accepted with DeepSpeed's arguments; the model
+    is built as usual, in host memory (building it straight into strata's
+    tiers comes with models larger than host memory)."""
+
+    def __init__(self, module: Any = None, **kwargs: Any) -> None:
+        self.enabled = kwargs.get("enabled", True)
+
+    def __enter__(self) -> "_Init":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class zero:  # noqa: N801 (DeepSpeed's name)
+    """deepspeed.zero's Init and GatheredParameters."""
+    Init = _Init
+    GatheredParameters = GatheredParameters

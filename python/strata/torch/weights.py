@@ -1,0 +1,265 @@
+"""The model's real weights while strata holds them (issue #30 §3): the
+managed parameters' class, which makes a stray read an error instead of a
+silent zero, and the ways to read and write the real values:
+model.state_dict() (and so torch.save and transformers' save_pretrained),
+GatheredParameters and save_16bit_model.
+
+Note [Managed parameters]
+While strata.torch trains a model, each managed parameter's .data is a
+placeholder with the parameter's true shape and dtype but one NaN element
+(zero strides), and its class is StrataParameter. Its __torch_function__
+lets metadata through (shape, dtype, numel, ...) and every other torch call
+only while the parameter's group is fetched (inside its module's forward
+or backward, or a GatheredParameters context), else it raises naming the
+parameter and how to read it; its .grad raises likewise (gradients live in
+strata's buffers, so clip_grad_norm_ on the model used to return 0 and clip
+nothing), except for zero_grad. close() puts the real values and the
+class back. A read of .data itself goes around the check and meets the
+NaN placeholder."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from strata._native import StrataError
+
+if TYPE_CHECKING:
+    from strata.torch.hooks import Group, Runtime
+
+# Calls that read no value: the guard lets them through.
+_METADATA = frozenset({
+    "__get__", "__set__", "numel", "nelement", "size", "dim", "ndimension",
+    "stride", "element_size", "is_floating_point", "is_complex",
+    "requires_grad_", "__hash__", "register_hook",
+    "register_post_accumulate_grad_hook"})
+# Functions that read .grad only to clear it.
+_ZERO_GRAD = frozenset({"zero_grad"})
+
+
+class StrataParameter(nn.Parameter):
+    """A parameter whose values strata holds (Note [Managed
+    parameters])."""
+
+    _strata: "Runtime"
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") not in _METADATA:
+            for p in _managed_in((*args, *kwargs.values())):
+                p._strata.check_usable(p, getattr(func, "__name__", "?"))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        rt = self._strata
+        if rt.usable(self):
+            with torch._C.DisableTorchFunctionSubclass():
+                return torch.Tensor.__repr__(self)
+        return (f"Parameter {rt.name_of[id(self)]} held by strata.torch "
+                f"(shape {tuple(self.shape)}, {self.dtype}); read it with "
+                f"model.state_dict() or strata.torch.GatheredParameters")
+
+    @property  # type: ignore[override]
+    def grad(self) -> Optional[torch.Tensor]:
+        rt = self._strata
+        if not rt.grad_readable(self) and \
+                sys._getframe(1).f_code.co_name not in _ZERO_GRAD:
+            raise StrataError(9, "failed precondition", (
+                f"strata.torch: the gradient of {rt.name_of[id(self)]} is "
+                f"strata's (each group's goes to the CPU optimizer as soon "
+                f"as it is complete); clip with gradient_clipping in the "
+                f"config, and read the norm with "
+                f"engine.get_global_grad_norm()"))
+        return torch.Tensor.grad.__get__(self)
+
+    @grad.setter
+    def grad(self, value: Optional[torch.Tensor]) -> None:
+        torch.Tensor.grad.__set__(self, value)
+
+
+def _managed_in(values: Iterable[Any]) -> Iterator[StrataParameter]:
+    for value in values:
+        if isinstance(value, StrataParameter):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, StrataParameter))
+
+
+def manage(p: nn.Parameter, runtime: "Runtime",
+           placeholder: torch.Tensor) -> None:
+    """Makes `p` a StrataParameter over `placeholder`."""
+    p.data = placeholder
+    p.__class__ = StrataParameter
+    p._strata = runtime  # type: ignore[attr-defined]
+
+
+def unmanage(p: nn.Parameter, value: torch.Tensor) -> None:
+    """Gives `p` its real `value` and its class back."""
+    p.__class__ = nn.Parameter
+    del p._strata  # type: ignore[attr-defined]
+    p.data = value
+
+
+def placeholder(shape: torch.Size, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """The true shape and dtype over one NaN element."""
+    return torch.full((), float("nan"), dtype=dtype,
+                      device=device).expand(shape)
+
+
+def read_group(runtime: "Runtime", group: "Group",
+               role: Optional[str] = None) -> list[torch.Tensor]:
+    """Each parameter of `group` on the CPU in its dtype before
+    initialize: from the fp32 master where there is one (else the compute
+    copy, which then is exact), or from `role`."""
+    role = role or ("master" if group.has_master else "compute")
+    with runtime.engine.fetch(group.id, "host", roles=role) as view:
+        return [torch.from_dlpack(view.export(name, role)).to(dtype,
+                                                              copy=True)
+                for (name, _), dtype in zip(group.plan.params, group.dtypes)]
+
+
+def write_group(runtime: "Runtime", group: "Group",
+                values: dict[int, torch.Tensor]) -> None:
+    """Writes `values` (by parameter index) into the group's master and
+    compute copy (rounded); the other parameters keep theirs."""
+    roles = ["compute", "master"] if group.has_master else ["compute"]
+    with runtime.engine.fetch(group.id, "host", roles=roles,
+                              write=True) as view:
+        for index, value in values.items():
+            name = group.plan.params[index][0]
+            for role in roles:
+                target = torch.from_dlpack(view.export(name, role))
+                target.copy_(value.reshape(target.shape))
+
+
+def install_state_dict_hooks(runtime: "Runtime", engine: Any) -> list[Any]:
+    """model.state_dict() (of the model or any submodule) gives managed
+    parameters their real values (engine.real_weights()), the same tensor
+    for tied names; with keep_vars the parameters themselves."""
+    cache: dict[int, torch.Tensor] = {}
+    keep_vars: list[bool] = []
+    handles = []
+
+    def pre(module: nn.Module, prefix: str, keep: bool) -> None:
+        keep_vars.append(keep)
+        runtime.busy += 1  # lets _save_to_state_dict detach them
+
+    def post(module: nn.Module, state: dict[str, Any], prefix: str,
+             local_metadata: Any) -> None:
+        runtime.busy -= 1
+        keep = keep_vars.pop()
+        try:
+            if not keep:
+                fill(module, state, prefix)
+        except BaseException:
+            runtime.busy -= len(keep_vars)  # the outer ones end here too
+            keep_vars.clear()
+            cache.clear()
+            raise
+        if not keep_vars:
+            cache.clear()  # the outermost state_dict() is done
+
+    def fill(module: nn.Module, state: dict[str, Any], prefix: str) -> None:
+        for name, p in module.named_parameters(recurse=False):
+            if isinstance(p, StrataParameter) and prefix + name in state:
+                if not cache:
+                    with runtime.inside():
+                        cache.update(engine.real_weights())
+                state[prefix + name] = cache[id(p)]
+
+    for module in engine.module.modules():
+        handles.append(module.register_state_dict_pre_hook(pre))
+        handles.append(module._register_state_dict_hook(post))
+    return handles
+
+
+def save_16bit(engine: Any, save_dir: str, filename: str,
+               exclude_frozen: bool) -> None:
+    """engine.save_16bit_model's file: compute copies (exact in their
+    dtype) and buffers, under model.state_dict()'s keys."""
+    runtime = engine.rt
+    engine.store.drain()
+    values: dict[int, torch.Tensor] = {}
+    for group in runtime.groups:
+        if exclude_frozen and not group.plan.trainable:
+            continue
+        with runtime.engine.fetch(group.id, "host", roles="compute") as view:
+            for name, p in group.plan.params:
+                values[id(p)] = torch.from_dlpack(
+                    view.export(name, "compute")).clone()
+    state: dict[str, torch.Tensor] = {}
+    with runtime.inside():
+        named = engine.module.state_dict(keep_vars=True)
+    for key, value in named.items():
+        if id(value) in values:
+            state[key] = values[id(value)]
+        elif not isinstance(value, StrataParameter):
+            state[key] = value.detach().cpu()
+    path = Path(save_dir) / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if filename.endswith(".safetensors"):
+        from safetensors.torch import save_file
+        save_file({k: v.clone() for k, v in state.items()}, str(path))
+    else:
+        torch.save(state, path)
+
+
+class GatheredParameters:
+    """DeepSpeed's zero.GatheredParameters: inside the context the managed
+    parameters among `params` hold their real values (in their dtype
+    before initialize, on the engine's device); with a modifier_rank
+    (this is rank 0 of 1), changed ones are written back into strata when
+    it exits, master and compute copy both. Between optimizer steps."""
+
+    def __init__(self, params: Any, modifier_rank: Optional[int] = None,
+                 fwd_module: Any = None, enabled: bool = True) -> None:
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        self.params = [p for p in params if isinstance(p, StrataParameter)] \
+            if enabled else []
+        self.write = modifier_rank is not None
+        self.groups: list[Any] = []
+        self.before: dict[int, torch.Tensor] = {}
+
+    def __enter__(self) -> None:
+        seen: set[int] = set()
+        for p in self.params:
+            group = p._strata.group_of[id(p)]
+            if id(group) not in seen:
+                seen.add(id(group))
+                self.groups.append((p._strata, group))
+        for runtime, group in self.groups:
+            runtime.check_gatherable(group)
+            if group.gathered == 0:
+                values = read_group(runtime, group)
+                with runtime.inside():
+                    for (_, p), value in zip(group.plan.params, values):
+                        p.data = value.to(runtime.device)
+            group.gathered += 1
+            if self.write:
+                with runtime.inside():
+                    for _, p in group.plan.params:
+                        self.before[id(p)] = p.data.clone()
+
+    def __exit__(self, *exc: Any) -> None:
+        for runtime, group in self.groups:
+            with runtime.inside():
+                if self.write and exc[0] is None:
+                    changed = {i: p.data.cpu()
+                               for i, (_, p) in enumerate(group.plan.params)
+                               if not torch.equal(p.data,
+                                                  self.before[id(p)])}
+                    if changed:
+                        write_group(runtime, group, changed)
+                group.gathered -= 1
+                if group.gathered == 0:
+                    for (_, p), empty in zip(group.plan.params,
+                                             group.placeholders):
+                        p.data = empty
