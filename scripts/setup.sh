@@ -49,6 +49,7 @@ export STRATA_TORCH_VENV="${STRATA_TORCH_VENV:-/var/cache/strata/torch-venv}"
 STRATA_TORCH_PIP=(
   torch==2.11.0 numpy pytest tqdm matplotlib psutil
   transformers   # GPT-2 and Llama from a config in the adapter's tests
+  safetensors    # strata.torch's save_16bit_model to *.safetensors
   scikit-build-core  # pip install . (pyproject.toml)
 )
 strata_torch_venv() {

@@ -43,6 +43,8 @@ VENV_ONLY = {
     "deepspeed": "bench/ds_aio_compare.py and cpu_adam_vs_deepspeed.py run it in build/ds-venv",
     "tqdm": "examples/train_gpt.py (scripts/main.sh) runs in the torch venv (strata_torch_venv)",
     "matplotlib": "examples/train_gpt.py (scripts/main.sh) runs in the torch venv",
+    "transformers": "examples/ds_train_gpt2.py and the adapter's tests run in the torch venv",
+    "safetensors": "strata.torch's save_16bit_model runs in the torch venv (python.pytest)",
 }
 
 # Programs that our own binaries start, which no scan of a command string
@@ -324,7 +326,9 @@ def module_uses(source: str) -> tuple[list[Use], list[str]]:
     """Each imported module's file in Debian's Python, and failures for the
     modules it cannot import."""
     uses, failures, seen_venv = [], [], set()
-    own = {os.path.splitext(os.path.basename(f))[0] for f in python_files(source)}
+    # Top-level modules only: strata/torch/deepspeed.py is not `deepspeed`.
+    own = {os.path.splitext(os.path.basename(f))[0] for f in python_files(source)
+           if not os.path.exists(os.path.join(os.path.dirname(f), "__init__.py"))}
     own |= {os.path.basename(d) for d in glob.glob(os.path.join(source, "python", "*"))}
     for f in python_files(source):
         modules = imported_modules(ast.parse(read_text(f), f))
