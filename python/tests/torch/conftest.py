@@ -37,6 +37,15 @@ def model(cfg: GPTConfig = TINY, seed: int = 0) -> GPT:
     return GPT(cfg)
 
 
+def gpt2(seed: int = 0) -> nn.Module:
+    """A 2-layer transformers GPT-2 from a config (no dropout)."""
+    import transformers
+    torch.manual_seed(seed)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
 def data(steps: int = STEPS, cfg: GPTConfig = TINY
          ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x.to(TORCH_DEVICE), y.to(TORCH_DEVICE))

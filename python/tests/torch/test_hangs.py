@@ -8,17 +8,10 @@ import pytest
 import torch
 
 import strata.torch as st
-from conftest import TORCH_DEVICE, config, data
+from conftest import TORCH_DEVICE, config, data, gpt2
 from test_exact import LOSS_RTOL, PARAM_ATOL
 
 transformers = pytest.importorskip("transformers")
-
-
-def gpt2() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
 
 
 def test_two_forwards_then_one_backward_sum_their_gradients() -> None:

@@ -7,16 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import config, data, train_strata, train_torch, twin
+from conftest import config, data, gpt2, train_strata, train_torch, twin
 from test_exact import LOSS_RTOL, PARAM_ATOL
 
 transformers = pytest.importorskip("transformers")
-
-
-def gpt2() -> Any:
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
 
 
 def llama() -> Any:

@@ -12,18 +12,12 @@ import torch
 
 import strata
 import strata.torch as st
-from conftest import TINY, TORCH_DEVICE, config, data, model, twin
+from conftest import (TINY, TORCH_DEVICE, config, data, gpt2, model,
+                      twin)
 from test_exact import LOSS_RTOL, PARAM_ATOL
 from gpt import GPT
 
 transformers = pytest.importorskip("transformers")
-
-
-def gpt2() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
 
 
 def trained(m: torch.nn.Module, steps: int = 3) -> st.StrataEngine:
