@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 import transformers
 
 import strata.torch.deepspeed as deepspeed  # was: import deepspeed
+from gpt import text_bytes
 
 SEQ = 32
 
@@ -46,8 +46,7 @@ def build_model(seed: int) -> torch.nn.Module:
 
 def text() -> torch.Tensor:
     """A text every Debian system ships, as bytes (the tokens)."""
-    raw = Path("/usr/share/common-licenses/GPL-3").read_bytes()
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+    return text_bytes().long()
 
 
 def micro_batch(tokens: torch.Tensor, step: int, micro: int, size: int,

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import gpt
 from strata.torch.schedule import Scheduler
 from test_exact import LOSS_RTOL
 
 transformers = pytest.importorskip("transformers")
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-sys.path.insert(0, str(EXAMPLES))
+EXAMPLES = Path(gpt.__file__).resolve().parent  # in the tree or the GPU bundle
 import ds_train_gpt2 as script  # noqa: E402
 
 CONFIG = json.loads((EXAMPLES / "ds_config_gpt2.json").read_text())
