@@ -59,6 +59,7 @@ Status OffloadOptimizer::Impl::Init(Engine* engine,
   STRATA_ASSIGN_OR_RETURN(cpu_, CpuOptimizer::Create(cpu));
   STRATA_RETURN_IF_ERROR(InspectGroups());
   written_.resize(groups_.size());
+  held_for_step_ = std::make_shared<Counts>(groups_.size());
   STRATA_RETURN_IF_ERROR(AddSpares());
   STRATA_RETURN_IF_ERROR(AllocateSlots());
   worker_ = std::thread([this] { WorkerLoop(); });

@@ -243,13 +243,23 @@ class OffloadOptimizer::Impl {
   void RecordWritten(int group);
   Status ConsumeGradients(const Task& task);
   void MarkApplied(int group);  // stepped for good under this backward
-  // How the pipeline uses a chunk it fetches to the host: reads it, updates
-  // it, or overwrites every byte (FetchOptions::discard: nothing is read).
-  enum class Access { kRead, kUpdate, kOverwrite };
-  Result<Pin> FetchToHost(int group, RoleMask roles, Access access);
-  Result<Pin> SpeculativeFetch(int group);  // of its step roles
-  Status StepGroup(int group, const void* grads, FloatType grad_type,
-                   const StepParams& params, bool speculative);
+  // Note [A step's working set] (pipeline_worker.cc).
+  Result<store::Residency::Fetched> FetchToHost(
+      int group, const store::Residency::Access& access,
+      bool speculative = false);
+  // A step's hold on its chunks, and when it began (the step's seconds).
+  struct StepHold {
+    store::Residency::Fetched fetched;
+    Clock::time_point start;
+    static Result<StepHold> Of(Result<store::Residency::Fetched> f) {
+      if (!f.ok()) return f.status();
+      return StepHold{std::move(*f), Clock::now()};
+    }
+  };
+  Result<StepHold> HoldForStep(int group, store::Residency::Access extra,
+                               bool speculative);
+  Status StepGroup(int group, StepHold& hold, const void* grads,
+                   FloatType grad_type, const StepParams& params);
   // Prefetches the state of the groups that step after `group` (-1: the
   // first): the deferred steps queued, else in the last step's order.
   void ReadAhead(int group);
@@ -312,6 +322,26 @@ class OffloadOptimizer::Impl {
   bool finishing_ = false;
   // FinishStep's first phase is done (it was interrupted in the second).
   std::optional<Settled> settled_;
+
+  // How often each group's state was held for a step, for the read-ahead's
+  // prefetches, which may run after the optimizer is gone (shared).
+  class Counts {
+   public:
+    explicit Counts(size_t n) : counts_(n, 0) {}
+    void Add(int group) {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++counts_[group];
+    }
+    uint64_t Count(int group) const {
+      std::lock_guard<std::mutex> lk(mu_);
+      return counts_[group];
+    }
+
+   private:
+    mutable std::mutex mu_;
+    std::vector<uint64_t> counts_;  // guarded by mu_
+  };
+  std::shared_ptr<Counts> held_for_step_;
 };
 
 }  // namespace strata

@@ -66,14 +66,10 @@ Status OffloadOptimizer::Impl::RunTask(const Task& task) {
 Status OffloadOptimizer::Impl::StepDeferred(const Task& task) {
   // Read only: written for the step's gradients, the chunk stays clean, and
   // nothing writes it back to NVMe.
-  STRATA_ASSIGN_OR_RETURN(Pin grads,
-                          FetchToHost(task.group, kGradBit, Access::kRead));
-  const void* base =
-      parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0);
-  Status status =
-      StepGroup(task.group, base, FloatType::kF32, task.params, false);
-  Status released = grads.Release();
-  return status.ok() ? released : status;
+  STRATA_ASSIGN_OR_RETURN(StepHold hold,
+                          HoldForStep(task.group, {.read = kGradBit}, false));
+  const void* grads = hold.fetched.base[Role::kGrad];
+  return StepGroup(task.group, hold, grads, FloatType::kF32, task.params);
 }
 
 // A skipped step's undone speculation: the compute copy is the master
@@ -81,18 +77,13 @@ Status OffloadOptimizer::Impl::StepDeferred(const Task& task) {
 Status OffloadOptimizer::Impl::RestoreCompute(int group) {
   const Group& g = groups_[group];
   STRATA_ASSIGN_OR_RETURN(
-      Pin master, FetchToHost(group, RoleBit(Role::kMaster), Access::kRead));
-  Result<Pin> compute =
-      FetchToHost(group, RoleBit(Role::kCompute), Access::kOverwrite);
-  if (!compute.ok()) return compute.status();
-  const store::Residency& residency = *parts_.residency;
-  const void* from = residency.Address(group, Role::kMaster, Tier::kHost, 0);
-  void* to = residency.Address(group, Role::kCompute, Tier::kHost, 0);
-  Status status = CopyAs(*cpu_, from, FloatType::kF32, to, g.compute, g.n);
+      store::Residency::Fetched f,
+      FetchToHost(group, {.read = RoleBit(Role::kMaster),
+                          .overwrite = RoleBit(Role::kCompute)}));
+  Status status = CopyAs(*cpu_, f.base[Role::kMaster], FloatType::kF32,
+                         f.base[Role::kCompute], g.compute, g.n);
   RecordWritten(group);
-  Status released = compute->Release();
-  if (status.ok()) status = released;
-  released = master.Release();
+  Status released = f.pin.Release();
   return status.ok() ? released : status;
 }
 
@@ -133,21 +124,29 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     Result<SumSquaresResult> sum = cpu_->SumSquares(s.host, g.compute, g.n);
     if (sum.ok()) record(*sum);
     if (sum.ok() && sum->finite) {
-      status = StepGroup(task.group, s.host, g.compute, task.params, false);
+      Result<StepHold> hold = HoldForStep(task.group, {}, false);
+      status = hold.ok() ? StepGroup(task.group, *hold, s.host, g.compute,
+                                     task.params)
+                         : hold.status();
       if (status.ok()) MarkApplied(task.group);
     }
     free_slot();
     return sum.ok() ? status : sum.status();
   }
-  // The first micro-batch overwrites the accumulator: nothing is read.
-  Result<Pin> grads = FetchToHost(
-      task.group, kGradBit, task.first ? Access::kOverwrite : Access::kUpdate);
-  if (!grads.ok()) {
+  // The gradients, and when this hand-off steps the group its state too,
+  // in one fetch (Note [A step's working set]). The first micro-batch
+  // overwrites the accumulator: nothing is read.
+  const bool speculate = Deferred() && Speculates(task.group);
+  const bool steps = task.final && (!Deferred() || speculate);
+  store::Residency::Access grads;
+  (task.first ? grads.overwrite : grads.update) = kGradBit;
+  Result<StepHold> hold = steps ? HoldForStep(task.group, grads, speculate)
+                                : StepHold::Of(FetchToHost(task.group, grads));
+  if (!hold.ok()) {
     free_slot();
-    return grads.status();
+    return hold.status();
   }
-  auto* acc = static_cast<float*>(
-      parts_.residency->Address(task.group, Role::kGrad, Tier::kHost, 0));
+  auto* acc = reinterpret_cast<float*>(hold->fetched.base[Role::kGrad]);
   if (task.first) {
     status = CopyAs(*cpu_, s.host, g.compute, acc, FloatType::kF32, g.n);
   } else {
@@ -158,14 +157,13 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     Result<SumSquaresResult> sum = cpu_->SumSquares(acc, FloatType::kF32, g.n);
     if (sum.ok()) record(*sum);
     status = sum.status();
-    const bool speculate = Deferred() && Speculates(task.group);
-    if (status.ok() && sum->finite && (!Deferred() || speculate)) {
-      status =
-          StepGroup(task.group, acc, FloatType::kF32, task.params, speculate);
+    if (status.ok() && sum->finite && steps) {
+      status = StepGroup(task.group, *hold, acc, FloatType::kF32, task.params);
       if (status.ok() && !speculate) MarkApplied(task.group);
     }
   }
-  Status released = grads->Release();
+  if (!hold->fetched.pin.held()) return status;  // StepGroup released it
+  Status released = hold->fetched.pin.Release();
   return status.ok() ? released : status;
 }
 
@@ -174,33 +172,27 @@ void OffloadOptimizer::Impl::MarkApplied(int group) {
   this_step_[group].applied = true;
 }
 
-// The pipeline's fetches: to the host, outside the trace (the pipeline reads
-// ahead on its own); chunks are then reached by Address().
-Result<Pin> OffloadOptimizer::Impl::FetchToHost(int group, RoleMask roles,
-                                                Access access) {
-  STRATA_ASSIGN_OR_RETURN(
-      store::Residency::Fetched fetched,
-      parts_.residency->Fetch(group, Tier::kHost,
-                              {.roles = roles,
-                               .write = access != Access::kRead,
-                               .discard = access == Access::kOverwrite,
-                               .record = false}));
-  return std::move(fetched.pin);
+// Note [A step's working set]
+// A group's step needs its gradients and its state at the host at once.
+// Fetched one after the other, the first could land in the middle of the
+// room that Create() set aside for both and split it, and the second
+// found no place though the bytes were there (issue #30: Create accepted
+// host budgets that failed at step 1 or 2). So the pipeline holds all of
+// a step's chunks as one fetch (Residency::Access: read, update or
+// overwrite per role), which places them together and, if its own
+// chunks split the room, places them all again (Note [Eviction order]).
+// Its fetches go to the host, outside the trace (the pipeline reads ahead
+// on its own); the chunks are reached through the fetch's addresses.
+Result<store::Residency::Fetched> OffloadOptimizer::Impl::FetchToHost(
+    int group, const store::Residency::Access& access, bool speculative) {
+  return parts_.residency->FetchToHost(group, access, speculative);
 }
 
-// Note [Exact steps under overlap]: the state's old bytes stay on NVMe.
-Result<Pin> OffloadOptimizer::Impl::SpeculativeFetch(int group) {
-  STRATA_ASSIGN_OR_RETURN(
-      store::Residency::Fetched fetched,
-      parts_.residency->FetchSpeculative(group, groups_[group].step_roles));
-  return std::move(fetched.pin);
-}
-
-Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
-                                         FloatType grad_type,
-                                         const StepParams& params,
-                                         bool speculative) {
-  const Group& g = groups_[group];
+// The group's step roles, updated (speculatively: Note [Exact steps under
+// overlap], the state's old bytes stay on NVMe), with `extra` in the same
+// fetch.
+Result<OffloadOptimizer::Impl::StepHold> OffloadOptimizer::Impl::HoldForStep(
+    int group, store::Residency::Access extra, bool speculative) {
   {
     // Write-behind keeps one group in flight: the previous group's state
     // goes back to NVMe while this one is updated.
@@ -208,11 +200,11 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
     changed_.wait(lk,
                   [this] { return stop_ || writes_.size() + writing_ <= 1; });
   }
-  const Clock::time_point start = Clock::now();
-  STRATA_ASSIGN_OR_RETURN(
-      Pin state, speculative
-                     ? SpeculativeFetch(group)
-                     : FetchToHost(group, g.step_roles, Access::kUpdate));
+  StepHold hold;
+  hold.start = Clock::now();
+  extra.update |= groups_[group].step_roles;
+  STRATA_ASSIGN_OR_RETURN(hold.fetched, FetchToHost(group, extra, speculative));
+  held_for_step_->Add(group);
   RecordWritten(group);
   if (speculative) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -221,10 +213,16 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   // Only now: the read-ahead's prefetches may evict any unpinned copy, and
   // this group's state, read ahead for this step, was one until the pin.
   ReadAhead(group);
-  store::Residency& residency = *parts_.residency;
-  auto chunk = [&](Role role) {
-    return residency.Address(group, role, Tier::kHost, 0);
-  };
+  return hold;
+}
+
+// Steps the group over the chunks `hold` holds, then releases it.
+Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
+                                         const void* grads, FloatType grad_type,
+                                         const StepParams& params) {
+  const Group& g = groups_[group];
+  const store::Residency& residency = *parts_.residency;
+  auto chunk = [&](Role role) -> void* { return hold.fetched.base[role]; };
   OptimBuffers b;
   b.params =
       static_cast<float*>(chunk(g.in_place ? Role::kCompute : Role::kMaster));
@@ -247,7 +245,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
   if (report.ok() && g.compute == FloatType::kF32 && !g.in_place) {
     std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
   }
-  Status released = state.Release();
+  Status released = hold.fetched.pin.Release();
   const Clock::time_point end = Clock::now();
   if (!report.ok()) return report.status();
   if (report->overflow()) {
@@ -257,8 +255,8 @@ Status OffloadOptimizer::Impl::StepGroup(int group, const void* grads,
                     residency.layout(group).name));
   }
   std::lock_guard<std::mutex> lk(mu_);
-  step_seconds_ += Seconds(end - start);
-  if (!finishing_) hidden_seconds_ += Seconds(end - start);
+  step_seconds_ += Seconds(end - hold.start);
+  if (!finishing_) hidden_seconds_ += Seconds(end - hold.start);
   if (g.write_behind) {
     writes_.push_back(group);
     changed_.notify_all();
@@ -292,8 +290,16 @@ void OffloadOptimizer::Impl::ReadAhead(int group) {
     }
   }
   for (int n : next) {
-    // Best effort: a prefetch that fails is retried by the demand fetch.
-    static_cast<void>(engine_->Prefetch(n, Tier::kHost, groups_[n].step_roles));
+    // Best effort: a prefetch that fails is retried by the demand fetch. One
+    // that runs after the group's step fetched its state (the executor was
+    // late) would only read it again once it is written back: it is
+    // skipped.
+    const uint64_t seen = held_for_step_->Count(n);
+    static_cast<void>(internal::EngineAccess::PrefetchWhile(
+        *engine_, n, Tier::kHost, groups_[n].step_roles,
+        [counts = held_for_step_, n, seen] {
+          return counts->Count(n) == seen;
+        }));
   }
 }
 

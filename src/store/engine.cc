@@ -4,6 +4,7 @@
 #include "strata/engine.h"
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -44,7 +45,10 @@ class Engine::Impl {
   Status Open(const EngineOptions& options, const internal::EngineHooks& hooks);
   Result<int> Register(const GroupSpec& spec);
   Result<GroupView> Fetch(int group, Tier tier, const FetchOptions& opt);
-  Status Prefetch(int group, Tier tier, RoleMask roles);
+  // Engine::Prefetch; `wanted`, when set, is asked when the prefetch runs,
+  // and it is skipped when no longer wanted.
+  Status Prefetch(int group, Tier tier, RoleMask roles,
+                  std::function<bool()> wanted = nullptr);
   Status EndStep();
   std::string Explain() const;
   EngineStats Stats() const;
@@ -183,7 +187,8 @@ void Engine::Impl::SubmitPrefetches(int position) {
   }
 }
 
-Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles) {
+Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles,
+                              std::function<bool()> wanted) {
   if (group < 0 || group >= residency_->group_count() || tier == Tier::kNvme) {
     return Status::InvalidArgument(
         "prefetch of group " + std::to_string(group) + " to " +
@@ -191,7 +196,8 @@ Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles) {
   }
   store::Residency* residency = residency_.get();
   const uint64_t key = PrefetchKey(group, tier, roles, PrefetchBy::kCaller);
-  executor_->Submit(key, [residency, group, tier, roles] {
+  executor_->Submit(key, [residency, group, tier, roles, wanted] {
+    if (wanted && !wanted()) return Status();
     return residency->Prefetch(group, tier, roles, -1);
   });
   return Status();
@@ -343,6 +349,12 @@ Status Engine::Load(const std::string& dir, LoadResult* result) {
 }
 
 namespace internal {
+
+Status EngineAccess::PrefetchWhile(Engine& engine, int group, Tier tier,
+                                   RoleMask roles,
+                                   std::function<bool()> wanted) {
+  return engine.impl_->Prefetch(group, tier, roles, std::move(wanted));
+}
 
 EngineParts EngineAccess::Parts(Engine& engine) {
   Engine::Impl* impl = engine.impl_.get();

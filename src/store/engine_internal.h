@@ -8,6 +8,7 @@
 #ifndef STRATA_SRC_STORE_ENGINE_INTERNAL_H_
 #define STRATA_SRC_STORE_ENGINE_INTERNAL_H_
 
+#include <functional>
 #include <memory>
 
 #include "src/store/pending_updates.h"
@@ -40,6 +41,10 @@ struct EngineAccess {
   // Engine::Open, with `hooks`.
   static Result<std::unique_ptr<Engine>> Open(const EngineOptions& options,
                                               const EngineHooks& hooks);
+  // Engine::Prefetch, skipped if `wanted()` is false when it would run (a
+  // read-ahead that came too late to help).
+  static Status PrefetchWhile(Engine& engine, int group, Tier tier,
+                              RoleMask roles, std::function<bool()> wanted);
 };
 
 inline EngineParts PartsOf(Engine& engine) {

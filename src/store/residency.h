@@ -59,7 +59,10 @@
 // fetch places its chunks largest first, so that its own small chunks do
 // not split the room a large one needs; and when its own first chunks,
 // placed into holes between copies that were evicted later, split that
-// room, it drops them and places them all again, once. Memory held for
+// room, it drops them and places them all again, while prefetches
+// allocate nothing at that tier (they would land in the middle of it
+// again); if that fails too, once more after every other unpinned copy
+// at the tier went (once none is in flight), into a room in one piece. Memory held for
 // good (homes at registration, the optimizer's buffers) is allocated only
 // once every unpinned cached copy at the tier has gone: best fit then puts
 // it at the low end, beside the earlier homes, and the room for copies
@@ -86,8 +89,8 @@
 // The optimizer steps a group before it knows whether the step stands
 // (Note [Exact steps under overlap] in src/optim/pipeline.h), so the bytes
 // it overwrites must survive until it does. A chunk homed on NVMe may get
-// a second extent (AddSpares). A speculative write fetch
-// (FetchSpeculative) of it leaves the chunk's current bytes in the extent
+// a second extent (AddSpares). A speculative write fetch (FetchToHost
+// with `speculative`) of it leaves the chunk's current bytes in the extent
 // that holds them and points the NVMe copy at the other one, so every
 // write-down of the new bytes goes there; a chunk whose only valid copy
 // was above NVMe is written down first. EndSpeculation then keeps the new
@@ -172,6 +175,24 @@ class Residency {
   // Demand fetch (Engine::Fetch): validates and pins the group's chunks in
   // `opt.roles` at `tier`.
   Result<Fetched> Fetch(int group, Tier tier, const FetchOptions& opt);
+  // How one fetch uses each role it holds: reads it, updates it (a write
+  // fetch's), or overwrites every byte (FetchOptions::discard). The
+  // optimizer pipeline holds a step's working set (its gradients and
+  // state) as one fetch with several of these, so that the set is placed
+  // together (Note [Eviction order]): two fetches in turn could split the
+  // room that fits both.
+  struct Access {
+    RoleMask read = 0;
+    RoleMask update = 0;
+    RoleMask overwrite = 0;
+    RoleMask all() const { return read | update | overwrite; }
+    RoleMask written() const { return update | overwrite; }
+  };
+  // An agent's fetch to the host (not recorded in the trace); with
+  // `speculative`, the updated roles keep their old bytes (Note
+  // [Speculative writes]).
+  Result<Fetched> FetchToHost(int group, const Access& access,
+                              bool speculative);
   // Undoes hold `pin` (Pin::Release); its copies stay in use until
   // `after` completes (Note [Fences]). kFailedPrecondition for a hold that
   // is not outstanding, kInvalidArgument for a fence the device cannot use
@@ -192,12 +213,11 @@ class Residency {
   // `roles` homed on NVMe their second extent (kResourceExhausted when the
   // NVMe budget cannot hold them; none is kept then). FetchSpeculative is
   // a write fetch of `roles` to the host that keeps the old bytes of those
-  // chunks; EndSpeculation ends it on every chunk of the group. kRestore
-  // needs the group's speculative chunks unpinned above NVMe and waits for
-  // moves in flight.
+  // chunks (FetchToHost with `speculative`); EndSpeculation ends it on
+  // every chunk of the group. kRestore needs the group's speculative
+  // chunks unpinned above NVMe and waits for moves in flight.
   Status AddSpares(int group, RoleMask roles);
   void DropSpares(int group);  // of chunks not speculative now
-  Result<Fetched> FetchSpeculative(int group, RoleMask roles);
   enum class Outcome { kKeep, kRestore };
   Status EndSpeculation(int group, Outcome outcome);
   // Bumped by every write fetch of the chunk (and by a restore).
@@ -311,8 +331,8 @@ class Residency {
     int position = -1;  // for kPlanned
 
     static Reason Demand() { return {Kind::kDemand, -1}; }
-    static Reason For(const FetchOptions& opt) {
-      return {opt.discard ? Kind::kDiscard : Kind::kDemand, -1};
+    static Reason For(bool discard) {
+      return {discard ? Kind::kDiscard : Kind::kDemand, -1};
     }
     static Reason Planned(int position) { return {Kind::kPlanned, position}; }
     // Demands wait for writers and for room; prefetches give up.
@@ -329,7 +349,7 @@ class Residency {
   struct Hold {
     int group = -1;
     Tier tier = Tier::kHost;
-    bool write = false;
+    RoleMask written = 0;  // the roles it writes (Access::written)
     std::vector<int> chunks;
     std::vector<uint64_t> serials;  // of the copy pinned, per chunk
     std::thread::id thread;         // that fetched it
@@ -357,9 +377,19 @@ class Residency {
   Status Starves(const GroupLayout& layout, const std::string& other, Tier t,
                  uint64_t homes, uint64_t fetch, uint64_t budget) const;
   Status CheckFetch(int group, Tier tier, const FetchOptions& opt) const;
+  // Fetch and FetchToHost: `opt` for its roles, trace and stream, `access`
+  // for what it does with each role.
   Result<Fetched> FetchFor(int group, Tier tier, const FetchOptions& opt,
-                           bool speculative);
-  // FetchSpeculative's part: the chunks of `hold` with a spare and their
+                           const Access& access, bool speculative);
+  // FetchFor's part for the roles it writes: writers counted, transfers
+  // reading them waited for, old bytes kept (`speculative`), other copies
+  // invalidated. On failure the hold is undone.
+  Status BeginWrites(Lock& lk, Hold& hold, const Access& access,
+                     bool speculative);
+  bool Writes(const Hold& hold, int id) const {
+    return (hold.written & RoleBit(chunks_[id].role)) != 0;
+  }
+  // A speculative fetch's part: the chunks of `hold` with a spare and their
   // only valid copy above NVMe are written down; then, each chunk about to
   // be written keeps its old bytes in the extent that holds them.
   Status WriteDownForSpeculation(Lock& lk, const Hold& hold);
@@ -375,19 +405,27 @@ class Residency {
     void Restart() { hits = prefetch_hits = late = 0; }
   };
   Status PinAll(Lock& lk, std::vector<int>& ids, const FetchOptions& opt,
-                Hold& hold, FetchTally& tally);
+                const Access& access, Hold& hold, FetchTally& tally);
   void Count(size_t chunks, const FetchTally& tally);
   // The hold on a write view of chunk `id` that keeps a demand from the
   // calling thread waiting, when only that thread could release it (Note
   // [Waits the caller could end]); an error naming it, else OK.
   Status CheckSelfWait(const Chunk& c, int id, Tier tier) const;
   Status DropUnpinned(Lock& lk, const std::vector<int>& ids, Tier tier);
-  Status FetchChunk(Lock& lk, int id, Tier tier, const FetchOptions& opt,
+  Status MakeRoomInOnePiece(Lock& lk, const std::vector<int>& ids, Tier tier);
+  // One chunk of a fetch: `write` for a written role, `discard` for an
+  // overwritten one, `stream` as FetchOptions::stream.
+  struct ChunkAccess {
+    bool write = false;
+    bool discard = false;
+    void* stream = nullptr;
+  };
+  Status FetchChunk(Lock& lk, int id, Tier tier, const ChunkAccess& how,
                     FetchTally& tally);
   // FetchChunk's way for a read on the caller's stream: pins a copy still
   // landing on the device and makes the stream wait for it. False when the
   // copy is not landing.
-  Result<bool> PinLanding(int id, Tier tier, const FetchOptions& opt);
+  Result<bool> PinLanding(int id, Tier tier, const ChunkAccess& how);
   void Unpin(const Hold& hold);
   // The copy at `tier` may not be filled or written into: a view holds its
   // old bytes. It is retired instead (Note [Retired copies]).
@@ -465,6 +503,9 @@ class Residency {
     std::vector<uint64_t> serials;
   };
   std::deque<Fenced> fenced_;
+  // Fetches placing their chunks again into a room in one piece, per tier:
+  // prefetches allocate nothing there meanwhile (Note [Eviction order]).
+  TierArray<int> placing_;
   // Note [Retired copies], by serial.
   struct RetiredCopy {
     int chunk = -1;

@@ -35,7 +35,7 @@ void Residency::Unpin(const Hold& hold) {
     const int id = hold.chunks[i];
     --CopyBySerial(id, hold.tier, hold.serials[i]).pins;
     FreeIfUnheld(hold.serials[i]);
-    if (hold.write) --chunks_[id].writers;
+    chunks_[id].writers -= Writes(hold, id);
   }
   changed_.notify_all();
 }
@@ -111,9 +111,9 @@ void Residency::FreeIfUnheld(uint64_t serial) {
 Status Residency::CheckSelfWait(const Chunk& c, int id, Tier tier) const {
   const std::thread::id self = std::this_thread::get_id();
   for (const auto& [pin, hold] : holds_) {
-    if (!hold.write || hold.thread != self) continue;
+    if (hold.thread != self) continue;
     for (int held : hold.chunks) {
-      if (held != id) continue;
+      if (held != id || !Writes(hold, held)) continue;
       return Status::FailedPrecondition(
           Describe(c) + " is fetched for writing on " + TierLabel(hold.tier) +
           " by this thread and not released, so a fetch of it on " +

@@ -197,6 +197,9 @@ Status Residency::Allocate(Lock& lk, int id, Tier tier, Reason why) {
   Chunk& c = chunks_[id];
   for (;;) {
     if (c.copy[tier].allocated()) return Status();
+    if (why.prefetch() && placing_[tier] > 0) {
+      return Status::Unavailable("a fetch is placing its chunks");
+    }
     const Status tried = TryAllocate(c, tier);
     if (tried.ok()) return Status();
     const int victim = PickVictim(tier, id, why);

@@ -55,16 +55,11 @@ void Residency::DropSpares(int group) {
   }
 }
 
-Result<Residency::Fetched> Residency::FetchSpeculative(int group,
-                                                       RoleMask roles) {
-  return FetchFor(group, Tier::kHost,
-                  {.roles = roles, .write = true, .record = false}, true);
-}
-
 // Called with the hold's copies valid and pinned at the host.
 Status Residency::WriteDownForSpeculation(Lock& lk, const Hold& hold) {
   for (int id : hold.chunks) {
     Chunk& c = chunks_[id];
+    if (!Writes(hold, id)) continue;
     if (!c.spare.valid() || c.speculative || c.never_written() ||
         c.copy[Tier::kNvme].usable()) {
       continue;

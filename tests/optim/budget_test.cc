@@ -3,7 +3,8 @@
 // smallest host budget Create accepts (found by bisection, in 4 KiB pages)
 // runs three steps, and one page less is refused, naming the host budget.
 // Create used to count chunk bytes where the host pool takes size classes,
-// and accepted budgets that failed at step 1. The same for the device.
+// and accepted budgets that failed at step 1. The same for the device, and
+// (issue #30 §1b) for every combination of the optimizer's options.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -45,20 +46,28 @@ Rig Build(const EngineOptions& options, const std::vector<GroupSpec>& specs,
   return rig;
 }
 
-// One training step: each group's compute fetched to the device for its
-// backward, its gradients handed off.
+// One training step: per micro-batch, a forward fetching each group's
+// compute copy to the device, then a backward fetching it again and
+// handing its gradients off.
 Status Step(Rig& rig) {
   Engine& engine = *rig.engine;
+  const FetchOptions compute{.roles = RoleBit(Role::kCompute)};
   engine.BeginStep();
   STRATA_RETURN_IF_ERROR(rig.optimizer->BeginStep({.lr = 1e-3}));
-  for (int g = engine.group_count() - 1; g >= 0; --g) {
-    STRATA_ASSIGN_OR_RETURN(
-        GroupView w,
-        engine.Fetch(g, Tier::kDevice, {.roles = RoleBit(Role::kCompute)}));
-    STRATA_ASSIGN_OR_RETURN(GradientBuffer grads,
-                            rig.optimizer->AcquireGradients(g));
-    STRATA_RETURN_IF_ERROR(w.pin.Release());
-    STRATA_RETURN_IF_ERROR(rig.optimizer->HandOff(grads));
+  for (int mb = 0; mb < rig.optimizer->options().micro_batches; ++mb) {
+    for (int g = 0; g < engine.group_count(); ++g) {
+      STRATA_ASSIGN_OR_RETURN(GroupView w,
+                              engine.Fetch(g, Tier::kDevice, compute));
+      STRATA_RETURN_IF_ERROR(w.pin.Release());
+    }
+    for (int g = engine.group_count() - 1; g >= 0; --g) {
+      STRATA_ASSIGN_OR_RETURN(GroupView w,
+                              engine.Fetch(g, Tier::kDevice, compute));
+      STRATA_ASSIGN_OR_RETURN(GradientBuffer grads,
+                              rig.optimizer->AcquireGradients(g));
+      STRATA_RETURN_IF_ERROR(w.pin.Release());
+      STRATA_RETURN_IF_ERROR(rig.optimizer->HandOff(grads));
+    }
   }
   STRATA_RETURN_IF_ERROR(rig.optimizer->FinishStep().status());
   return engine.EndStep();
@@ -103,6 +112,22 @@ void ExpectTheSmallestAcceptedRuns(const std::function<Rig(uint64_t)>& open,
       << below.status.message();
 }
 
+// The host-emulated device (4 MiB), compute copies homed on the host and
+// fetched to the device, the fp32 roles at `state`.
+EngineOptions StateOn(Tier state, uint64_t host_budget, uint64_t nvme_budget,
+                      const std::string& swap_dir) {
+  EngineOptions o;
+  o.device = "host";
+  o.device_budget = 4 << 20;
+  o.host_budget = host_budget;
+  o.nvme_budget = nvme_budget;
+  o.swap_dir = swap_dir;
+  o.swap_files = 1;
+  o.placement.home = {Tier::kHost, state, state, state, state};
+  o.placement.device_roles = RoleBit(Role::kCompute);
+  return o;
+}
+
 struct Model {
   DType dtype;
   int groups;
@@ -114,16 +139,8 @@ class BudgetTest : public testing::TestWithParam<Model> {
  protected:
   // The optimizer state and gradients on NVMe, compute on the host.
   Rig Open(uint64_t host_budget) {
-    EngineOptions o;
-    o.device = "host";
-    o.device_budget = 4 << 20;
-    o.host_budget = host_budget;
-    o.nvme_budget = 8 << 20;
-    o.swap_dir = dir_.path();
-    o.swap_files = 1;
-    o.placement.home = {Tier::kHost, Tier::kNvme, Tier::kNvme, Tier::kNvme,
-                        Tier::kNvme};
-    o.placement.device_roles = RoleBit(Role::kCompute);
+    const EngineOptions o =
+        StateOn(Tier::kNvme, host_budget, 8 << 20, dir_.path());
     const Model& m = GetParam();
     std::vector<GroupSpec> specs(m.groups);
     for (int g = 0; g < m.groups; ++g) {
@@ -245,6 +262,91 @@ TEST(ReadAheadRoomTest, EachStepReadsTheStateAtMostOnce) {
     }
   }
 }
+
+// Issue #30 §1b: the same over the optimizer's options, with tensors of odd
+// sizes: Create's host budget is the pipeline's own working set for every
+// combination (it accepted 480 KiB where bf16, after_backward, state on
+// NVMe, 2 threads, 2 buffers and read_ahead 1 first ran at 556 KiB).
+struct Sweep {
+  DType dtype;
+  OptimMode mode;
+  Tier state;
+  int micro_batches;
+  int read_ahead;
+  int threads;
+  int grad_buffers;
+  double clip_norm;
+};
+
+std::vector<Sweep> Sweeps() {
+  std::vector<Sweep> out;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    for (OptimMode mode : {OptimMode::kOverlap, OptimMode::kAfterBackward}) {
+      for (Tier state : {Tier::kNvme, Tier::kHost}) {
+        for (int mb : {1, 2}) {
+          for (int ahead : {0, 1, 2}) {
+            for (int buffers : {1, 2, 3}) {
+              const int threads = 1 + (mb + ahead + buffers) % 2;
+              const double clip = (ahead + buffers) % 3 == 0 ? 0.5 : 0.0;
+              out.push_back(
+                  {dtype, mode, state, mb, ahead, threads, buffers, clip});
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::string SweepName(const testing::TestParamInfo<Sweep>& info) {
+  const Sweep& s = info.param;
+  return std::string(DTypeName(s.dtype)) + "_" +
+         std::string(OptimModeName(s.mode)) + "_state" +
+         std::string(TierName(s.state)) + "_mb" +
+         std::to_string(s.micro_batches) + "_ahead" +
+         std::to_string(s.read_ahead) + "_t" + std::to_string(s.threads) +
+         "_buf" + std::to_string(s.grad_buffers) +
+         (s.clip_norm > 0 ? "_clip" : "");
+}
+
+class BudgetSweepTest : public testing::TestWithParam<Sweep> {
+ protected:
+  // Three groups of two and three tensors of odd sizes, compute homed on
+  // the host, the state (master, m, v, gradients) at the sweep's tier.
+  Rig Open(uint64_t host_budget) {
+    const Sweep& s = GetParam();
+    const EngineOptions o =
+        StateOn(s.state, host_budget, 16 << 20, dir_.path());
+    std::vector<GroupSpec> specs(3);
+    const int64_t sizes[3][3] = {
+        {3001, 517, 0}, {7919, 131, 2203}, {4099, 1, 977}};
+    for (int g = 0; g < 3; ++g) {
+      specs[g].name = "layer." + std::to_string(g);
+      for (int t = 0; t < 3 && sizes[g][t] > 0; ++t) {
+        specs[g].tensors.push_back(
+            {"t" + std::to_string(t), {sizes[g][t]}, s.dtype, kAllRoles});
+      }
+    }
+    return Build(o, specs,
+                 {.mode = s.mode,
+                  .micro_batches = s.micro_batches,
+                  .clip_norm = s.clip_norm,
+                  .threads = s.threads,
+                  .grad_buffers = s.grad_buffers,
+                  .read_ahead = s.read_ahead});
+  }
+
+  testutil::ScratchDir dir_;
+};
+
+TEST_P(BudgetSweepTest, TheSmallestHostBudgetCreateAcceptsRuns) {
+  ExpectTheSmallestAcceptedRuns([this](uint64_t b) { return Open(b); }, kPage,
+                                16 << 20, "host budget");
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, BudgetSweepTest, testing::ValuesIn(Sweeps()),
+                         SweepName);
 
 }  // namespace
 }  // namespace strata

@@ -51,10 +51,9 @@ class SpeculationTest : public ::testing::Test {
   }
   // Writes seeded bytes into the master speculatively.
   void Speculate(uint64_t seed) {
-    auto fetched = residency_->FetchSpeculative(group_, kMaster);
+    auto fetched = residency_->FetchToHost(group_, {.update = kMaster}, true);
     ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
-    auto* data = static_cast<char*>(
-        residency_->Address(group_, Role::kMaster, Tier::kHost, 0));
+    char* data = fetched->base[Role::kMaster];
     testutil::FillRandom(data, 16384 * 4, store_test::Seed(seed, 0));
     ASSERT_TRUE(fetched->pin.Release().ok());
   }
