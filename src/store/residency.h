@@ -62,9 +62,9 @@
 // room, it drops them and places them all again, while prefetches
 // allocate nothing at that tier (they would land in the middle of it
 // again); if that fails too, once more after every other unpinned copy
-// at the tier went (once none is in flight), into a room in one piece. Memory held for
-// good (homes at registration, the optimizer's buffers) is allocated only
-// once every unpinned cached copy at the tier has gone: best fit then puts
+// at the tier went (once none is in flight), into a room in one piece. Memory
+// held for good (homes at registration, the optimizer's buffers) is allocated
+// only once every unpinned cached copy at the tier has gone: best fit then puts
 // it at the low end, beside the earlier homes, and the room for copies
 // that come and go stays one range. So with nothing else pinned, a fetch
 // that registration admitted finds its room.
