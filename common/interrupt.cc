@@ -2,16 +2,17 @@
 
 #include <poll.h>
 
-#include <atomic>
 #include <string>
 
 namespace strata::internal {
 namespace {
 
-std::atomic<int> interrupt_fd{-1};
+// Per thread: only the threads that asked look (Note [Interruptible
+// waits]).
+thread_local int interrupt_fd = -1;
 
 bool Interrupted() {
-  const int fd = interrupt_fd.load();
+  const int fd = interrupt_fd;
   if (fd < 0) return false;
   pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
   return poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
@@ -25,7 +26,7 @@ void SetInterruptFd(int fd) { interrupt_fd = fd; }
 
 Status WaitOnce(std::condition_variable& cv, std::unique_lock<std::mutex>& lk,
                 const char* what) {
-  if (!CallerScope::inside() || interrupt_fd.load() < 0) {
+  if (!CallerScope::inside() || interrupt_fd < 0) {
     cv.wait(lk);
     return Status();
   }

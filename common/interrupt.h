@@ -7,8 +7,9 @@
 // runs no Python signal handler: Ctrl-C did nothing until SIGKILL. So when
 // the waiting thread is inside a call of the C ABI (CallerScope, which the
 // ABI's Guard opens), such a wait wakes at least every kInterruptPoll and
-// looks at the process's interrupt descriptor (strata_set_interrupt_fd:
-// a pipe that a signal handler writes to, like Python's wakeup fd). When
+// looks at the thread's interrupt descriptor (strata_set_interrupt_fd,
+// set by the thread: a pipe that a signal handler writes to, like
+// Python's wakeup fd; other threads' waits are not ended by it). When
 // it is readable, the wait returns kCancelled and the call unwinds as from
 // any other error, having released what it pinned; a cancelled call
 // changes nothing, so the caller may make it again. The engine's own
@@ -31,7 +32,8 @@ namespace strata::internal {
 
 inline constexpr std::chrono::milliseconds kInterruptPoll{100};
 
-// The descriptor whose readability asks waits to stop; -1: none.
+// The descriptor whose readability asks the calling thread's waits to
+// stop; -1: none.
 void SetInterruptFd(int fd);
 
 // While alive, the thread is a caller's inside a call of the C ABI: its

@@ -220,8 +220,10 @@ struct OptimAbortReport {
   // Always 0 when steps wait for the global norm.
   int applied = 0;
   // The step had settled (an interrupted FinishStep) and stands: it counts
-  // as taken, and its last updates land in the background.
+  // as taken, and its last updates land in the background. `step` is then
+  // what FinishStep would have reported (skipped, grad_norm, ...).
   bool completed = false;
+  OptimStepReport step;
 };
 
 class STRATA_EXPORT OffloadOptimizer {

@@ -124,18 +124,18 @@ STRATA_EXPORT const char* strata_last_error(void);
 STRATA_EXPORT strata_status strata_version_get(int32_t* major, int32_t* minor,
                                                int32_t* patch);
 
-/* Ctrl-C for callers blocked in strata. A call that waits for something
- * that may take long (a write view another thread holds, a gradient
- * buffer, the CPU optimizer, a queued update, the prefetches, a
- * checkpoint's quiesce) looks at `fd` from the waiting thread at least
- * every 100 ms; once it is readable (a signal handler wrote to it, as
- * Python's does to its wakeup fd), the wait ends and the call fails with
+/* Ctrl-C for callers blocked in strata. A call of the calling thread that
+ * waits for something that may take long (a write view another thread
+ * holds, a gradient buffer, the CPU optimizer, a queued update, the
+ * prefetches, a checkpoint's quiesce) looks at `fd` at least every 100
+ * ms; once it is readable (a signal handler wrote to it, as Python's does
+ * to its wakeup fd), the wait ends and the call fails with
  * STRATA_CANCELLED, having released what it pinned and changed nothing:
  * the engine stays usable and the call may be made again. strata never
  * reads the descriptor; the caller drains it. -1 (the default) turns it
- * off. One descriptor for the process; strata's own threads never look.
- * The Python binding uses it so that KeyboardInterrupt reaches a call
- * blocked in strata. */
+ * off. It applies to the calling thread only: other threads' waits, and
+ * strata's own threads, never look. The Python binding sets it on the
+ * main thread, so that KeyboardInterrupt reaches a call blocked there. */
 STRATA_EXPORT strata_status strata_set_interrupt_fd(int32_t fd);
 
 /* ---- Engine ---------------------------------------------------------- */

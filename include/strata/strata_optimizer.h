@@ -131,9 +131,12 @@ typedef struct strata_step_report {
 /* strata::OptimAbortReport; the caller sets struct_size. */
 typedef struct strata_abort_report {
   uint32_t struct_size;
-  int32_t applied;   /* groups whose update stays: the model mixes steps */
-  int32_t completed; /* 1: the step had settled and stands */
+  int32_t applied;        /* groups whose update stays: the model mixes steps */
+  int32_t completed;      /* 1: the step had settled and stands; then: */
+  int32_t skipped;        /* ... whether it skipped (non-finite gradients), */
+  int32_t overflow_group; /* ... the first such group (-1 none), */
   int32_t reserved;
+  double grad_norm; /* ... and its gradient norm */
 } strata_abort_report;
 
 /* strata::GradientBuffer, without its tensors (strata_gradients_get_tensor);

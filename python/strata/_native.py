@@ -112,7 +112,9 @@ StepReport = _struct("StepReport", [
 
 AbortReport = _struct("AbortReport", [
     ("struct_size", C.c_uint32), ("applied", C.c_int32),
-    ("completed", C.c_int32), ("reserved", C.c_int32)])
+    ("completed", C.c_int32), ("skipped", C.c_int32),
+    ("overflow_group", C.c_int32), ("reserved", C.c_int32),
+    ("grad_norm", C.c_double)])
 
 GradientsInfo = _struct("GradientsInfo", [
     ("struct_size", C.c_uint32), ("group", C.c_int32), ("data", C.c_void_p),
@@ -228,7 +230,8 @@ def _candidates() -> list[Path]:
 # none raises the call is made again. The bytes read from the pipe are
 # passed on to the wakeup fd that was set before (asyncio's), so no one
 # misses a signal. Other threads' calls are not interrupted: Python runs
-# signal handlers on the main thread only.
+# signal handlers on the main thread only, and strata looks at the pipe
+# only from the thread that set it.
 BLOCKING = frozenset({
     "strata_group_fetch_on", "strata_group_evict", "strata_engine_drain",
     "strata_engine_save", "strata_engine_load",
@@ -257,7 +260,7 @@ class Library:
             function.restype = C.c_int
         self._wake_read, self._wake_write = os.pipe2(
             os.O_NONBLOCK | os.O_CLOEXEC)
-        self._lib.strata_set_interrupt_fd(self._wake_read)
+        self._armed = False  # the main thread's waits look at the pipe
 
     def status_name(self, code: int) -> str:
         return self._lib.strata_status_name(code).decode()
@@ -275,9 +278,16 @@ class Library:
                               self._lib.strata_last_error().decode())
 
     def _watched(self, function: Any, args: tuple) -> int:
-        """function(*args) with signals waking strata's waits."""
+        """function(*args) with signals waking strata's waits (on the main
+        thread; a call from a signal handler inside one is already
+        watched)."""
+        if not self._armed:
+            self._lib.strata_set_interrupt_fd(self._wake_read)
+            self._armed = True
         previous = signal.set_wakeup_fd(self._wake_write,
                                         warn_on_full_buffer=False)
+        if previous == self._wake_write:
+            return function(*args)
         try:
             return function(*args)
         finally:

@@ -31,9 +31,14 @@ class StepReport:
 
 @dataclass
 class AbortReport:
-    """What abort_step left of the step (strata_abort_report)."""
+    """What abort_step left of the step (strata_abort_report). When
+    `completed` (it had settled, and stands), the rest is what its
+    finish_step would have said."""
     applied: int     # groups whose update stays: the model mixes two steps
     completed: bool  # the step had settled and stands (counted as taken)
+    skipped: bool = False
+    overflow_group: int = -1
+    grad_norm: float = 0.0
 
 
 class Gradients:
@@ -188,7 +193,9 @@ class Optimizer(Owned):
         (counted in `applied`). Between steps it does nothing."""
         raw = sized(_native.AbortReport)
         lib().call("strata_optimizer_abort_step", self.handle, C.byref(raw))
-        return AbortReport(raw.applied, bool(raw.completed))
+        return AbortReport(raw.applied, bool(raw.completed),
+                           bool(raw.skipped), raw.overflow_group,
+                           raw.grad_norm)
 
     @property
     def step(self) -> int:

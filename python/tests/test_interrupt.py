@@ -96,3 +96,36 @@ def test_a_finish_step_waiting_for_the_cpu_optimizer(
         assert not np.array_equal(master(engine, 0), before)
         opt.load(str(scratch / "ckpt"))
         assert np.array_equal(master(engine, 0), before)
+
+
+def test_a_handler_that_does_not_raise_lets_every_wait_go_on(
+        two_groups: strata.Engine) -> None:
+    """A signal whose handler only notes it (SLURM's SIGUSR1, say), and
+    makes a strata call of its own, ends no wait: the main thread's fetch
+    goes on once the view is released, and so does another thread's (the
+    interrupt descriptor is the main thread's only)."""
+    engine = two_groups
+    holder = WriteViewHolder(engine, 0, "device", "compute")
+    noted: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        with engine.fetch(1, "host", roles="compute"):  # nested, watched
+            noted.append(signum)
+        holder.go.set()
+    previous = signal.signal(signal.SIGUSR1, note)
+    other: list[object] = []
+    waiter = threading.Thread(target=lambda: other.append(
+        engine.fetch(0, "host", roles="compute")))
+    waiter.start()
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        with engine.fetch(0, "host", roles="compute"):
+            assert noted == [signal.SIGUSR1]
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+        holder.let_go()
+        waiter.join()
+    assert len(other) == 1 and isinstance(other[0], strata.View)
+    other[0].release()

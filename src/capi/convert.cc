@@ -419,6 +419,9 @@ Status WriteAbortReport(const OptimAbortReport& report,
   strata_abort_report c = {};
   c.applied = report.applied;
   c.completed = report.completed;
+  c.skipped = report.step.skipped;
+  c.overflow_group = report.step.overflow_group;
+  c.grad_norm = report.step.grad_norm;
   return WriteVersioned(c, kAbortReportV1Size, "strata_abort_report", out);
 }
 

@@ -159,7 +159,9 @@ Status OffloadOptimizer::Load(const std::string& dir, std::string* user_state) {
   // A failed update or write-behind is what a Load repairs: its error,
   // reported or not, does not stop it.
   if (impl_->in_step_) return impl_->Quiesce();  // refused: inside a step
-  static_cast<void>(impl_->Quiesce());
+  if (Status s = impl_->Quiesce(); s.code() == StatusCode::kCancelled) {
+    return s;  // interrupted: nothing loaded
+  }
   int64_t step = 0;
   std::string caller;
   auto check = [&](const std::string& text) {

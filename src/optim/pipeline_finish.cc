@@ -153,8 +153,8 @@ Result<OptimAbortReport> OffloadOptimizer::Impl::Abort() {
   if (settled_.has_value()) {
     // Interrupted in Finish's second phase: the step stands, and its
     // updates land as if under the next forward (they are marked pending).
-    OptimStepReport report = std::exchange(settled_, std::nullopt)->report;
-    EndStepBookkeeping(&report, !report.skipped);
+    out.step = std::exchange(settled_, std::nullopt)->report;
+    EndStepBookkeeping(&out.step, !out.step.skipped);
     in_step_ = false;
     out.completed = true;
     return out;

@@ -321,9 +321,18 @@ Status Engine::Evict(int group, Tier tier) {
   return impl_->residency_->Evict(group, tier);
 }
 
+namespace {
+
+// A failed update's error stays with its group (Fetch, Save) or is what a
+// Load repairs; an interrupted wait is the caller's news.
+Status OnlyCancelled(const Status& waited) {
+  return waited.code() == StatusCode::kCancelled ? waited : Status();
+}
+
+}  // namespace
+
 Status Engine::Drain() {
-  // A failed update's error stays with its group (Fetch, Save).
-  static_cast<void>(impl_->pending_.WaitAll());
+  STRATA_RETURN_IF_ERROR(OnlyCancelled(impl_->pending_.WaitAll()));
   return impl_->executor_->Drain();
 }
 
@@ -342,7 +351,7 @@ Status Engine::Save(const std::string& dir, const SaveOptions& options) {
 
 Status Engine::Load(const std::string& dir, LoadResult* result) {
   // A failed update is what a Load repairs: its error does not stop it.
-  static_cast<void>(impl_->pending_.WaitAll());
+  STRATA_RETURN_IF_ERROR(OnlyCancelled(impl_->pending_.WaitAll()));
   STRATA_RETURN_IF_ERROR(ckpt::Load(*this, *impl_->residency_, dir, result));
   impl_->pending_.ClearFailed();
   return Status();

@@ -80,7 +80,10 @@ void Residency::Detach(int id, Tier tier) {
 Status Residency::Retire(Lock& lk, int id, Tier tier, Reason why) {
   const uint64_t serial = chunks_[id].copy[tier].serial;
   Detach(id, tier);
-  Status status = Allocate(lk, id, tier, why);
+  // A fresh home is held for good: allocated as registration does, with
+  // no cached copy in its way (Note [Eviction order]).
+  Status status = chunks_[id].home == tier ? EvictCached(lk, tier) : Status();
+  if (status.ok()) status = Allocate(lk, id, tier, why);
   Chunk& c = chunks_[id];
   if (!status.ok() && c.home == tier && !c.copy[tier].allocated()) {
     // A home copy is never absent: the retired memory is the home again

@@ -397,6 +397,10 @@ bool Residency::AnyBusy(Tier tier) const {
     const Copy& copy = c.copy[tier];
     if (copy.busy() || copy.readers > 0 || copy.fenced()) return true;
   }
+  // A retired copy whose device work has not run frees itself when it has.
+  for (const auto& [serial, retired] : retired_) {
+    if (retired.tier == tier && retired.copy.fenced()) return true;
+  }
   return false;
 }
 

@@ -151,7 +151,10 @@ int main(void) {
   FIELD(strata_abort_report, struct_size);
   FIELD(strata_abort_report, applied);
   FIELD(strata_abort_report, completed);
+  FIELD(strata_abort_report, skipped);
+  FIELD(strata_abort_report, overflow_group);
   FIELD(strata_abort_report, reserved);
+  FIELD(strata_abort_report, grad_norm);
   END();
   BEGIN(strata_gradients_info);
   FIELD(strata_gradients_info, struct_size);

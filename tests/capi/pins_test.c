@@ -258,8 +258,9 @@ static void* HoldWriteView(void* arg) {
 
 /* Note [Interruptible waits]: a host fetch of group 0 waits for another
  * thread's write view; once the interrupt descriptor is readable, it fails
- * with STRATA_CANCELLED, and the engine goes on: the view is released and
- * the fetch then succeeds. */
+ * with STRATA_CANCELLED, while a third thread's wait (the descriptor was
+ * not set there) goes on; the engine goes on too: the view is released and
+ * both fetches then succeed. */
 static void CheckAnInterruptEndsAWait(void) {
   strata_engine* engine = Open(2);
   int interrupt[2];
@@ -272,10 +273,17 @@ static void CheckAnInterruptEndsAWait(void) {
   while (!__atomic_load_n(&holder.holding, __ATOMIC_ACQUIRE)) {
     nanosleep(&tick, NULL);
   }
+  /* Another thread waits for the same view; the descriptor is not its. */
+  struct Pending other = {engine, 0, STRATA_OK};
+  pthread_t waiter;
+  CHECK(pthread_create(&waiter, NULL, FetchHostAndRelease, &other) == 0);
   CHECK(write(interrupt[1], "!", 1) == 1);
   strata_view* view = NULL;
   CHECK_FAILS(STRATA_CANCELLED, strata_group_fetch(engine, 0, STRATA_TIER_HOST,
                                                    kCompute, 0, &view));
+  const struct timespec grace = {0, 300 * 1000 * 1000};
+  nanosleep(&grace, NULL); /* three of its polls */
+  CHECK(!__atomic_load_n(&other.done, __ATOMIC_ACQUIRE));
   CHECK(strstr(strata_last_error(),
                "interrupted while waiting for a write "
                "view another thread holds") != NULL);
@@ -285,6 +293,8 @@ static void CheckAnInterruptEndsAWait(void) {
   void* why = NULL;
   CHECK(pthread_join(thread, &why) == 0);
   if (why != NULL) Die(__FILE__, __LINE__, (const char*)why, STRATA_OK);
+  CHECK(pthread_join(waiter, NULL) == 0);
+  CHECK_OK(other.status);
   CHECK_OK(strata_group_fetch(engine, 0, STRATA_TIER_HOST, kCompute, 0, &view));
   CHECK_OK(strata_view_release(view));
   CHECK_OK(strata_set_interrupt_fd(-1));

@@ -74,7 +74,7 @@ def load(engine: "StrataEngine", load_dir: str, tag: Union[None, str, int],
     if engine.scaler and state["scaler"]:
         engine.scaler.restore(state["scaler"])
     for group, saved in zip(engine.optimizer.param_groups,
-                            state["param_groups"]):
+                            state["param_groups"] if optimizer_states else ()):
         group.update({k: tuple(v) if k == "betas" else v
                       for k, v in saved.items()})
     scheduler = _unpickled(state["lr_scheduler"])

@@ -226,9 +226,13 @@ class StrataEngine:
         self.rt.phase = Phase.IDLE
         self.micro_steps -= self.micro_steps % self.ds_config.accumulation
         self._backward_since_step = False
-        if report.completed:  # it had settled: it counts as taken
-            self.global_steps += 1
-            self.global_samples += self.train_batch_size()
+        if report.completed:  # it had settled and stands, as a step does
+            self._after_step(strata.StepReport(
+                step=self.rt.optimizer.step, skipped=report.skipped,
+                grad_norm=report.grad_norm, clip_coef=1.0, step_seconds=0,
+                hidden_seconds=0, finish_wait_seconds=0,
+                acquire_wait_seconds=0, speculated=0, undone=0,
+                overflow_group=report.overflow_group), {})
         self._mixed += report.applied
 
     # ---- DeepSpeed's accessors -----------------------------------------

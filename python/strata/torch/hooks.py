@@ -169,6 +169,7 @@ class Runtime:
         self.units = [Unit(u, [groups[i] for i in u.groups]) for u in units]
         self.phase = Phase.IDLE
         self.busy = 0  # inside strata's own code: every use passes
+        self.saving = 0  # model.state_dict() calls in progress
         self.live_storage: dict[int, nn.Parameter] = {}
         self.group_of: dict[int, Group] = {}
         self.name_of: dict[int, str] = {}
@@ -201,7 +202,7 @@ class Runtime:
     def fetch(self, group: Group) -> strata.View:
         view = self.engine.fetch(group.id, "device", roles="compute",
                                  stream=self.stream())
-        if group.live == 0:
+        if group.live == 0 and group.gathered == 0:
             self._point(group, view)
         group.live += 1
         return view
@@ -213,7 +214,7 @@ class Runtime:
                 group.deferred.append(view)  # until its hand-off
                 continue
             group.live -= 1
-            if group.live == 0:
+            if group.live == 0 and group.gathered == 0:
                 for (_, p), empty in zip(group.plan.params,
                                          group.placeholders):
                     self.live_storage.pop(p.untyped_storage().data_ptr(),
@@ -262,9 +263,13 @@ class Runtime:
         finally:
             self.busy -= 1
 
-    def usable(self, p: nn.Parameter) -> bool:
+    def usable(self, p: nn.Parameter, what: str = "") -> bool:
+        """`what` (a torch function's name) may use `p` now: inside
+        strata's code, its group fetched or gathered, or a detach by
+        model.state_dict() (whose hooks then put the real value in)."""
         group = self.group_of[id(p)]
-        return bool(self.busy or group.live or group.gathered)
+        return bool(self.busy or group.live or group.gathered
+                    or (self.saving and what == "detach"))
 
     def grad_readable(self, p: nn.Parameter) -> bool:
         return self.usable(p) or self.phase is Phase.BACKWARD
@@ -281,7 +286,7 @@ class Runtime:
     def check_usable(self, p: nn.Parameter, what: str) -> None:
         """Fails naming `p` when its group is not fetched (Note
         [Managed parameters] in weights.py)."""
-        if self.usable(p):
+        if self.usable(p, what):
             return
         name, group = self.name_of[id(p)], self.group_of[id(p)]
         if self.phase in (Phase.FORWARD, Phase.BACKWARD):
@@ -304,6 +309,7 @@ class Runtime:
         buffers not handed off are forgotten (the optimizer's abort_step
         ends them), and each group's state of the micro-batch is
         cleared."""
+        self.saving = 0  # a state_dict() cut off by an error ends here
         with self.inside():
             pairs: list[tuple[Group, strata.View]] = []
             for unit in self.units:
@@ -444,13 +450,15 @@ class Runtime:
         for unit in self.units:
             if unit.held:
                 self._backward_done(unit)
-        for group in self.groups:
-            if not group.plan.trainable:
-                continue
+        trained = [g for g in self.groups if g.plan.trainable]
+        # The groups holding a buffer (some parameters got no gradient)
+        # first: a group that got none needs a buffer of its own.
+        for group in sorted(trained, key=lambda g: g.grads is None):
             if not group.handed:
                 if group.grads is None:
                     self._acquire(group, point=False)
                 self.hand_off(group)
+        for group in trained:
             group.handed = False
             group.final.clear()
 

@@ -148,20 +148,21 @@ def install_state_dict_hooks(runtime: "Runtime", engine: Any) -> list[Any]:
     handles = []
 
     def pre(module: nn.Module, prefix: str, keep: bool) -> None:
+        if runtime.saving == 0:  # the outermost: what an error cut off
+            keep_vars.clear()
+            cache.clear()
         keep_vars.append(keep)
-        runtime.busy += 1  # lets _save_to_state_dict detach them
+        runtime.saving += 1  # lets _save_to_state_dict detach them
 
     def post(module: nn.Module, state: dict[str, Any], prefix: str,
              local_metadata: Any) -> None:
-        runtime.busy -= 1
+        runtime.saving -= 1
         keep = keep_vars.pop()
         try:
             if not keep:
                 fill(module, state, prefix)
         except BaseException:
-            runtime.busy -= len(keep_vars)  # the outer ones end here too
-            keep_vars.clear()
-            cache.clear()
+            runtime.saving = 0  # the outer ones end here too
             raise
         if not keep_vars:
             cache.clear()  # the outermost state_dict() is done
@@ -229,37 +230,51 @@ class GatheredParameters:
         self.before: dict[int, torch.Tensor] = {}
 
     def __enter__(self) -> None:
-        seen: set[int] = set()
+        groups: dict[int, tuple[Any, Any]] = {}
         for p in self.params:
             group = p._strata.group_of[id(p)]
-            if id(group) not in seen:
-                seen.add(id(group))
-                self.groups.append((p._strata, group))
-        for runtime, group in self.groups:
-            runtime.check_gatherable(group)
-            if group.gathered == 0:
-                values = read_group(runtime, group)
-                with runtime.inside():
-                    for (_, p), value in zip(group.plan.params, values):
-                        p.data = value.to(runtime.device)
-            group.gathered += 1
-            if self.write:
-                with runtime.inside():
-                    for _, p in group.plan.params:
-                        self.before[id(p)] = p.data.clone()
+            groups.setdefault(id(group), (p._strata, group))
+        try:
+            for runtime, group in groups.values():
+                self._gather(runtime, group)
+        except BaseException:
+            self._release(write=False)  # what it gathered goes back
+            raise
 
     def __exit__(self, *exc: Any) -> None:
-        for runtime, group in self.groups:
+        self._release(write=self.write and exc[0] is None)
+
+    def _gather(self, runtime: "Runtime", group: "Group") -> None:
+        runtime.check_gatherable(group)
+        if group.gathered == 0:
+            values = read_group(runtime, group)
             with runtime.inside():
-                if self.write and exc[0] is None:
+                for (_, p), value in zip(group.plan.params, values):
+                    p.data = value.to(runtime.device)
+        group.gathered += 1
+        self.groups.append((runtime, group))
+        if self.write:
+            with runtime.inside():
+                for _, p in group.plan.params:
+                    self.before[id(p)] = p.data.clone()
+
+    def _release(self, write: bool) -> None:
+        """Writes the changes back (`write`), then ends this context's
+        gathering of each group, whatever fails."""
+        groups, self.groups = self.groups, []
+        try:
+            for runtime, group in groups if write else ():
+                with runtime.inside():
                     changed = {i: p.data.cpu()
                                for i, (_, p) in enumerate(group.plan.params)
-                               if not torch.equal(p.data,
-                                                  self.before[id(p)])}
-                    if changed:
-                        write_group(runtime, group, changed)
+                               if not torch.equal(p.data, self.before[id(p)])}
+                if changed:
+                    write_group(runtime, group, changed)
+        finally:
+            for runtime, group in groups:
                 group.gathered -= 1
                 if group.gathered == 0:
-                    for (_, p), empty in zip(group.plan.params,
-                                             group.placeholders):
-                        p.data = empty
+                    with runtime.inside():
+                        for (_, p), empty in zip(group.plan.params,
+                                                 group.placeholders):
+                            p.data = empty

@@ -4,12 +4,13 @@ interrupt inside a pass leaves the engine able to step, save, load and
 close; a Ctrl-C while strata waits reaches Python."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -172,16 +173,10 @@ def test_a_step_without_backward_says_so() -> None:
     engine.close()
 
 
-def test_ctrl_c_while_a_forward_waits_for_an_update(scratch: Path) -> None:
-    """The last step's update of a group lands under the next forward,
-    whose fetch waits for it; another thread holds the group's Adam state
-    for writing, so the update (and the fetch) wait until it lets go. A SIGINT meanwhile
-    raises KeyboardInterrupt from engine(...); then training, saving and
-    closing go on."""
-    engine = st.initialize(model(), config())
-    steps = data(3)
-    x, y = steps[0]
-    engine.backward(engine(x, y).loss)
+@contextlib.contextmanager
+def state_held_elsewhere(engine: st.StrataEngine) -> Iterator[None]:
+    """Another thread holds group 0's Adam state for writing (on the
+    device) until the block ends: the group's update waits for it."""
     held, go = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -190,19 +185,67 @@ def test_ctrl_c_while_a_forward_waits_for_an_update(scratch: Path) -> None:
             go.wait()
     holder = threading.Thread(target=hold)
     holder.start()
-    assert held.wait(30)
-    engine.step()  # queues the updates, which wait for the holder
+    try:
+        assert held.wait(30)
+        yield
+    finally:
+        go.set()
+        holder.join()
+
+
+def interrupted(call: Callable[[], object]) -> None:
+    """`call` raises KeyboardInterrupt once this process gets a SIGINT."""
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            engine(*steps[1])
+            call()
     finally:
         timer.cancel()
-        go.set()
-        holder.join()
+
+
+def test_ctrl_c_while_a_forward_waits_for_an_update(scratch: Path) -> None:
+    """The last step's update of a group lands under the next forward,
+    whose fetch waits for it; another thread holds the group's Adam state
+    for writing, so the update (and the fetch) wait until it lets go. A
+    SIGINT meanwhile raises KeyboardInterrupt from engine(...); then
+    training, saving and closing go on."""
+    engine = st.initialize(model(), config())
+    steps = data(3)
+    x, y = steps[0]
+    engine.backward(engine(x, y).loss)
+    with state_held_elsewhere(engine):
+        engine.step()  # queues the updates, which wait for the holder
+        interrupted(lambda: engine(*steps[1]))
     train_strata(engine.module, config(), steps[1:], engine=engine,
                  close=False)
     engine.save_checkpoint(str(scratch))
     engine.close()
+
+
+def test_ctrl_c_while_the_step_waits_counts_the_step() -> None:
+    """In after_backward mode engine.step() waits for the groups' updates;
+    with one held up, a SIGINT raises KeyboardInterrupt from step(). The
+    step had settled, so it stands and counts as one (the scheduler
+    advances, as after any step): the run then equals one never
+    interrupted."""
+    cfg = config(strata={"mode": "after_backward"}, scheduler={
+        "type": "WarmupLR", "params": {"warmup_max_lr": 3e-3,
+                                       "warmup_num_steps": 4,
+                                       "warmup_type": "linear"}})
+    steps = data(4)
+    reference = train_strata(model(), cfg, steps)
+    engine = st.initialize(model(), cfg)
+    first = train_strata(engine.module, cfg, steps[:1], engine=engine,
+                         close=False)
+    x, y = steps[1]
+    engine.backward(engine(x, y).loss)
+    with state_held_elsewhere(engine):
+        interrupted(engine.step)
+    assert engine.global_steps == 2
+    rest = train_strata(engine.module, cfg, steps[2:], engine=engine)
+    assert first.losses + rest.losses == [reference.losses[i]
+                                          for i in (0, 2, 3)]
+    for key, value in reference.state.items():
+        assert torch.equal(rest.state[key], value), key

@@ -174,3 +174,26 @@ def test_save_16bit_model_as_deepspeed(scratch: Path) -> None:
     plain.load_state_dict(
         {k: v.float() for k, v in torch.load(
             scratch / "pytorch_model.bin").items()})
+
+
+def test_a_forward_inside_gathered_parameters_uses_them() -> None:
+    """Inside the context the gathered values serve the forward too, and a
+    forward leaves them in place (it used to put the placeholders back,
+    which the exit then wrote into strata as a change: NaN)."""
+    m = model()
+    engine = trained_gpt(m)
+    before = {k: v.clone() for k, v in engine.state_dict().items()}
+    x, y = data(1)[0]
+    engine.eval()
+    with torch.no_grad():
+        plain = engine(x, y).loss.item()
+        with st.GatheredParameters(list(m.parameters()), modifier_rank=0):
+            assert engine(x, y).loss.item() == plain
+            m.blocks[0].fc.weight.data.zero_()
+            assert engine(x, y).loss.item() != plain
+    after = engine.state_dict()
+    for key, value in before.items():
+        expected = torch.zeros_like(value) \
+            if key == "blocks.0.fc.weight" else value
+        assert torch.equal(after[key], expected), key
+    engine.close()
