@@ -9,7 +9,12 @@
  *
  * Conventions
  * - Handles are opaque: strata_engine (strata_engine_open/close) and
- *   strata_view, one fetched group (strata_group_fetch/strata_view_release).
+ *   strata_view, one fetched group (strata_group_fetch/strata_view_release);
+ *   strata_optimizer.h adds strata_optimizer and strata_gradients. A handle
+ *   is a number, never an address, and is never reused in a process: one
+ *   closed, released or handed off already fails with
+ *   STRATA_FAILED_PRECONDITION ("closed already"), one that never came from
+ *   strata with STRATA_INVALID_ARGUMENT; neither reaches another object.
  * - Every function returns a strata_status, except strata_last_error and
  *   strata_status_name. STRATA_OK is 0; the other values mirror
  *   strata::StatusCode one to one.
@@ -155,7 +160,13 @@ typedef struct strata_engine_options {
   int32_t prefetch;               /* 1: follow the trace (default) */
   int32_t lock_host;              /* 1: mlock of the host tier is required */
   int32_t numa_node;              /* -1 (default): the GPU's node */
-  int32_t reserved;               /* 0 */
+  /* The roles that may be fetched to the device (a mask); 0 (the
+   * default) is every role. The device budget must hold, besides its
+   * homes, the largest group's fetch of these roles: with the optimizer
+   * on the CPU only the compute copy goes there, and
+   * STRATA_ROLE_BIT(STRATA_ROLE_COMPUTE) lets the budget count it alone. A
+   * fetch of another role to the device fails naming the option. */
+  uint32_t device_roles;
   /* Bandwidths the planner assumes, GB/s; defaults as in engine.h. */
   double host_to_device_gbps;
   double device_to_host_gbps;
@@ -257,7 +268,8 @@ typedef struct strata_group_spec {
   int32_t use_default_placement;     /* 1 (default): the engine's homes */
   int32_t home[STRATA_NUM_ROLES];    /* strata_tier per role, used when
                                         use_default_placement is 0 */
-  int32_t reserved;                  /* 0 */
+  uint32_t device_roles;             /* as strata_engine_options', used
+                                        when use_default_placement is 0 */
 } strata_group_spec;
 
 /* Sets struct_size and the defaults: no tensors, default placement. */
@@ -363,17 +375,46 @@ STRATA_EXPORT strata_status strata_view_find_tensor(const strata_view* view,
                                                     int32_t role,
                                                     int32_t* index);
 
+/* DLPack 1.x's DLManagedTensorVersioned, with its exact layout: the
+ * dlpack/dlpack.h this header includes may be older than 1.0 (Debian 12's
+ * libdlpack-dev is 0.6) and lack it. A consumer built against DLPack >= 1.0
+ * may use it as a DLManagedTensorVersioned*; in Python it travels in a
+ * capsule named "dltensor_versioned". */
+typedef struct strata_dlpack_version {
+  uint32_t major; /* 1 */
+  uint32_t minor; /* 0 */
+} strata_dlpack_version;
+/* flags: the tensor must not be written through (a read view). */
+#define STRATA_DLPACK_FLAG_READ_ONLY (UINT64_C(1) << 0)
+typedef struct strata_dlpack_versioned {
+  strata_dlpack_version version;
+  void* manager_ctx;
+  void (*deleter)(struct strata_dlpack_versioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+} strata_dlpack_versioned;
+
 /* Exports tensor `index` of the view as DLPack, zero-copy: kDLCPU for host
  * memory (also the host-emulated device), kDLCUDA with the engine's CUDA
  * device for CUDA memory; dtype float32, bfloat16 (kDLBfloat) or float16;
- * compact row-major shape and strides, owned by the managed tensor.
- * The memory stays owned by strata and is valid only until
- * strata_view_release(view); a consumer must not use it after that. The
- * deleter frees only the DLManagedTensor (call it exactly once, before or
- * after the release). */
+ * compact row-major shape and strides, owned by the managed tensor. The
+ * memory stays owned by strata.
+ * An export holds the fetch it points into until its deleter runs (call it
+ * exactly once): strata_view_release(view) ends the handle at once, but
+ * while exports of the view live the fetch stays pinned (its memory is
+ * neither reused nor moved), and is released, after the fence given to
+ * strata_view_release_after (which must stay valid until then), by the
+ * deleter of the last one; a failure of that release is returned by the
+ * next strata_engine_drain. strata_engine_close fails with
+ * STRATA_FAILED_PRECONDITION while exports of its views live. An export
+ * of a read view (write = 0) must not be written through. */
 STRATA_EXPORT strata_status strata_view_export_dlpack(const strata_view* view,
                                                       int32_t index,
                                                       DLManagedTensor** out);
+/* strata_view_export_dlpack as DLPack 1.0's versioned tensor, with
+ * STRATA_DLPACK_FLAG_READ_ONLY set for a read view. */
+STRATA_EXPORT strata_status strata_view_export_dlpack_versioned(
+    const strata_view* view, int32_t index, strata_dlpack_versioned** out);
 
 /* ---- Checkpoints ----------------------------------------------------- */
 

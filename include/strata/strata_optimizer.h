@@ -219,11 +219,23 @@ STRATA_EXPORT strata_status strata_gradients_get_tensor(
     const strata_gradients* gradients, int32_t index, strata_tensor_info* info);
 /* Exports tensor `index`, or with STRATA_WHOLE_BUFFER the whole buffer (a
  * 1-D tensor of bytes / element size elements, padding included), as
- * DLPack, zero-copy, as strata_view_export_dlpack does; valid until the
- * buffer is handed off. The padding between tensors must stay zero: the
- * gradient norm (clipping, overflow) counts every element of the buffer. */
+ * DLPack, zero-copy, as strata_view_export_dlpack does. The padding between
+ * tensors must stay zero: the gradient norm (clipping, overflow) counts
+ * every element of the buffer.
+ * The export holds the optimizer's memory until its deleter runs
+ * (strata_optimizer_close fails while exports live), but the buffer is the
+ * caller's only until its hand-off: from then on strata copies it and
+ * reuses it for other groups, so the caller must neither write it nor
+ * trust what it reads there. strata cannot stop a write through a
+ * pointer; delete the exports (or make them read-only, as the Python
+ * binding does with its arrays) at the hand-off. */
 STRATA_EXPORT strata_status strata_gradients_export_dlpack(
     const strata_gradients* gradients, int32_t index, DLManagedTensor** out);
+/* strata_gradients_export_dlpack as DLPack 1.0's versioned tensor
+ * (writable; see strata_dlpack_versioned in strata.h). */
+STRATA_EXPORT strata_status strata_gradients_export_dlpack_versioned(
+    const strata_gradients* gradients, int32_t index,
+    strata_dlpack_versioned** out);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from strata import _native
-from strata._native import Exported, Owned, StrataError, lib, sized
+from strata._dlpack import Exported, to_numpy
+from strata._native import Owned, StrataError, lib, sized
 
 __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
            "AbortReport",
@@ -102,7 +103,11 @@ class Engine(Owned):
     per role, fetched to the device or host and released, under budgets.
 
     Budgets are bytes. `home` maps roles to their home tier (default: the
-    host). `swap_dir` is required with `nvme_budget` > 0."""
+    host). `swap_dir` is required with `nvme_budget` > 0. `device_roles`
+    are the roles that may be fetched to the device (default all): the
+    device budget must hold the largest group's fetch of them, so with the
+    optimizer on the CPU, device_roles="compute" lets it count the compute
+    copies alone."""
 
     _what = "engine"
     _close_fn = "strata_engine_close"
@@ -111,6 +116,7 @@ class Engine(Owned):
                  host_budget: int, nvme_budget: int = 0,
                  swap_dir: Optional[str] = None,
                  home: Optional[dict[str, str]] = None,
+                 device_roles: Union[None, str, Iterable[str]] = None,
                  io_threads: Optional[int] = None) -> None:
         options = _native.EngineOptions()
         lib().call("strata_engine_options_init", C.byref(options))
@@ -122,6 +128,7 @@ class Engine(Owned):
         for role, tier in (home or {}).items():
             options.home[_choice(ROLES, role, "role")] = _choice(
                 TIERS, tier, "tier")
+        options.device_roles = _roles(device_roles)
         if io_threads is not None:
             options.io_threads = io_threads
         handle = C.c_void_p()
@@ -251,10 +258,27 @@ class View:
         raise KeyError(f"the view has no tensor {name!r} in role {role}")
 
     def export(self, name: str, role: str = "compute") -> Exported:
-        """Tensor `name` of `role` for torch.from_dlpack, zero-copy."""
+        """Tensor `name` of `role` for torch.from_dlpack or
+        numpy.from_dlpack, zero-copy. The tensor made from it holds the
+        fetch: after release() the memory stays pinned (never given to
+        another group) until that tensor is gone."""
         index = self._index(name, role)
-        return Exported(lambda out: lib().call(
-            "strata_view_export_dlpack", self._handle, index, out))
+        handle = self._handle
+        return Exported(lambda versioned, out: lib().call(
+            "strata_view_export_dlpack_versioned" if versioned
+            else "strata_view_export_dlpack", handle, index, out))
+
+    def numpy(self, name: str, role: str = "compute", *,
+              bf16_bits: bool = False) -> Any:
+        """Tensor `name` of `role` as a NumPy array on strata's memory
+        (host views only), writable for a write view and read-only for a
+        read view; it holds the fetch as export() does. NumPy has no
+        bfloat16: a bf16 tensor comes as ml_dtypes.bfloat16 where ml_dtypes
+        is installed, or as its raw bits (uint16) with bf16_bits=True."""
+        exported = self.export(name, role)
+        if bf16_bits:
+            return to_numpy(exported.as_bits(), name)
+        return to_numpy(exported, f"tensor {name!r} ({role})")
 
     def release(self, stream: Any = None) -> None:
         """Releases the fetch; with `stream`, after the work queued on it."""

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 NUM_TIERS = 3
 NUM_ROLES = 5
@@ -46,7 +46,7 @@ EngineOptions = _struct("EngineOptions", [
     ("nvme_budget", C.c_uint64), ("swap_dir", C.c_char_p),
     ("home", C.c_int32 * NUM_ROLES), ("io_threads", C.c_int32),
     ("prefetch", C.c_int32), ("lock_host", C.c_int32),
-    ("numa_node", C.c_int32), ("reserved", C.c_int32),
+    ("numa_node", C.c_int32), ("device_roles", C.c_uint32),
     ("host_to_device_gbps", C.c_double), ("device_to_host_gbps", C.c_double),
     ("nvme_read_gbps", C.c_double), ("nvme_write_gbps", C.c_double)])
 
@@ -80,7 +80,7 @@ GroupSpec = _struct("GroupSpec", [
     ("struct_size", C.c_uint32), ("num_tensors", C.c_int32),
     ("name", C.c_char_p), ("tensors", C.POINTER(TensorSpec)),
     ("use_default_placement", C.c_int32), ("home", C.c_int32 * NUM_ROLES),
-    ("reserved", C.c_int32)])
+    ("device_roles", C.c_uint32)])
 
 TensorInfo = _struct("TensorInfo", [
     ("struct_size", C.c_uint32), ("role", C.c_int32), ("dtype", C.c_int32),
@@ -132,6 +132,12 @@ DLTensor = _struct("DLTensor", [
 DLManagedTensor = _struct("DLManagedTensor", [
     ("dl_tensor", DLTensor), ("manager_ctx", C.c_void_p),
     ("deleter", C.CFUNCTYPE(None, C.c_void_p))])
+DLPackVersion = _struct("DLPackVersion", [
+    ("major", C.c_uint32), ("minor", C.c_uint32)])
+DLManagedTensorVersioned = _struct("DLManagedTensorVersioned", [
+    ("version", DLPackVersion), ("manager_ctx", C.c_void_p),
+    ("deleter", C.CFUNCTYPE(None, C.c_void_p)), ("flags", C.c_uint64),
+    ("dl_tensor", DLTensor)])
 
 # The structs test_abi.py checks, by their C names.
 STRUCTS = {
@@ -147,6 +153,7 @@ STRUCTS = {
     "strata_step_report": StepReport,
     "strata_abort_report": AbortReport,
     "strata_gradients_info": GradientsInfo,
+    "strata_dlpack_versioned": DLManagedTensorVersioned,
 }
 
 _P = C.c_void_p
@@ -177,6 +184,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "strata_view_count_tensors": [_P, C.POINTER(C.c_int32)],
     "strata_view_get_tensor": [_P, C.c_int32, C.POINTER(TensorInfo)],
     "strata_view_export_dlpack": [_P, C.c_int32, C.POINTER(_P)],
+    "strata_view_export_dlpack_versioned": [_P, C.c_int32, C.POINTER(_P)],
     "strata_engine_save": [_P, C.c_char_p, C.c_char_p],
     "strata_engine_load": [_P, C.c_char_p, C.c_char_p, C.c_size_t,
                            C.POINTER(C.c_size_t)],
@@ -201,6 +209,8 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "strata_gradients_get_info": [_P, C.POINTER(GradientsInfo)],
     "strata_gradients_get_tensor": [_P, C.c_int32, C.POINTER(TensorInfo)],
     "strata_gradients_export_dlpack": [_P, C.c_int32, C.POINTER(_P)],
+    "strata_gradients_export_dlpack_versioned": [_P, C.c_int32,
+                                                 C.POINTER(_P)],
 }
 
 
@@ -347,6 +357,8 @@ class Owned:
         something still borrows it (an optimizer, a view, a gradient
         buffer), naming what to close first."""
         if self._handle is not None:
+            from strata._dlpack import sweep
+            sweep()  # exports dropped unconsumed hold what they point into
             lib().call(self._close_fn, self._handle)
             self._handle = None
 
@@ -362,51 +374,3 @@ def sized(struct: type) -> Any:
     out = struct()
     out.struct_size = C.sizeof(struct)
     return out
-
-
-_capsule_new = C.pythonapi.PyCapsule_New
-_capsule_is_valid = C.pythonapi.PyCapsule_IsValid
-_capsule_get_pointer = C.pythonapi.PyCapsule_GetPointer
-_CapsuleDestructor = C.CFUNCTYPE(None, C.c_void_p)
-_capsule_new.restype = C.py_object
-_capsule_new.argtypes = [C.c_void_p, C.c_char_p, _CapsuleDestructor]
-_capsule_is_valid.restype = C.c_int
-_capsule_is_valid.argtypes = [C.c_void_p, C.c_char_p]
-_capsule_get_pointer.restype = C.c_void_p
-_capsule_get_pointer.argtypes = [C.c_void_p, C.c_char_p]
-
-
-@_CapsuleDestructor
-def _destroy_capsule(capsule: int) -> None:
-    # A consumer renames the capsule "used_dltensor" and owns the tensor
-    # from then on; one never consumed still has to be freed.
-    if _capsule_is_valid(capsule, b"dltensor"):
-        pointer = _capsule_get_pointer(capsule, b"dltensor")
-        DLManagedTensor.from_address(pointer).deleter(pointer)
-
-
-class Exported:
-    """One DLManagedTensor, handed out once through the DLPack protocol
-    (`torch.from_dlpack(exported)`, `numpy.from_dlpack(exported)`)."""
-
-    def __init__(self, export: Callable[[Any], None]) -> None:
-        self._pointer: Optional[int] = None  # __del__ runs if export fails
-        managed = C.c_void_p()
-        export(C.byref(managed))
-        self._pointer = managed.value
-        device = DLManagedTensor.from_address(self._pointer).dl_tensor.device
-        self._device = (device.device_type, device.device_id)
-
-    def __dlpack__(self, stream: Any = None) -> Any:
-        if self._pointer is None:
-            raise RuntimeError("this strata export was consumed already; "
-                               "export the tensor again")
-        pointer, self._pointer = self._pointer, None
-        return _capsule_new(pointer, b"dltensor", _destroy_capsule)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self._device
-
-    def __del__(self) -> None:
-        if self._pointer is not None:
-            DLManagedTensor.from_address(self._pointer).deleter(self._pointer)

@@ -6,8 +6,11 @@ import ctypes as C
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Optional
 
+import weakref
+
 from strata import _native
-from strata._native import Exported, Owned, StrataError, lib, sized
+from strata._dlpack import Exported, to_numpy
+from strata._native import Owned, StrataError, lib, sized
 
 if TYPE_CHECKING:
     from strata import Engine, TensorInfo
@@ -49,6 +52,7 @@ class Gradients:
     def __init__(self, handle: int) -> None:
         from strata import _tensor_info
         self._handle: Optional[int] = handle
+        self._arrays: list[weakref.ref] = []  # numpy() arrays, until hand-off
         raw = sized(_native.GradientsInfo)
         lib().call("strata_gradients_get_info", handle, C.byref(raw))
         self.group: int = raw.group
@@ -69,19 +73,45 @@ class Gradients:
                               "the gradient buffer was handed off already")
         return self._handle
 
+    def _export_index(self, name: Optional[str]) -> int:
+        if name is None:
+            return _native.WHOLE_BUFFER
+        names = [t.name for t in self.tensors]
+        if name not in names:
+            raise KeyError(f"group {self.group} has no tensor {name!r}; "
+                           f"it has {', '.join(names)}")
+        return names.index(name)
+
     def export(self, name: Optional[str] = None) -> Exported:
         """Tensor `name`'s slice, or the whole buffer (a 1-D tensor), for
-        torch.from_dlpack, zero-copy."""
-        index = _native.WHOLE_BUFFER
-        if name is not None:
-            names = [t.name for t in self.tensors]
-            if name not in names:
-                raise KeyError(f"group {self.group} has no tensor {name!r}; "
-                               f"it has {', '.join(names)}")
-            index = names.index(name)
+        torch.from_dlpack or numpy.from_dlpack, zero-copy. Write it only
+        before hand_off: from then on strata copies the buffer and reuses
+        it, and a tensor made from it must be neither written nor read
+        (the optimizer's close waits for it to be gone)."""
+        index = self._export_index(name)
         handle = self.handle
-        return Exported(lambda out: lib().call(
-            "strata_gradients_export_dlpack", handle, index, out))
+        return Exported(lambda versioned, out: lib().call(
+            "strata_gradients_export_dlpack_versioned" if versioned
+            else "strata_gradients_export_dlpack", handle, index, out))
+
+    def numpy(self, name: Optional[str] = None, *,
+              bf16_bits: bool = False) -> Any:
+        """export(name) as a writable NumPy array (host buffers only). At
+        hand_off the array becomes read-only; arrays derived from it
+        (views, slices) are the caller's to stop using."""
+        exported = self.export(name)
+        what = f"the gradients of group {self.group}"
+        array = to_numpy(exported.as_bits() if bf16_bits else exported, what)
+        self._arrays.append(weakref.ref(array))
+        return array
+
+    def _end_arrays(self) -> None:
+        """Makes the arrays numpy() handed out read-only (the hand-off)."""
+        for ref in self._arrays:
+            array = ref()
+            if array is not None:
+                array.flags.writeable = False
+        self._arrays.clear()
 
 
 def _hyper(values: dict[str, float]) -> Any:
@@ -174,6 +204,7 @@ class Optimizer(Owned):
         queued: the copy waits for them, the call does not."""
         from strata import _stream
         handle = gradients.handle
+        gradients._end_arrays()
         gradients._handle = None
         lib().call("strata_optimizer_hand_off", self.handle, handle,
                    _stream(stream), None)

@@ -19,12 +19,10 @@ def test_a_write_through_dlpack_is_read_back(
         engine: strata.Engine) -> None:
     g = engine.register_group("layer.0", [("w", (3, 5), "fp32")])
     with engine.fetch(g, "device", roles="compute", write=True) as view:
-        w = np.from_dlpack(view.export("w"))
+        w = view.numpy("w")
         assert w.shape == (3, 5) and w.dtype == np.float32
-        ctypes_view = np.ctypeslib.as_array(
-            (np.ctypeslib.ctypes.c_float * 15).from_address(
-                view.tensors[0].data))
-        ctypes_view[:] = np.arange(15, dtype=np.float32)
+        w[:] = np.arange(15, dtype=np.float32).reshape(3, 5)
+    del w  # it held the fetch
     engine.evict(g, "device")
     with engine.fetch(g, "host", roles="compute") as view:
         w = np.from_dlpack(view.export("w"))

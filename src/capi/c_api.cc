@@ -34,6 +34,8 @@ static_assert(STRATA_INTERNAL ==
 
 using strata::Status;
 using strata::capi::CopyText;
+using strata::capi::EngineBox;
+using strata::capi::EngineTable;
 using strata::capi::Guard;
 using strata::capi::NonNull;
 using strata::capi::ValidGroup;
@@ -42,6 +44,27 @@ using strata::capi::ValidRoles;
 using strata::capi::ValidTier;
 using strata::capi::View;
 using strata::capi::ViewTable;
+
+namespace {
+
+// The tensor of a view that an export describes, and what it holds.
+template <typename Managed, typename Make>
+strata_status ExportAs(const char* fn, const strata_view* view, int32_t index,
+                       Managed** out, Make make) {
+  return Guard(fn, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {out, "out"}}));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> v,
+                            ViewTable::Get().Find(view));
+    STRATA_RETURN_IF_ERROR(strata::capi::ValidTensorIndex(
+        v->group.tensors.size(), index, "view", "strata_view_count_tensors"));
+    STRATA_ASSIGN_OR_RETURN(Managed * managed,
+                            make(*v, v->group.tensors[index]));
+    *out = managed;
+    return Status::Ok();
+  });
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -81,10 +104,10 @@ strata_status strata_engine_open(const strata_engine_options* options,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{options, "options"}, {engine, "engine"}}));
     STRATA_ASSIGN_OR_RETURN(auto cc, strata::capi::ReadOptions(*options));
-    auto handle = std::make_unique<strata_engine>();
-    STRATA_ASSIGN_OR_RETURN(handle->engine, strata::Engine::Open(cc));
-    handle->cuda_device = cc.cuda_device;
-    *engine = handle.release();
+    auto box = std::make_shared<EngineBox>();
+    STRATA_ASSIGN_OR_RETURN(box->engine, strata::Engine::Open(cc));
+    box->cuda_device = cc.cuda_device;
+    *engine = EngineTable::Get().Add(std::move(box));
     return Status::Ok();
   });
 }
@@ -92,21 +115,28 @@ strata_status strata_engine_open(const strata_engine_options* options,
 strata_status strata_engine_close(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    if (const int open = engine->optimizers.load(); open > 0) {
-      return Status(strata::StatusCode::kFailedPrecondition,
-                    std::to_string(open) +
-                        " optimizers borrow the engine; call "
-                        "strata_optimizer_close on each first");
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    if (const int open = e->optimizers.load(); open > 0) {
+      return Status::FailedPrecondition(
+          std::to_string(open) +
+          " optimizers borrow the engine; call strata_optimizer_close on "
+          "each first");
     }
-    const int live = ViewTable::Get().CountOf(engine);
-    if (live > 0) {
-      return Status(strata::StatusCode::kFailedPrecondition,
-                    std::to_string(live) +
-                        " views are unreleased and point into the engine's "
-                        "tiers; call strata_view_release on each first");
+    if (const int live = ViewTable::Get().CountOf(engine); live > 0) {
+      return Status::FailedPrecondition(
+          std::to_string(live) +
+          " views are unreleased and point into the engine's tiers; call "
+          "strata_view_release on each first");
     }
-    delete engine;
-    return Status::Ok();
+    if (const int pinned = e->deferred.load(); pinned > 0) {
+      return Status::FailedPrecondition(
+          std::to_string(pinned) +
+          " released views are still pinned by DLPack exports of their "
+          "tensors (arrays made from strata_view_export_dlpack); call each "
+          "export's deleter (drop the arrays) first");
+    }
+    STRATA_RETURN_IF_ERROR(EngineTable::Get().Take(engine).status());
+    return e->TakeDeferredError();
   });
 }
 
@@ -114,8 +144,9 @@ strata_status strata_engine_get_info(const strata_engine* engine,
                                      strata_engine_info* info) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {info, "info"}}));
-    return strata::capi::WriteEngineInfo(engine->engine->info(),
-                                         engine->cuda_device, info);
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    return strata::capi::WriteEngineInfo(e->engine->info(), e->cuda_device,
+                                         info);
   });
 }
 
@@ -123,7 +154,8 @@ strata_status strata_engine_get_stats(const strata_engine* engine,
                                       strata_engine_stats* stats) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {stats, "stats"}}));
-    return strata::capi::WriteStats(engine->engine->stats(), stats);
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    return strata::capi::WriteStats(e->engine->stats(), stats);
   });
 }
 
@@ -132,8 +164,9 @@ strata_status strata_engine_explain(const strata_engine* engine, char* buffer,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{engine, "engine"}, {required, "required"}}));
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
     if (capacity > 0) STRATA_RETURN_IF_ERROR(NonNull({{buffer, "buffer"}}));
-    *required = CopyText(engine->engine->Explain(), buffer, capacity);
+    *required = CopyText(e->engine->Explain(), buffer, capacity);
     return Status::Ok();
   });
 }
@@ -141,14 +174,17 @@ strata_status strata_engine_explain(const strata_engine* engine, char* buffer,
 strata_status strata_engine_drain(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    return engine->engine->Drain();
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    STRATA_RETURN_IF_ERROR(e->TakeDeferredError());
+    return e->engine->Drain();
   });
 }
 
 strata_status strata_step_begin(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    engine->engine->BeginStep();
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    e->engine->BeginStep();
     return Status::Ok();
   });
 }
@@ -156,7 +192,8 @@ strata_status strata_step_begin(strata_engine* engine) {
 strata_status strata_step_end(strata_engine* engine) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    return engine->engine->EndStep();
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    return e->engine->EndStep();
   });
 }
 
@@ -174,8 +211,9 @@ strata_status strata_group_register(strata_engine* engine,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{engine, "engine"}, {spec, "spec"}, {group, "group"}}));
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
     STRATA_ASSIGN_OR_RETURN(auto cc, strata::capi::ReadGroupSpec(*spec));
-    STRATA_ASSIGN_OR_RETURN(auto id, engine->engine->RegisterGroup(cc));
+    STRATA_ASSIGN_OR_RETURN(auto id, e->engine->RegisterGroup(cc));
     *group = id;
     return Status::Ok();
   });
@@ -184,7 +222,8 @@ strata_status strata_group_register(strata_engine* engine,
 strata_status strata_group_count(const strata_engine* engine, int32_t* count) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {count, "count"}}));
-    *count = engine->engine->group_count();
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    *count = e->engine->group_count();
     return Status::Ok();
   });
 }
@@ -193,10 +232,10 @@ strata_status strata_group_get_bytes(const strata_engine* engine, int32_t group,
                                      int32_t tier, uint64_t* bytes) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {bytes, "bytes"}}));
-    STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    STRATA_RETURN_IF_ERROR(ValidGroup(*e->engine, group));
     STRATA_RETURN_IF_ERROR(ValidTier(tier));
-    *bytes =
-        engine->engine->group_bytes(group, static_cast<strata::Tier>(tier));
+    *bytes = e->engine->group_bytes(group, static_cast<strata::Tier>(tier));
     return Status::Ok();
   });
 }
@@ -210,17 +249,16 @@ strata_status FetchAs(const char* fn, strata_engine* engine, int32_t group,
                       strata_view** view) {
   return Guard(fn, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}, {view, "view"}}));
-    STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    STRATA_RETURN_IF_ERROR(ValidGroup(*e->engine, group));
     STRATA_RETURN_IF_ERROR(ValidTier(tier));
     STRATA_RETURN_IF_ERROR(ValidRoles(roles));
     // Allocated first: once Fetch succeeds nothing may fail before the
     // caller holds the handle that releases it.
-    auto fetched = std::make_shared<View>();
-    fetched->owner = engine;
-    fetched->cuda_device = engine->cuda_device;
+    auto fetched = std::make_shared<View>(e, engine, write != 0);
     STRATA_ASSIGN_OR_RETURN(
         fetched->group,
-        engine->engine->Fetch(
+        e->engine->Fetch(
             group, static_cast<strata::Tier>(tier),
             {.roles = roles, .write = write != 0, .stream = stream}));
     *view = ViewTable::Get().Add(std::move(fetched));
@@ -246,11 +284,11 @@ strata_status strata_group_prefetch(strata_engine* engine, int32_t group,
                                     int32_t tier, uint32_t roles) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    STRATA_RETURN_IF_ERROR(ValidGroup(*e->engine, group));
     STRATA_RETURN_IF_ERROR(ValidTier(tier));
     STRATA_RETURN_IF_ERROR(ValidRoles(roles));
-    return engine->engine->Prefetch(group, static_cast<strata::Tier>(tier),
-                                    roles);
+    return e->engine->Prefetch(group, static_cast<strata::Tier>(tier), roles);
   });
 }
 
@@ -258,32 +296,47 @@ strata_status strata_group_evict(strata_engine* engine, int32_t group,
                                  int32_t tier) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-    STRATA_RETURN_IF_ERROR(ValidGroup(*engine->engine, group));
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    STRATA_RETURN_IF_ERROR(ValidGroup(*e->engine, group));
     STRATA_RETURN_IF_ERROR(ValidTier(tier));
-    return engine->engine->Evict(group, static_cast<strata::Tier>(tier));
+    Status status = e->engine->Evict(group, static_cast<strata::Tier>(tier));
+    if (const int pinned = e->deferred.load();
+        status.code() == strata::StatusCode::kFailedPrecondition &&
+        pinned > 0) {
+      return Status::FailedPrecondition(
+          status.message() + " (" + std::to_string(pinned) +
+          " released views stay fetched while DLPack exports of them live: "
+          "delete the arrays made from them)");
+    }
+    return status;
   });
 }
 
-strata_status strata_view_release(strata_view* view) {
-  return Guard(__func__, [&]() -> Status {
+namespace {
+
+// strata_view_release and strata_view_release_after, under the name the
+// caller called.
+strata_status ReleaseAs(const char* fn, strata_view* view, void* stream,
+                        void* event) {
+  return Guard(fn, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}}));
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> owned,
                             ViewTable::Get().Take(view));
-    return owned->group.pin.Release();
+    Status status = owned->Release({.stream = stream, .event = event});
+    if (!status.ok() && owned->held()) ViewTable::Get().Restore(view, owned);
+    return status;
   });
+}
+
+}  // namespace
+
+strata_status strata_view_release(strata_view* view) {
+  return ReleaseAs(__func__, view, nullptr, nullptr);
 }
 
 strata_status strata_view_release_after(strata_view* view, void* stream,
                                         void* event) {
-  return Guard(__func__, [&]() -> Status {
-    STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}}));
-    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> owned,
-                            ViewTable::Get().Take(view));
-    Status status =
-        owned->group.pin.Release({.stream = stream, .event = event});
-    if (owned->group.pin.held()) ViewTable::Get().Restore(view, owned);
-    return status;
-  });
+  return ReleaseAs(__func__, view, stream, event);
 }
 
 strata_status strata_view_get_group(const strata_view* view, int32_t* group,
@@ -347,18 +400,19 @@ strata_status strata_view_find_tensor(const strata_view* view, const char* name,
 
 strata_status strata_view_export_dlpack(const strata_view* view, int32_t index,
                                         DLManagedTensor** out) {
-  return Guard(__func__, [&]() -> Status {
-    STRATA_RETURN_IF_ERROR(NonNull({{view, "view"}, {out, "out"}}));
-    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<View> v,
-                            ViewTable::Get().Find(view));
-    STRATA_RETURN_IF_ERROR(strata::capi::ValidTensorIndex(
-        v->group.tensors.size(), index, "view", "strata_view_count_tensors"));
-    STRATA_ASSIGN_OR_RETURN(
-        auto managed,
-        strata::ToDLPack(v->group.tensors[index], v->cuda_device));
-    *out = managed;
-    return Status::Ok();
-  });
+  return ExportAs(
+      __func__, view, index, out, [](View& v, const strata::TensorView& t) {
+        return strata::ToDLPack(t, v.cuda_device(), v.HoldForExport());
+      });
+}
+
+strata_status strata_view_export_dlpack_versioned(
+    const strata_view* view, int32_t index, strata_dlpack_versioned** out) {
+  return ExportAs(__func__, view, index, out,
+                  [](View& v, const strata::TensorView& t) {
+                    return strata::ToDLPackVersioned(
+                        t, v.cuda_device(), !v.write, v.HoldForExport());
+                  });
 }
 
 strata_status strata_engine_save(strata_engine* engine, const char* dir,
@@ -366,7 +420,8 @@ strata_status strata_engine_save(strata_engine* engine, const char* dir,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull(
         {{engine, "engine"}, {dir, "dir"}, {user_state, "user_state"}}));
-    return engine->engine->Save(dir, {user_state});
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+    return e->engine->Save(dir, {user_state});
   });
 }
 
@@ -376,10 +431,11 @@ strata_status strata_engine_load(strata_engine* engine, const char* dir,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{engine, "engine"}, {dir, "dir"}, {needed, "needed"}}));
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
     STRATA_RETURN_IF_ERROR(
         strata::capi::CheckTextBuffer(user_state_buf, capacity));
     strata::LoadResult result;
-    STRATA_RETURN_IF_ERROR(engine->engine->Load(dir, &result));
+    STRATA_RETURN_IF_ERROR(e->engine->Load(dir, &result));
     *needed = CopyText(result.user_state, user_state_buf, capacity);
     return Status::Ok();
   });

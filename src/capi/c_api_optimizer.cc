@@ -25,10 +25,13 @@ static_assert(STRATA_MODE_OVERLAP ==
 
 using strata::Status;
 using strata::capi::CopyText;
+using strata::capi::EngineTable;
 using strata::capi::Gradients;
 using strata::capi::GradientsTable;
 using strata::capi::Guard;
 using strata::capi::NonNull;
+using strata::capi::OptimizerBox;
+using strata::capi::OptimizerTable;
 
 namespace {
 
@@ -44,6 +47,28 @@ strata::TensorView WholeBuffer(const strata::GradientBuffer& buffer) {
   whole.tier = strata::Tier::kDevice;
   whole.on_cuda = buffer.on_cuda;
   return whole;
+}
+
+// A tensor of a gradient buffer, or the whole buffer, as an export.
+template <typename Managed, typename Make>
+strata_status ExportAs(const char* fn, const strata_gradients* gradients,
+                       int32_t index, Managed** out, Make make) {
+  return Guard(fn, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{gradients, "gradients"}, {out, "out"}}));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Gradients> g,
+                            GradientsTable::Get().Find(gradients));
+    if (index != STRATA_WHOLE_BUFFER) {
+      STRATA_RETURN_IF_ERROR(strata::capi::ValidTensorIndex(
+          g->buffer.tensors.size(), index, "gradient buffer",
+          "strata_gradients_get_info's num_tensors"));
+    }
+    const strata::TensorView tensor = index == STRATA_WHOLE_BUFFER
+                                          ? WholeBuffer(g->buffer)
+                                          : g->buffer.tensors[index];
+    STRATA_ASSIGN_OR_RETURN(Managed * managed, make(*g, tensor));
+    *out = managed;
+    return Status::Ok();
+  });
 }
 
 }  // namespace
@@ -72,14 +97,16 @@ strata_status strata_optimizer_create(strata_engine* engine,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull(
         {{engine, "engine"}, {options, "options"}, {optimizer, "optimizer"}}));
+    STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
     STRATA_ASSIGN_OR_RETURN(auto cc,
                             strata::capi::ReadOptimizerOptions(*options));
-    auto handle = std::make_unique<strata_optimizer>();
-    handle->engine = engine;
-    STRATA_ASSIGN_OR_RETURN(handle->optimizer, strata::OffloadOptimizer::Create(
-                                                   engine->engine.get(), cc));
-    ++engine->optimizers;
-    *optimizer = handle.release();
+    auto box = std::make_shared<OptimizerBox>();
+    box->engine = e;
+    box->engine_handle = engine;
+    STRATA_ASSIGN_OR_RETURN(
+        box->optimizer, strata::OffloadOptimizer::Create(e->engine.get(), cc));
+    ++e->optimizers;
+    *optimizer = OptimizerTable::Get().Add(std::move(box));
     return Status::Ok();
   });
 }
@@ -87,15 +114,22 @@ strata_status strata_optimizer_create(strata_engine* engine,
 strata_status strata_optimizer_close(strata_optimizer* optimizer) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{optimizer, "optimizer"}}));
-    const int live = GradientsTable::Get().CountOf(optimizer);
-    if (live > 0) {
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
+    if (const int live = GradientsTable::Get().CountOf(optimizer); live > 0) {
       return Status::FailedPrecondition(
           std::to_string(live) +
           " gradient buffers are acquired and not handed off; hand each "
           "off with strata_optimizer_hand_off first");
     }
-    --optimizer->engine->optimizers;
-    delete optimizer;
+    if (const int exports = o->exports.load(); exports > 0) {
+      return Status::FailedPrecondition(
+          std::to_string(exports) +
+          " DLPack exports of gradient buffers are alive and point into "
+          "the optimizer's memory; call each export's deleter (drop the "
+          "arrays) first");
+    }
+    STRATA_RETURN_IF_ERROR(OptimizerTable::Get().Take(optimizer).status());
+    --o->engine->optimizers;
     return Status::Ok();
   });
 }
@@ -105,8 +139,9 @@ strata_status strata_optimizer_begin_step(strata_optimizer* optimizer,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{optimizer, "optimizer"}, {hyper, "hyper"}}));
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
     STRATA_ASSIGN_OR_RETURN(auto cc, strata::capi::ReadStepHyper(*hyper));
-    return optimizer->optimizer->BeginStep(cc);
+    return o->optimizer->BeginStep(cc);
   });
 }
 
@@ -117,6 +152,7 @@ strata_status strata_optimizer_begin_step_groups(
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{optimizer, "optimizer"}, {hyper, "hyper"}}));
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
     if (count < 0 ||
         (count > 0 && (groups == nullptr || group_hypers == nullptr))) {
       return Status::InvalidArgument(
@@ -129,7 +165,7 @@ strata_status strata_optimizer_begin_step_groups(
                               strata::capi::ReadStepHyper(group_hypers[i]));
       per_group.push_back({groups[i], h});
     }
-    return optimizer->optimizer->BeginStep(cc, per_group);
+    return o->optimizer->BeginStep(cc, per_group);
   });
 }
 
@@ -139,15 +175,15 @@ strata_status strata_optimizer_acquire_gradients(strata_optimizer* optimizer,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{optimizer, "optimizer"}, {gradients, "gradients"}}));
-    STRATA_RETURN_IF_ERROR(
-        strata::capi::ValidGroup(*optimizer->engine->engine, group));
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
+    STRATA_RETURN_IF_ERROR(strata::capi::ValidGroup(*o->engine->engine, group));
     // Allocated first: once the buffer is acquired nothing may fail before
     // the caller holds the handle that hands it off.
     auto acquired = std::make_shared<Gradients>();
     acquired->owner = optimizer;
-    acquired->cuda_device = optimizer->engine->cuda_device;
+    acquired->optimizer = o;
     STRATA_ASSIGN_OR_RETURN(acquired->buffer,
-                            optimizer->optimizer->AcquireGradients(group));
+                            o->optimizer->AcquireGradients(group));
     *gradients = GradientsTable::Get().Add(std::move(acquired));
     return Status::Ok();
   });
@@ -159,6 +195,7 @@ strata_status strata_optimizer_hand_off(strata_optimizer* optimizer,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{optimizer, "optimizer"}, {gradients, "gradients"}}));
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Gradients> owned,
                             GradientsTable::Get().Take(gradients));
     if (owned->owner != optimizer) {
@@ -167,8 +204,8 @@ strata_status strata_optimizer_hand_off(strata_optimizer* optimizer,
           "the gradient buffer was acquired from another optimizer; hand it "
           "off to the one it came from");
     }
-    return optimizer->optimizer->HandOff(owned->buffer,
-                                         {.stream = stream, .event = event});
+    return o->optimizer->HandOff(owned->buffer,
+                                 {.stream = stream, .event = event});
   });
 }
 
@@ -177,8 +214,9 @@ strata_status strata_optimizer_finish_step(strata_optimizer* optimizer,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{optimizer, "optimizer"}, {report, "report"}}));
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
     STRATA_RETURN_IF_ERROR(strata::capi::CheckStepReport(*report));
-    STRATA_ASSIGN_OR_RETURN(auto done, optimizer->optimizer->FinishStep());
+    STRATA_ASSIGN_OR_RETURN(auto done, o->optimizer->FinishStep());
     return strata::capi::WriteStepReport(done, report);
   });
 }
@@ -188,7 +226,8 @@ strata_status strata_optimizer_abort_step(strata_optimizer* optimizer,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{optimizer, "optimizer"}, {report, "report"}}));
-    STRATA_ASSIGN_OR_RETURN(auto done, optimizer->optimizer->AbortStep());
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
+    STRATA_ASSIGN_OR_RETURN(auto done, o->optimizer->AbortStep());
     GradientsTable::Get().EndAllOf(optimizer);
     return strata::capi::WriteAbortReport(done, report);
   });
@@ -198,7 +237,8 @@ strata_status strata_optimizer_get_step(const strata_optimizer* optimizer,
                                         int64_t* step) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{optimizer, "optimizer"}, {step, "step"}}));
-    *step = optimizer->optimizer->step();
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
+    *step = o->optimizer->step();
     return Status::Ok();
   });
 }
@@ -207,7 +247,8 @@ strata_status strata_optimizer_set_step(strata_optimizer* optimizer,
                                         int64_t step) {
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{optimizer, "optimizer"}}));
-    return optimizer->optimizer->set_step(step);
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
+    return o->optimizer->set_step(step);
   });
 }
 
@@ -216,7 +257,8 @@ strata_status strata_optimizer_save(strata_optimizer* optimizer,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull(
         {{optimizer, "optimizer"}, {dir, "dir"}, {user_state, "user_state"}}));
-    return optimizer->optimizer->Save(dir, user_state);
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
+    return o->optimizer->Save(dir, user_state);
   });
 }
 
@@ -226,10 +268,11 @@ strata_status strata_optimizer_load(strata_optimizer* optimizer,
   return Guard(__func__, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(
         NonNull({{optimizer, "optimizer"}, {dir, "dir"}, {needed, "needed"}}));
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
     STRATA_RETURN_IF_ERROR(
         strata::capi::CheckTextBuffer(user_state_buf, capacity));
     std::string user_state;
-    STRATA_RETURN_IF_ERROR(optimizer->optimizer->Load(dir, &user_state));
+    STRATA_RETURN_IF_ERROR(o->optimizer->Load(dir, &user_state));
     *needed = CopyText(user_state, user_state_buf, capacity);
     return Status::Ok();
   });
@@ -262,23 +305,21 @@ strata_status strata_gradients_get_tensor(const strata_gradients* gradients,
 strata_status strata_gradients_export_dlpack(const strata_gradients* gradients,
                                              int32_t index,
                                              DLManagedTensor** out) {
-  return Guard(__func__, [&]() -> Status {
-    STRATA_RETURN_IF_ERROR(NonNull({{gradients, "gradients"}, {out, "out"}}));
-    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Gradients> g,
-                            GradientsTable::Get().Find(gradients));
-    if (index != STRATA_WHOLE_BUFFER) {
-      STRATA_RETURN_IF_ERROR(strata::capi::ValidTensorIndex(
-          g->buffer.tensors.size(), index, "gradient buffer",
-          "strata_gradients_get_info's num_tensors"));
-    }
-    const strata::TensorView tensor = index == STRATA_WHOLE_BUFFER
-                                          ? WholeBuffer(g->buffer)
-                                          : g->buffer.tensors[index];
-    STRATA_ASSIGN_OR_RETURN(auto managed,
-                            strata::ToDLPack(tensor, g->cuda_device));
-    *out = managed;
-    return Status::Ok();
-  });
+  return ExportAs(__func__, gradients, index, out,
+                  [](const Gradients& g, const strata::TensorView& t) {
+                    return strata::ToDLPack(t, g.cuda_device(),
+                                            g.HoldForExport());
+                  });
+}
+
+strata_status strata_gradients_export_dlpack_versioned(
+    const strata_gradients* gradients, int32_t index,
+    strata_dlpack_versioned** out) {
+  return ExportAs(__func__, gradients, index, out,
+                  [](const Gradients& g, const strata::TensorView& t) {
+                    return strata::ToDLPackVersioned(t, g.cuda_device(), false,
+                                                     g.HoldForExport());
+                  });
 }
 
 }  // extern "C"

@@ -63,12 +63,22 @@ constexpr size_t kStepReportV1Size =
 constexpr size_t kAbortReportV1Size = sizeof(strata_abort_report);
 constexpr size_t kGradientsInfoV1Size = sizeof(strata_gradients_info);
 
-Result<Placement> ToPlacement(const int32_t (&home)[kNumRoles]) {
+// `device_roles` 0 is every role: the layouts before the field's name had
+// 0 in its place.
+Result<Placement> ToPlacement(const int32_t (&home)[kNumRoles],
+                              uint32_t device_roles, const char* owner) {
   Placement placement;
   for (int r = 0; r < kNumRoles; ++r) {
     STRATA_RETURN_IF_ERROR(ValidTier(home[r]));
     placement.home[r] = static_cast<Tier>(home[r]);
   }
+  if ((device_roles & ~kAllRoles) != 0) {
+    return Status::InvalidArgument(
+        std::string(owner) + "->device_roles " + std::to_string(device_roles) +
+        " has bits that are no role; use STRATA_ROLE_BIT(role) of "
+        "strata_role values, or 0 for every role");
+  }
+  placement.device_roles = device_roles == 0 ? kAllRoles : device_roles;
   return placement;
 }
 
@@ -90,7 +100,8 @@ Result<EngineOptions> ToEngineOptions(const strata_engine_options& c) {
           " is not a strata_device_kind; use STRATA_DEVICE_AUTO, "
           "STRATA_DEVICE_CUDA or STRATA_DEVICE_HOST");
   }
-  STRATA_ASSIGN_OR_RETURN(cc.placement, ToPlacement(c.home));
+  STRATA_ASSIGN_OR_RETURN(cc.placement,
+                          ToPlacement(c.home, c.device_roles, "options"));
   cc.cuda_device = c.cuda_device;
   cc.device_budget = c.device_budget;
   cc.host_budget = c.host_budget;
@@ -153,7 +164,8 @@ Result<GroupSpec> ToGroupSpec(const strata_group_spec& c) {
   }
   cc.use_default_placement = c.use_default_placement != 0;
   if (!cc.use_default_placement) {
-    STRATA_ASSIGN_OR_RETURN(cc.placement, ToPlacement(c.home));
+    STRATA_ASSIGN_OR_RETURN(cc.placement,
+                            ToPlacement(c.home, c.device_roles, "spec"));
   }
   return cc;
 }

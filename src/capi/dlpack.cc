@@ -9,17 +9,21 @@
 namespace strata {
 namespace {
 
-// One allocation holds the DLManagedTensor and the arrays it points to;
+// One allocation holds the managed tensor (DLManagedTensor or
+// strata_dlpack_versioned), the arrays it points to and the export's hold;
 // manager_ctx points back to it, so the deleter frees exactly what the
 // export allocated and never the tensor memory, which the Engine owns.
+template <typename Managed>
 struct ManagedTensor {
-  DLManagedTensor managed = {};
+  Managed managed = {};
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;
+  std::shared_ptr<void> hold;
 };
 
-void DeleteManagedTensor(DLManagedTensor* self) {
-  delete static_cast<ManagedTensor*>(self->manager_ctx);
+template <typename Managed>
+void DeleteManagedTensor(Managed* self) {
+  delete static_cast<ManagedTensor<Managed>*>(self->manager_ctx);
 }
 
 DLDataType ToDLDataType(DType dtype) {
@@ -81,13 +85,14 @@ Result<std::vector<int64_t>> CompactStrides(const TensorView& view) {
   return strides;
 }
 
-}  // namespace
-
-Result<DLManagedTensor*> ToDLPack(const TensorView& view, int cuda_device) {
+template <typename Managed>
+Result<Managed*> Export(const TensorView& view, int cuda_device,
+                        std::shared_ptr<void> hold) {
   STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> strides, CompactStrides(view));
-  auto holder = std::make_unique<ManagedTensor>();
+  auto holder = std::make_unique<ManagedTensor<Managed>>();
   holder->shape = view.shape;
   holder->strides = std::move(strides);
+  holder->hold = std::move(hold);
   DLTensor& tensor = holder->managed.dl_tensor;
   tensor.data = view.data;
   tensor.device.device_type = view.on_cuda ? kDLCUDA : kDLCPU;
@@ -98,8 +103,27 @@ Result<DLManagedTensor*> ToDLPack(const TensorView& view, int cuda_device) {
   tensor.strides = holder->strides.data();
   tensor.byte_offset = 0;
   holder->managed.manager_ctx = holder.get();
-  holder->managed.deleter = DeleteManagedTensor;
+  holder->managed.deleter = DeleteManagedTensor<Managed>;
   return &holder.release()->managed;
+}
+
+}  // namespace
+
+Result<DLManagedTensor*> ToDLPack(const TensorView& view, int cuda_device,
+                                  std::shared_ptr<void> hold) {
+  return Export<DLManagedTensor>(view, cuda_device, std::move(hold));
+}
+
+Result<strata_dlpack_versioned*> ToDLPackVersioned(const TensorView& view,
+                                                   int cuda_device,
+                                                   bool read_only,
+                                                   std::shared_ptr<void> hold) {
+  STRATA_ASSIGN_OR_RETURN(
+      strata_dlpack_versioned * managed,
+      Export<strata_dlpack_versioned>(view, cuda_device, std::move(hold)));
+  managed->version = {1, 0};
+  managed->flags = read_only ? STRATA_DLPACK_FLAG_READ_ONLY : 0;
+  return managed;
 }
 
 }  // namespace strata

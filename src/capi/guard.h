@@ -5,13 +5,13 @@
 //   strata_status strata_x(strata_engine* engine) {
 //     return Guard(__func__, [&]() -> Status {
 //       STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
-//       return engine->engine->Drain();
+//       STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
+//       return e->engine->Drain();
 //     });
 //   }
 #ifndef STRATA_SRC_CAPI_GUARD_H_
 #define STRATA_SRC_CAPI_GUARD_H_
 
-#include <atomic>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -24,18 +24,6 @@
 #include "strata/offload_optimizer.h"
 #include "strata/status.h"
 #include "strata/strata.h"
-
-// The handles behind strata_engine* and strata_optimizer*.
-struct strata_engine {
-  std::unique_ptr<strata::Engine> engine;
-  int cuda_device = 0;
-  std::atomic<int> optimizers{0};  // open strata_optimizers borrowing it
-};
-
-struct strata_optimizer {
-  strata_engine* engine = nullptr;
-  std::unique_ptr<strata::OffloadOptimizer> optimizer;
-};
 
 namespace strata::capi {
 

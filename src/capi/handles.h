@@ -1,7 +1,7 @@
-// The C ABI's handles to short-lived objects (strata_view*, one fetched
-// group; strata_gradients*, one acquired gradient buffer): a process-wide
-// table per kind from handle to the object it stands for, so that a handle
-// ended twice, or one that never came from strata, is a clear error
+// The C ABI's handles: a process-wide table per kind (strata_engine*,
+// strata_optimizer*, strata_view*, strata_gradients*) from handle to the
+// object it stands for, so that a handle ended twice (closed, released,
+// handed off), or one that never came from strata, is a clear error
 // instead of a use of freed memory.
 //
 // Note [View handles]
@@ -11,7 +11,19 @@
 // foreign (anything else), and each case gets its own message. The table
 // holds each object by shared_ptr: a call reading one keeps it alive even
 // if another thread ends its handle meanwhile (a view's pin goes at the
-// release; the names and shapes stay readable).
+// release; the names and shapes stay readable). A view keeps its engine
+// alive, and an optimizer its engine, so that a call racing a close never
+// reaches freed memory.
+//
+// Note [Exports hold their memory]
+// A DLPack export (strata_view_export_dlpack, strata_gradients_export_dlpack)
+// holds what its data points into until its deleter runs: the fetch's pin
+// for a view, the optimizer (whose pool owns the buffers) for a gradient
+// buffer. Releasing a view while exports of it live ends the handle at
+// once and defers the pin's release, with the caller's fence, to the
+// deleter of the last export; closing an engine or optimizer while exports
+// of it live is refused, naming the count. So an array a consumer keeps
+// can never read or write memory strata gave to another group.
 //
 //   auto& views = HandleTable<strata_view, View>::Get();
 //   strata_view* handle = views.Add(std::move(view));
@@ -24,6 +36,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -36,14 +49,72 @@
 
 namespace strata::capi {
 
+// One open engine (strata_engine_open .. strata_engine_close).
+struct EngineBox {
+  static constexpr const char* kKind = "engine";
+  static constexpr const char* kEnd = "closed";
+  static constexpr const char* kFrom = "strata_engine_open";
+  std::unique_ptr<Engine> engine;
+  int cuda_device = 0;
+  std::atomic<int> optimizers{0};  // open optimizers borrowing it
+  std::atomic<int> deferred{0};    // released views pinned by exports
+
+  // The first failed deferred release (Note [Exports hold their memory]),
+  // returned by the next TakeDeferredError (strata_engine_drain).
+  void RecordDeferredError(Status status);
+  Status TakeDeferredError();
+
+ private:
+  // Guarded by mu_.
+  std::mutex mu_;
+  Status deferred_error_;
+};
+
+// One open optimizer (strata_optimizer_create .. strata_optimizer_close).
+struct OptimizerBox {
+  static constexpr const char* kKind = "optimizer";
+  static constexpr const char* kEnd = "closed";
+  static constexpr const char* kFrom = "strata_optimizer_create";
+  std::shared_ptr<EngineBox> engine;
+  const strata_engine* engine_handle = nullptr;
+  std::unique_ptr<OffloadOptimizer> optimizer;
+  std::atomic<int> exports{0};  // live exports of its gradient buffers
+};
+
 // One fetched group, as a C caller holds it.
-struct View {
+class View : public std::enable_shared_from_this<View> {
+ public:
   static constexpr const char* kKind = "view";
   static constexpr const char* kEnd = "released";
   static constexpr const char* kFrom = "strata_group_fetch";
-  const strata_engine* owner = nullptr;
-  int cuda_device = 0;
-  GroupView group;  // its pin releases the fetch
+
+  View(std::shared_ptr<EngineBox> engine, const strata_engine* owner,
+       bool write)
+      : owner(owner), write(write), engine_(std::move(engine)) {}
+
+  // Releases the fetch after `fence`, or, while exports of the view live,
+  // records the fence and leaves the release to the last export's
+  // deleter. Fails, the pin held, only as GroupView's Pin::Release does.
+  Status Release(const Fence& fence);
+  // What an export holds: the view, counted until the hold is destroyed.
+  std::shared_ptr<void> HoldForExport();
+  bool held() const { return group.pin.held(); }
+
+  // Fixed after construction.
+  const strata_engine* const owner;
+  const bool write;
+  int cuda_device() const { return engine_->cuda_device; }
+  GroupView group;  // set once by the fetch; its pin releases it
+
+ private:
+  void DropExport();
+
+  const std::shared_ptr<EngineBox> engine_;
+  // Guarded by mu_.
+  std::mutex mu_;
+  int exports_ = 0;
+  bool deferred_ = false;  // released by its handle, pinned by exports
+  Fence fence_;
 };
 
 // One acquired gradient buffer, until its hand-off.
@@ -52,8 +123,12 @@ struct Gradients {
   static constexpr const char* kEnd = "handed off";
   static constexpr const char* kFrom = "strata_optimizer_acquire_gradients";
   const strata_optimizer* owner = nullptr;
-  int cuda_device = 0;
+  std::shared_ptr<OptimizerBox> optimizer;
   GradientBuffer buffer;
+
+  // What an export holds: the optimizer, counted in its `exports`.
+  std::shared_ptr<void> HoldForExport() const;
+  int cuda_device() const { return optimizer->engine->cuda_device; }
 };
 
 template <typename Handle, typename Object>
@@ -131,6 +206,8 @@ class HandleTable {
   uint64_t next_ = 1;
 };
 
+using EngineTable = HandleTable<strata_engine, EngineBox>;
+using OptimizerTable = HandleTable<strata_optimizer, OptimizerBox>;
 using ViewTable = HandleTable<strata_view, View>;
 using GradientsTable = HandleTable<strata_gradients, Gradients>;
 

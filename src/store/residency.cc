@@ -158,6 +158,18 @@ Status Residency::TooLarge(const GroupLayout& layout, Tier t, uint64_t need,
     msg +=
         ", of which " + HumanBytes(homed_[t]) + " is homed by earlier groups";
   }
+  if (t == Tier::kDevice &&
+      (layout.device_roles & ~RoleBit(Role::kCompute) & layout.roles) != 0) {
+    // The fetch counts every role that may go to the device; a CPU
+    // optimizer needs only the compute copy there.
+    return Status::ResourceExhausted(
+        msg +
+        ", which must hold a fetch of every role that may go to the "
+        "device. Raise the device budget, or let only the compute copy "
+        "go there (Placement::device_roles, "
+        "strata_engine_options.device_roles, "
+        "Engine(device_roles=\"compute\"))");
+  }
   return Status::ResourceExhausted(
       msg + ". Raise the " + TierLabel(t) +
       " budget or move roles of this group to a lower tier");

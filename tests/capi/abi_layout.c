@@ -40,7 +40,7 @@ int main(void) {
   FIELD(strata_engine_options, prefetch);
   FIELD(strata_engine_options, lock_host);
   FIELD(strata_engine_options, numa_node);
-  FIELD(strata_engine_options, reserved);
+  FIELD(strata_engine_options, device_roles);
   FIELD(strata_engine_options, host_to_device_gbps);
   FIELD(strata_engine_options, device_to_host_gbps);
   FIELD(strata_engine_options, nvme_read_gbps);
@@ -94,7 +94,7 @@ int main(void) {
   FIELD(strata_group_spec, tensors);
   FIELD(strata_group_spec, use_default_placement);
   FIELD(strata_group_spec, home);
-  FIELD(strata_group_spec, reserved);
+  FIELD(strata_group_spec, device_roles);
   END();
   BEGIN(strata_tensor_info);
   FIELD(strata_tensor_info, struct_size);
@@ -163,6 +163,13 @@ int main(void) {
   FIELD(strata_gradients_info, bytes);
   FIELD(strata_gradients_info, on_cuda);
   FIELD(strata_gradients_info, num_tensors);
+  END();
+  BEGIN(strata_dlpack_versioned);
+  FIELD(strata_dlpack_versioned, version);
+  FIELD(strata_dlpack_versioned, manager_ctx);
+  FIELD(strata_dlpack_versioned, deleter);
+  FIELD(strata_dlpack_versioned, flags);
+  FIELD(strata_dlpack_versioned, dl_tensor);
   END();
   printf("\n}\n");
   return 0;

@@ -37,7 +37,8 @@ except ImportError as error:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "python"))
-from strata._native import (EngineOptions, Exported, GroupSpec,  # noqa: E402
+from strata._dlpack import Exported  # noqa: E402
+from strata._native import (EngineOptions, GroupSpec,  # noqa: E402
                             Library, StrataError, TensorInfo, TensorSpec)
 
 C = ctypes
@@ -99,8 +100,9 @@ class Strata:
         return out
 
     def export(self, view, index):
-        return Exported(lambda out: self.call("strata_view_export_dlpack",
-                                              view, index, out))
+        return Exported(lambda versioned, out: self.call(
+            "strata_view_export_dlpack_versioned" if versioned
+            else "strata_view_export_dlpack", view, index, out))
 
 
 def open_engine(strata, swap_dir):

@@ -244,7 +244,8 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
             "host_budget": _pick(cfg.host_budget, host),
             "nvme_budget": _pick(cfg.nvme_budget, nvme),
             "swap_dir": cfg.nvme_path if homed["nvme"] else None,
-            "home": cfg.homes(), "io_threads": cfg.io_threads}
+            "home": cfg.homes(), "io_threads": cfg.io_threads,
+            "device_roles": "compute"}  # the optimizer is on the CPU
 
 
 def _pick(given: Optional[int], default: int) -> int:

@@ -175,12 +175,13 @@ def test_a_step_without_backward_says_so() -> None:
 
 @contextlib.contextmanager
 def state_held_elsewhere(engine: st.StrataEngine) -> Iterator[None]:
-    """Another thread holds group 0's Adam state for writing (on the
-    device) until the block ends: the group's update waits for it."""
+    """Another thread holds group 0's compute copy for writing on the
+    device until the block ends: the group's update, which writes it at
+    its home, waits for it."""
     held, go = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with engine.store.fetch(0, "device", roles="state1", write=True):
+        with engine.store.fetch(0, "device", roles="compute", write=True):
             held.set()
             go.wait()
     holder = threading.Thread(target=hold)
@@ -207,7 +208,7 @@ def interrupted(call: Callable[[], object]) -> None:
 
 def test_ctrl_c_while_a_forward_waits_for_an_update(scratch: Path) -> None:
     """The last step's update of a group lands under the next forward,
-    whose fetch waits for it; another thread holds the group's Adam state
+    whose fetch waits for it; another thread holds the group's compute copy
     for writing, so the update (and the fetch) wait until it lets go. A
     SIGINT meanwhile raises KeyboardInterrupt from engine(...); then
     training, saving and closing go on."""
