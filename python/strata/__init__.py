@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from strata import _native
+from strata._cint import int_array
 from strata._native import Exported, Owned, StrataError, lib, sized
 
 __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
@@ -171,7 +172,8 @@ class Engine(Owned):
         specs = (_native.TensorSpec * len(tensors))()
         keep = []
         for spec, (tensor, shape, dtype) in zip(specs, tensors):
-            extents = (C.c_int64 * len(shape))(*shape)
+            extents = int_array(C.c_int64, shape, f"strata_group_register: "
+                                f"tensor {tensor!r} shape")
             keep += [extents, tensor.encode()]
             spec.name = keep[-1]
             spec.shape = extents

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from strata import _native
+from strata._cint import int_array
 from strata._native import Exported, Owned, StrataError, lib, sized
 
 if TYPE_CHECKING:
@@ -148,7 +149,8 @@ class Optimizer(Owned):
             lib().call("strata_optimizer_begin_step", self.handle,
                        C.byref(hyper))
             return
-        ids = (C.c_int32 * len(groups))(*groups)
+        ids = int_array(C.c_int32, list(groups),
+                        "strata_optimizer_begin_step_groups: groups")
         hypers = (_native.StepHyper * len(groups))()
         for i, over in enumerate(groups.values()):
             unknown = set(over) - set(common) | ({"loss_scale"} & set(over))
