@@ -140,13 +140,18 @@ class Engine(Owned):
                 for name, _ in raw._fields_ if name != "struct_size"}
 
     def stats(self) -> dict[str, Any]:
-        """Counters since open, and each tier's budget, use and peak."""
+        """Counters since open (strata_engine_stats): "tiers" has each
+        tier's budget, use and peak; "bytes"[from][to] the bytes moved from
+        one tier to another ("bytes"["nvme"]["host"]: read from the swap
+        files into host memory)."""
         raw = sized(_native.EngineStats)
         lib().call("strata_engine_get_stats", self.handle, C.byref(raw))
         tiers = {name: {"budget": raw.tiers[i].budget,
                         "used": raw.tiers[i].used, "peak": raw.tiers[i].peak}
                  for name, i in TIERS.items()}
-        out: dict[str, Any] = {"tiers": tiers}
+        moved = {src: {dst: raw.bytes[i][j] for dst, j in TIERS.items()}
+                 for src, i in TIERS.items()}
+        out: dict[str, Any] = {"tiers": tiers, "bytes": moved}
         for name, _ in raw._fields_:
             if name not in ("struct_size", "reserved", "tiers", "bytes"):
                 out[name] = getattr(raw, name)
@@ -229,6 +234,33 @@ class Engine(Owned):
     def evict(self, group: int, tier: str) -> None:
         lib().call("strata_group_evict", self.handle, group,
                    _choice(TIERS, tier, "tier"))
+
+    def save(self, path: str, user_state: str = "") -> None:
+        """A checkpoint of every tensor of every group, and `user_state`,
+        in the directory `path`; every view must be released. On failure
+        the previous checkpoint at `path` is kept."""
+        lib().call("strata_engine_save", self.handle, path.encode(),
+                   user_state.encode())
+
+    def load(self, path: str) -> str:
+        """Loads a checkpoint written by save() into the same groups and
+        tensors; returns its user_state. A damaged or mismatched
+        checkpoint changes nothing."""
+        return _load_checkpoint("strata_engine_load", self.handle, path)
+
+
+def _load_checkpoint(function: str, handle: int, path: str) -> str:
+    """Runs strata_engine_load or strata_optimizer_load and returns the
+    checkpoint's user_state (one over 1 MiB costs a second load)."""
+    needed = C.c_size_t()
+    capacity = 1 << 20
+    while True:
+        text = C.create_string_buffer(capacity)
+        lib().call(function, handle, path.encode(), text, capacity,
+                   C.byref(needed))
+        if needed.value <= capacity:
+            return text.value.decode()
+        capacity = needed.value
 
 
 class View:

@@ -216,14 +216,6 @@ class Optimizer(Owned):
                    user_state.encode())
 
     def load(self, path: str) -> str:
-        """Loads a checkpoint written by save(); returns its user_state.
-        (A user_state over 1 MiB costs a second load.)"""
-        needed = C.c_size_t()
-        capacity = 1 << 20
-        while True:
-            text = C.create_string_buffer(capacity)
-            lib().call("strata_optimizer_load", self.handle, path.encode(),
-                       text, capacity, C.byref(needed))
-            if needed.value <= capacity:
-                return text.value.decode()
-            capacity = needed.value
+        """Loads a checkpoint written by save(); returns its user_state."""
+        from strata import _load_checkpoint
+        return _load_checkpoint("strata_optimizer_load", self.handle, path)

@@ -1,13 +1,31 @@
 """The binding's surface (issue #31 §3, §5): ints beyond the C types are
-errors."""
+errors; Engine.save/load and the bytes per tier pair."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import strata
 from test_optimizer import model
+
+NVME_HOMES = dict.fromkeys(strata.ROLES, "nvme")
+
+
+def nvme_engine(swap_dir: Path) -> strata.Engine:
+    return strata.Engine(device="host", device_budget=1 << 20,
+                         host_budget=8 << 20, nvme_budget=8 << 20,
+                         swap_dir=str(swap_dir), io_threads=1)
+
+
+def fill(view: strata.View, value: float) -> None:
+    """Writes `value` into every fp32 tensor of the view (the ctypes way:
+    NumPy's legacy DLPack import is read-only)."""
+    for t in view.tensors:
+        np.ctypeslib.as_array((np.ctypeslib.ctypes.c_float * (t.bytes // 4))
+                              .from_address(t.data))[:] = value
 
 
 # ---- ints beyond the C types ------------------------------------------------
@@ -65,3 +83,43 @@ def test_option_fields_name_a_float_or_bool_given_for_an_int(
     with pytest.raises(TypeError, match="strata_optimizer_options.threads "
                        "takes an int, not bool"):
         strata.Optimizer(engine, threads=True)
+
+
+# ---- Engine.save/load and stats ---------------------------------------------
+
+def test_engine_save_and_load_round_trip(scratch: Path) -> None:
+    swap = scratch / "swap"
+    swap.mkdir(mode=0o700)
+    with nvme_engine(swap) as e:
+        g = e.register_group("layer.0", [("w", (64,), "fp32")],
+                             home=NVME_HOMES)
+        with e.fetch(g, "host", write=True) as view:
+            fill(view, 5.0)
+        e.save(str(scratch / "ckpt"), user_state='{"epoch": 3}')
+        with e.fetch(g, "host", write=True) as view:
+            fill(view, -1.0)
+        assert e.load(str(scratch / "ckpt")) == '{"epoch": 3}'
+        with e.fetch(g, "host", roles="master") as view:
+            assert np.all(np.from_dlpack(view.export("w", "master")) == 5.0)
+        assert e.load(str(scratch / "ckpt")) == '{"epoch": 3}'
+        with pytest.raises(strata.StrataError, match="strata_engine_load"):
+            e.load(str(scratch / "missing"))
+
+
+def test_stats_give_the_bytes_per_tier_pair(scratch: Path) -> None:
+    with nvme_engine(scratch) as e:
+        g = e.register_group("layer.0", [("w", (1024,), "fp32")],
+                             roles="compute", home={"compute": "nvme"})
+        with e.fetch(g, "host", write=True) as view:
+            fill(view, 1.0)
+        e.evict(g, "host")
+        e.drain()
+        with e.fetch(g, "device"):
+            pass
+        moved = e.stats()["bytes"]
+    assert set(moved) == set(strata.TIERS)
+    assert all(set(row) == set(strata.TIERS) for row in moved.values())
+    # Written back to the swap file, read from it, copied to the device.
+    assert moved["host"]["nvme"] == moved["nvme"]["host"] == 4096
+    assert moved["host"]["device"] == 4096
+    assert moved["device"]["nvme"] == moved["device"]["host"] == 0
