@@ -21,7 +21,9 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 from strata import _native
 from strata._cint import int_array
-from strata._native import Exported, Owned, StrataError, lib, sized
+from strata._lifetime import (Loan, Tracked, open_engine, untracked,
+                              warn_failed)
+from strata._native import Exported, StrataError, lib, sized
 
 __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
            "AbortReport",
@@ -98,12 +100,19 @@ def _tensor_info(raw: Any) -> TensorInfo:
                       bool(raw.on_cuda))
 
 
-class Engine(Owned):
+class Engine(Tracked):
     """A tiered store (strata::Engine): groups of tensors with a home tier
     per role, fetched to the device or host and released, under budgets.
 
     Budgets are bytes. `home` maps roles to their home tier (default: the
-    host). `swap_dir` is required with `nvme_budget` > 0."""
+    host). `swap_dir` is required with `nvme_budget` > 0.
+
+    close() frees it and removes its swap files; it refuses while views
+    or optimizers of it are open, unless close(force=True), which releases
+    them first (and aborts an optimizer's open step). A with block that an
+    exception ends closes with force, so the exception propagates and the
+    swap files go; one that ends normally closes without. An engine still
+    open at the interpreter's exit is closed with force then."""
 
     _what = "engine"
     _close_fn = "strata_engine_close"
@@ -128,6 +137,7 @@ class Engine(Owned):
         handle = C.c_void_p()
         lib().call("strata_engine_open", C.byref(options), C.byref(handle))
         self._handle: Optional[int] = handle.value
+        self._loan = open_engine(self.handle, self)
 
     def info(self) -> dict[str, Any]:
         """The device, its kind and why it was chosen, the host backing and
@@ -209,7 +219,7 @@ class Engine(Owned):
         lib().call("strata_group_fetch_on", self.handle, group,
                    _choice(TIERS, tier, "tier"), _roles(roles), int(write),
                    _stream(stream), C.byref(view))
-        return View(view.value)
+        return View(view.value, self)
 
     def prefetch(self, group: int, tier: str,
                  roles: Union[None, str, Iterable[str]] = None) -> None:
@@ -263,13 +273,21 @@ def _load_checkpoint(function: str, handle: int, path: str) -> str:
         capacity = needed.value
 
 
+def _release(handle: int) -> None:
+    lib().call("strata_view_release_after", handle, None, None)
+
+
 class View:
     """One fetched group, pinned until release() (or the end of a with
-    block). Its tensors' memory is strata's: do not use it afterwards."""
+    block). Its tensors' memory is strata's: do not use it afterwards.
+    Made by Engine.fetch; a view its engine does not know of (made by
+    hand) is not released by Engine.close(force=True)."""
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: int, engine: Optional[Engine] = None) -> None:
         self._handle = handle  # stays: strata names a released handle
         self._released = False
+        self._loan: Loan = (untracked(handle, self) if engine is None else
+                            engine._loan.lend(handle, self, _release))
         count = C.c_int32()
         lib().call("strata_view_count_tensors", handle, C.byref(count))
         self.tensors: list[TensorInfo] = []
@@ -295,13 +313,25 @@ class View:
         if not self._released:
             lib().call("strata_view_release_after", self._handle,
                        _stream(stream), None)
-            self._released = True
+            self._loan.forget()
+
+    def _ended(self) -> None:
+        self._released = True
 
     def __enter__(self) -> "View":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
+    def __exit__(self, kind: Any, error: Optional[BaseException],
+                 traceback: Any) -> None:
+        """release(); when an exception ended the block, a failure to
+        release is a RuntimeWarning, never raised over the exception."""
+        if error is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except Exception as failure:  # the user's exception goes on
+            warn_failed("releasing the view", failure, error)
 
 
 from strata.optimizer import (AbortReport, Gradients, Optimizer,  # noqa: E402

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from strata import _native
 from strata._cint import int_array
-from strata._native import Exported, Owned, StrataError, lib, sized
+from strata._lifetime import Loan, Tracked, untracked
+from strata._native import Exported, StrataError, lib, sized
 
 if TYPE_CHECKING:
     from strata import Engine, TensorInfo
@@ -45,11 +46,24 @@ class AbortReport:
 class Gradients:
     """A zeroed device buffer for one group's gradients of one micro-batch,
     in the group's compute dtype, each tensor at its compute offset; valid
-    until Optimizer.hand_off."""
+    until Optimizer.hand_off, or until abort_step ends the step.
 
-    def __init__(self, handle: int) -> None:
+    As a context manager it is handed off at the end of the block, as
+    hand_off(gradients) with no stream does: the gradients must be written
+    by then (on CUDA, hand it off inside the block with the stream that
+    wrote them instead). A block that an exception ends leaves it to
+    abort_step (Optimizer's with block runs it), so that gradients half
+    written never reach an update. Made by Optimizer.acquire_gradients;
+    one made by hand, Gradients(handle), does not know its optimizer and
+    is no context manager."""
+
+    def __init__(self, handle: int,
+                 optimizer: Optional["Optimizer"] = None) -> None:
         from strata import _tensor_info
         self._handle: Optional[int] = handle
+        self._optimizer = optimizer
+        self._loan: Loan = (untracked(handle, self) if optimizer is None
+                            else optimizer._loan.lend(handle, self))
         raw = sized(_native.GradientsInfo)
         lib().call("strata_gradients_get_info", handle, C.byref(raw))
         self.group: int = raw.group
@@ -67,8 +81,29 @@ class Gradients:
     def handle(self) -> int:
         if self._handle is None:
             raise StrataError(9, "failed precondition",
-                              "the gradient buffer was handed off already")
+                              "the gradient buffer was handed off already "
+                              "(or its step aborted); acquire another")
         return self._handle
+
+    def _ended(self) -> None:
+        self._handle = None
+
+    def __enter__(self) -> "Gradients":
+        if self._optimizer is None:
+            raise StrataError(9, "failed precondition",
+                              "this gradient buffer does not know its "
+                              "optimizer (it was made by Gradients(handle)); "
+                              "hand it off with optimizer.hand_off, or use "
+                              "the one acquire_gradients returns")
+        return self
+
+    def __exit__(self, kind: Any, error: Optional[BaseException],
+                 traceback: Any) -> None:
+        """Hands the buffer off unless it was, or an exception ended the
+        block."""
+        if error is None and self._handle is not None \
+                and self._optimizer is not None:
+            self._optimizer.hand_off(self)
 
     def export(self, name: Optional[str] = None) -> Exported:
         """Tensor `name`'s slice, or the whole buffer (a 1-D tensor), for
@@ -94,7 +129,13 @@ def _hyper(values: dict[str, float]) -> Any:
     return hyper
 
 
-class Optimizer(Owned):
+def _abort_and_close(handle: int) -> None:
+    lib().call("strata_optimizer_abort_step", handle,
+               C.byref(sized(_native.AbortReport)))
+    lib().call("strata_optimizer_close", handle)
+
+
+class Optimizer(Tracked):
     """CPU Adam, AdamW, Adagrad or Lion over every trainable group of an
     Engine (a group whose tensors carry the state1 role; an fp32 group
     without a master is stepped in place; a group without state1 is
@@ -103,7 +144,11 @@ class Optimizer(Owned):
     mode "overlap" steps each group as soon as its gradients are final;
     "after_backward" waits for finish_step. clip_norm > 0 clips the global
     gradient norm; skip_on_overflow skips a step with non-finite gradients.
-    Results are bit-identical to the same optimizer in memory."""
+    Results are bit-identical to the same optimizer in memory.
+
+    close() refuses while gradient buffers are acquired, unless close(
+    force=True), which aborts the open step first; a with block that an
+    exception ends closes with force, so the exception propagates."""
 
     _what = "optimizer"
     _close_fn = "strata_optimizer_close"
@@ -130,6 +175,7 @@ class Optimizer(Owned):
                    C.byref(options), C.byref(handle))
         self.engine = engine
         self._handle: Optional[int] = handle.value
+        self._loan = engine._loan.lend(self.handle, self, _abort_and_close)
 
     def begin_step(self, *, lr: float = 1e-3, beta1: float = 0.9,
                    beta2: float = 0.999, eps: float = 1e-8,
@@ -167,7 +213,7 @@ class Optimizer(Owned):
         handle = C.c_void_p()
         lib().call("strata_optimizer_acquire_gradients", self.handle, group,
                    C.byref(handle))
-        return Gradients(handle.value)
+        return Gradients(handle.value, self)
 
     def hand_off(self, gradients: Gradients, stream: Any = None) -> None:
         """Hands the buffer back; `stream` (a torch.cuda.Stream, a
@@ -175,9 +221,9 @@ class Optimizer(Owned):
         strata::HostStream address) is where the kernels writing it were
         queued: the copy waits for them, the call does not."""
         from strata import _stream
-        handle = gradients.handle
-        gradients._handle = None
-        lib().call("strata_optimizer_hand_off", self.handle, handle,
+        optimizer, handle = self.handle, gradients.handle
+        gradients._loan.forget()  # the handle ends even if this fails
+        lib().call("strata_optimizer_hand_off", optimizer, handle,
                    _stream(stream), None)
 
     def finish_step(self) -> StepReport:
@@ -195,6 +241,7 @@ class Optimizer(Owned):
         (counted in `applied`). Between steps it does nothing."""
         raw = sized(_native.AbortReport)
         lib().call("strata_optimizer_abort_step", self.handle, C.byref(raw))
+        self._loan.forget_children()
         return AbortReport(raw.applied, bool(raw.completed),
                            bool(raw.skipped), raw.overflow_group,
                            raw.grad_norm)

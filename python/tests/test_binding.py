@@ -1,7 +1,12 @@
 """The binding's surface (issue #31 §3, §5): ints beyond the C types are
-errors; Engine.save/load and the bytes per tier pair."""
+errors; Engine.save/load and the bytes per tier pair; a with block ended by
+an exception raises that exception and frees what it held, swap files go at
+the interpreter's exit, Gradients as a context manager."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +14,8 @@ import numpy as np
 import pytest
 
 import strata
-from test_optimizer import model
+from strata import _native
+from test_optimizer import master, model
 
 NVME_HOMES = dict.fromkeys(strata.ROLES, "nvme")
 
@@ -123,3 +129,184 @@ def test_stats_give_the_bytes_per_tier_pair(scratch: Path) -> None:
     assert moved["host"]["nvme"] == moved["nvme"]["host"] == 4096
     assert moved["host"]["device"] == 4096
     assert moved["device"]["nvme"] == moved["device"]["host"] == 0
+
+
+# ---- with blocks ended by an exception, and the interpreter's exit ----------
+
+class Mine(Exception):
+    pass
+
+
+def test_an_exception_ends_the_engine_and_frees_what_it_held(
+        scratch: Path) -> None:
+    """The user's exception propagates (it used to be replaced by the
+    close's "views unreleased"); the view held is released, an open step
+    aborted, the optimizer and engine closed, and the swap files go."""
+    with pytest.raises(Mine):
+        with nvme_engine(scratch) as e:
+            g = e.register_group("layer.0", [("w", (1024,), "fp32")],
+                                 home=NVME_HOMES)
+            view = e.fetch(g, "host")
+            opt = strata.Optimizer(e, threads=1)
+            opt.begin_step()
+            grads = opt.acquire_gradients(g)
+            assert os.listdir(scratch)
+            raise Mine()
+    assert os.listdir(scratch) == []
+    view.release()  # released by the engine's exit already: a no-op
+    opt.close()
+    with pytest.raises(strata.StrataError, match="handed off already"):
+        grads.handle
+    with pytest.raises(strata.StrataError, match="engine is closed"):
+        e.fetch(g, "host")
+
+
+def test_without_an_exception_a_held_view_still_refuses_close(
+        scratch: Path) -> None:
+    """A view left unreleased by code that ran to its end is a bug to see;
+    close(force=True) is how to free everything anyway."""
+    with pytest.raises(strata.StrataError, match="release"):
+        with nvme_engine(scratch) as e:
+            e.fetch(e.register_group("g", [("w", (8,), "fp32")]), "host")
+    assert os.listdir(scratch)
+    e.close(force=True)
+    assert os.listdir(scratch) == []
+
+
+def test_a_close_failing_after_an_exception_is_a_warning(
+        scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _native.Library.call
+
+    def failing_close(self: Any, name: str, *args: Any) -> None:
+        if name == "strata_engine_close":
+            raise strata.StrataError(13, "internal", "close failed here")
+        real(self, name, *args)
+
+    monkeypatch.setattr(_native.Library, "call", failing_close)
+    with pytest.warns(RuntimeWarning, match="after Mine.*close failed here"):
+        with pytest.raises(Mine):
+            with nvme_engine(scratch) as e:
+                raise Mine()
+    monkeypatch.undo()
+    e.close()
+    assert os.listdir(scratch) == []
+
+
+def test_an_exception_ends_the_optimizer_with_its_step_aborted(
+        engine: strata.Engine) -> None:
+    model(engine)
+    before = master(engine, 0)
+    with pytest.raises(Mine):
+        with strata.Optimizer(engine, threads=1, clip_norm=1.0) as opt:
+            opt.begin_step()
+            opt.acquire_gradients(1)
+            raise Mine()
+    assert np.array_equal(master(engine, 0), before)
+    engine.close()  # nothing of the optimizer is left
+
+
+def test_gradients_are_handed_off_at_the_end_of_their_with(
+        engine: strata.Engine) -> None:
+    model(engine)
+    with strata.Optimizer(engine, threads=1) as opt:
+        opt.begin_step(lr=1e-3)
+        for g in (1, 0):
+            with opt.acquire_gradients(g) as grads:
+                assert isinstance(grads, strata.Gradients)
+                np.ctypeslib.as_array(
+                    (np.ctypeslib.ctypes.c_float * (grads.bytes // 4))
+                    .from_address(grads.data))[:] = 1.0
+        assert opt.finish_step().step == 1
+        assert np.allclose(master(engine, 0), -1e-3, atol=1e-7)
+        # Handed off inside the block: the exit leaves it.
+        opt.begin_step()
+        for g in (1, 0):
+            with opt.acquire_gradients(g) as grads:
+                opt.hand_off(grads)
+        opt.finish_step()
+        # An exception leaves the buffer to abort_step: gradients half
+        # written must not reach an update.
+        opt.begin_step()
+        with pytest.raises(Mine):
+            with opt.acquire_gradients(1) as grads:
+                raise Mine()
+        with pytest.raises(strata.StrataError, match="hand each off"):
+            opt.close()
+        opt.abort_step()
+        # One made by hand does not know where to hand itself off.
+        opt.begin_step()
+        grads = opt.acquire_gradients(1)
+        with pytest.raises(strata.StrataError, match="does not know its "
+                           "optimizer"):
+            with strata.Gradients(grads.handle):
+                pass
+        opt.abort_step()
+
+
+EXIT_SCRIPT = """
+import os, sys, strata
+homes = dict.fromkeys(strata.ROLES, "nvme")
+def engine(swap_dir):
+    e = strata.Engine(device="host", device_budget=1 << 20,
+                      host_budget=8 << 20, nvme_budget=8 << 20,
+                      swap_dir=swap_dir, io_threads=1)
+    return e, e.register_group("layer.0", [("w", (1024,), "fp32")],
+                               home=homes)
+kept, g = engine(sys.argv[1])
+view = kept.fetch(g, "host")
+opt = strata.Optimizer(kept, threads=1)
+opt.begin_step()
+grads = opt.acquire_gradients(g)
+engine(sys.argv[2])[0].fetch(0, "host")  # no one holds them
+assert os.listdir(sys.argv[1]) and os.listdir(sys.argv[2])
+if sys.argv[3] == "raise":
+    raise RuntimeError("the script's own error")
+"""
+
+
+@pytest.mark.parametrize("end", ["return", "raise"])
+def test_swap_files_go_at_the_interpreters_exit(scratch: Path,
+                                                end: str) -> None:
+    """An engine never closed, with a view held, an optimizer with a
+    buffer acquired mid-step, and one no Python object refers to any more:
+    at exit every swap file and lock goes (they used to stay until the
+    next open of the directory)."""
+    kept, dropped = scratch / "kept", scratch / "dropped"
+    kept.mkdir(mode=0o700)
+    dropped.mkdir(mode=0o700)
+    out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(kept),
+                          str(dropped), end], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ))
+    assert out.returncode == (1 if end == "raise" else 0), out.stderr
+    assert "the script's own error" in out.stderr or end == "return"
+    assert "Warning" not in out.stderr and "ignored" not in out.stderr
+    assert os.listdir(kept) == [] and os.listdir(dropped) == []
+
+
+FORK_SCRIPT = """
+import os, sys, strata
+e = strata.Engine(device="host", device_budget=1 << 20, host_budget=8 << 20,
+                  nvme_budget=8 << 20, swap_dir=sys.argv[1], io_threads=1)
+g = e.register_group("layer.0", [("w", (1024,), "fp32")],
+                     home=dict.fromkeys(strata.ROLES, "nvme"))
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # the child's exit runs the atexit handlers
+assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+assert os.listdir(sys.argv[1])
+with e.fetch(g, "host"):
+    pass
+e.close()
+"""
+
+
+def test_a_forked_childs_exit_leaves_the_parents_engine(
+        scratch: Path) -> None:
+    """The child's exit must not close the engine it inherited (removing
+    the swap files the parent still uses)."""
+    out = subprocess.run([sys.executable, "-c", FORK_SCRIPT, str(scratch)],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr
+    assert os.listdir(scratch) == []
