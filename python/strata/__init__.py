@@ -236,12 +236,17 @@ class Engine(Tracked):
         lib().call("strata_engine_drain", self.handle)
 
     def begin_step(self) -> None:
+        """Starts a training step: the fetches until end_step() are
+        recorded as the trace that prefetching follows."""
         lib().call("strata_step_begin", self.handle)
 
     def end_step(self) -> None:
+        """Ends the step begin_step() started."""
         lib().call("strata_step_end", self.handle)
 
     def evict(self, group: int, tier: str) -> None:
+        """Drops the group's copies at `tier` (written back first where
+        they are the only valid copy); the group must not be fetched."""
         lib().call("strata_group_evict", self.handle, group,
                    _choice(TIERS, tier, "tier"))
 

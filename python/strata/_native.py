@@ -359,6 +359,7 @@ class Owned:
 
     @property
     def handle(self) -> int:
+        """The C handle, until close()."""
         if self._handle is None:
             raise StrataError(9, "failed precondition",
                               f"the {self._what} is closed")

@@ -79,6 +79,7 @@ class Gradients:
 
     @property
     def handle(self) -> int:
+        """The strata_gradients handle, until the buffer is handed off."""
         if self._handle is None:
             raise StrataError(9, "failed precondition",
                               "the gradient buffer was handed off already "

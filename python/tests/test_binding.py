@@ -1,14 +1,16 @@
 """The binding's surface (issue #31 §3, §5): ints beyond the C types are
 errors; Engine.save/load and the bytes per tier pair; a with block ended by
 an exception raises that exception and frees what it held, swap files go at
-the interpreter's exit, Gradients as a context manager."""
+the interpreter's exit, Gradients as a context manager; the public API typed
+and documented."""
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -310,3 +312,38 @@ def test_a_forked_childs_exit_leaves_the_parents_engine(
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr
     assert os.listdir(scratch) == []
+
+
+# ---- the package ------------------------------------------------------------
+
+def public_callables() -> Iterator[tuple[str, Callable[..., Any]]]:
+    yield "info", strata.info
+    yield "version", strata.version
+    for cls in (strata.Engine, strata.View, strata.Optimizer,
+                strata.Gradients, strata.TensorInfo, strata.StrataError):
+        for name, member in inspect.getmembers(cls):
+            if name.startswith("_") and name not in (
+                    "__init__", "__enter__", "__exit__"):
+                continue
+            if isinstance(member, property):
+                yield f"{cls.__name__}.{name}", member.fget
+            elif inspect.isfunction(member) and \
+                    member.__module__.startswith("strata"):
+                yield f"{cls.__name__}.{name}", member
+
+
+def test_the_public_api_is_typed_and_documented() -> None:
+    """py.typed tells type checkers the hints are there (PEP 561), and
+    every public function and method has them and a docstring."""
+    assert (Path(strata.__file__).parent / "py.typed").is_file()
+    untyped, undocumented = [], []
+    for name, function in public_callables():
+        signature = inspect.signature(function)
+        params = [p for p in signature.parameters.values()
+                  if p.name != "self"]
+        if signature.return_annotation is inspect.Signature.empty or any(
+                p.annotation is inspect.Parameter.empty for p in params):
+            untyped.append(name)
+        if not name.split(".")[-1].startswith("_") and not function.__doc__:
+            undocumented.append(name)
+    assert untyped == [] and undocumented == []
