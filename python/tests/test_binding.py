@@ -2,13 +2,14 @@
 errors; Engine.save/load and the bytes per tier pair; a with block ended by
 an exception raises that exception and frees what it held, swap files go at
 the interpreter's exit, Gradients as a context manager; the public API typed
-and documented."""
+and documented; the distribution's name."""
 from __future__ import annotations
 
 import inspect
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -19,6 +20,7 @@ import strata
 from strata import _native
 from test_optimizer import master, model
 
+ROOT = Path(__file__).resolve().parents[2]
 NVME_HOMES = dict.fromkeys(strata.ROLES, "nvme")
 
 
@@ -347,3 +349,20 @@ def test_the_public_api_is_typed_and_documented() -> None:
         if not name.split(".")[-1].startswith("_") and not function.__doc__:
             undocumented.append(name)
     assert untyped == [] and undocumented == []
+
+
+def test_the_distribution_is_strata_offload_and_ships_py_typed() -> None:
+    """`strata` on the package index is someone else's project."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "strata-offload"
+    assert "distribution is named `strata-offload`" in " ".join(
+        (ROOT / "README.md").read_text().split())
+    # scikit-build-core puts every file of wheel.packages that git does not
+    # ignore into the wheel.
+    packages = project["tool"]["scikit-build"]["wheel"]["packages"]
+    assert "python/strata" in packages
+    ignored = subprocess.run(["git", "check-ignore", "-q",
+                              "python/strata/py.typed"], cwd=ROOT)
+    if ignored.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert ignored.returncode == 1, "python/strata/py.typed is git-ignored"
