@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from strata import _native
+from strata._cint import int_array
 from strata._dlpack import Exported, to_numpy
-from strata._native import Owned, StrataError, lib, sized
+from strata._lifetime import (Loan, Tracked, open_engine, untracked,
+                              warn_failed)
+from strata._native import StrataError, lib, sized
 
 __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
            "AbortReport",
@@ -98,7 +101,7 @@ def _tensor_info(raw: Any) -> TensorInfo:
                       bool(raw.on_cuda))
 
 
-class Engine(Owned):
+class Engine(Tracked):
     """A tiered store (strata::Engine): groups of tensors with a home tier
     per role, fetched to the device or host and released, under budgets.
 
@@ -107,7 +110,14 @@ class Engine(Owned):
     are the roles that may be fetched to the device (default all): the
     device budget must hold the largest group's fetch of them, so with the
     optimizer on the CPU, device_roles="compute" lets it count the compute
-    copies alone."""
+    copies alone.
+
+    close() frees it and removes its swap files; it refuses while views
+    or optimizers of it are open, unless close(force=True), which releases
+    them first (and aborts an optimizer's open step). A with block that an
+    exception ends closes with force, so the exception propagates and the
+    swap files go; one that ends normally closes without. An engine still
+    open at the interpreter's exit is closed with force then."""
 
     _what = "engine"
     _close_fn = "strata_engine_close"
@@ -134,6 +144,7 @@ class Engine(Owned):
         handle = C.c_void_p()
         lib().call("strata_engine_open", C.byref(options), C.byref(handle))
         self._handle: Optional[int] = handle.value
+        self._loan = open_engine(self.handle, self)
 
     def info(self) -> dict[str, Any]:
         """The device, its kind and why it was chosen, the host backing and
@@ -146,13 +157,18 @@ class Engine(Owned):
                 for name, _ in raw._fields_ if name != "struct_size"}
 
     def stats(self) -> dict[str, Any]:
-        """Counters since open, and each tier's budget, use and peak."""
+        """Counters since open (strata_engine_stats): "tiers" has each
+        tier's budget, use and peak; "bytes"[from][to] the bytes moved from
+        one tier to another ("bytes"["nvme"]["host"]: read from the swap
+        files into host memory)."""
         raw = sized(_native.EngineStats)
         lib().call("strata_engine_get_stats", self.handle, C.byref(raw))
         tiers = {name: {"budget": raw.tiers[i].budget,
                         "used": raw.tiers[i].used, "peak": raw.tiers[i].peak}
                  for name, i in TIERS.items()}
-        out: dict[str, Any] = {"tiers": tiers}
+        moved = {src: {dst: raw.bytes[i][j] for dst, j in TIERS.items()}
+                 for src, i in TIERS.items()}
+        out: dict[str, Any] = {"tiers": tiers, "bytes": moved}
         for name, _ in raw._fields_:
             if name not in ("struct_size", "reserved", "tiers", "bytes"):
                 out[name] = getattr(raw, name)
@@ -178,7 +194,8 @@ class Engine(Owned):
         specs = (_native.TensorSpec * len(tensors))()
         keep = []
         for spec, (tensor, shape, dtype) in zip(specs, tensors):
-            extents = (C.c_int64 * len(shape))(*shape)
+            extents = int_array(C.c_int64, shape, f"strata_group_register: "
+                                f"tensor {tensor!r} shape")
             keep += [extents, tensor.encode()]
             spec.name = keep[-1]
             spec.shape = extents
@@ -209,7 +226,7 @@ class Engine(Owned):
         lib().call("strata_group_fetch_on", self.handle, group,
                    _choice(TIERS, tier, "tier"), _roles(roles), int(write),
                    _stream(stream), C.byref(view))
-        return View(view.value)
+        return View(view.value, self)
 
     def prefetch(self, group: int, tier: str,
                  roles: Union[None, str, Iterable[str]] = None) -> None:
@@ -226,23 +243,63 @@ class Engine(Owned):
         lib().call("strata_engine_drain", self.handle)
 
     def begin_step(self) -> None:
+        """Starts a training step: the fetches until end_step() are
+        recorded as the trace that prefetching follows."""
         lib().call("strata_step_begin", self.handle)
 
     def end_step(self) -> None:
+        """Ends the step begin_step() started."""
         lib().call("strata_step_end", self.handle)
 
     def evict(self, group: int, tier: str) -> None:
+        """Drops the group's copies at `tier` (written back first where
+        they are the only valid copy); the group must not be fetched."""
         lib().call("strata_group_evict", self.handle, group,
                    _choice(TIERS, tier, "tier"))
+
+    def save(self, path: str, user_state: str = "") -> None:
+        """A checkpoint of every tensor of every group, and `user_state`,
+        in the directory `path`; every view must be released. On failure
+        the previous checkpoint at `path` is kept."""
+        lib().call("strata_engine_save", self.handle, path.encode(),
+                   user_state.encode())
+
+    def load(self, path: str) -> str:
+        """Loads a checkpoint written by save() into the same groups and
+        tensors; returns its user_state. A damaged or mismatched
+        checkpoint changes nothing."""
+        return _load_checkpoint("strata_engine_load", self.handle, path)
+
+
+def _load_checkpoint(function: str, handle: int, path: str) -> str:
+    """Runs strata_engine_load or strata_optimizer_load and returns the
+    checkpoint's user_state (one over 1 MiB costs a second load)."""
+    needed = C.c_size_t()
+    capacity = 1 << 20
+    while True:
+        text = C.create_string_buffer(capacity)
+        lib().call(function, handle, path.encode(), text, capacity,
+                   C.byref(needed))
+        if needed.value <= capacity:
+            return text.value.decode()
+        capacity = needed.value
+
+
+def _release(handle: int) -> None:
+    lib().call("strata_view_release_after", handle, None, None)
 
 
 class View:
     """One fetched group, pinned until release() (or the end of a with
-    block). Its tensors' memory is strata's: do not use it afterwards."""
+    block). Its tensors' memory is strata's: do not use it afterwards.
+    Made by Engine.fetch; a view its engine does not know of (made by
+    hand) is not released by Engine.close(force=True)."""
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: int, engine: Optional[Engine] = None) -> None:
         self._handle = handle  # stays: strata names a released handle
         self._released = False
+        self._loan: Loan = (untracked(handle, self) if engine is None else
+                            engine._loan.lend(handle, self, _release))
         count = C.c_int32()
         lib().call("strata_view_count_tensors", handle, C.byref(count))
         self.tensors: list[TensorInfo] = []
@@ -285,13 +342,25 @@ class View:
         if not self._released:
             lib().call("strata_view_release_after", self._handle,
                        _stream(stream), None)
-            self._released = True
+            self._loan.forget()
+
+    def _ended(self) -> None:
+        self._released = True
 
     def __enter__(self) -> "View":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
+    def __exit__(self, kind: Any, error: Optional[BaseException],
+                 traceback: Any) -> None:
+        """release(); when an exception ended the block, a failure to
+        release is a RuntimeWarning, never raised over the exception."""
+        if error is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except Exception as failure:  # the user's exception goes on
+            warn_failed("releasing the view", failure, error)
 
 
 from strata.optimizer import (AbortReport, Gradients, Optimizer,  # noqa: E402

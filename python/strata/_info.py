@@ -95,7 +95,7 @@ def _from_config(config: ConfigSource) -> _Setup:
     except ImportError as error:
         raise ImportError(
             f"reading a ds_config needs strata.torch, which needs torch "
-            f"({error}); pip install 'strata[torch]', or pass budgets "
+            f"({error}); pip install 'strata-offload[torch]', or pass budgets "
             f"instead") from error
     cfg = load(config)
     home = cfg.homes()

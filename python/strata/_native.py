@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
+from strata._cint import IntRange, Struct, c_int, int_range
+
 NUM_TIERS = 3
 NUM_ROLES = 5
 WHOLE_BUFFER = -1
@@ -35,8 +37,11 @@ class StrataError(Exception):
         self.message = message
 
 
-def _struct(name: str, fields: list[tuple[str, Any]]) -> type:
-    return type(name, (C.Structure,), {"_fields_": fields})
+def _struct(name: str, fields: list[tuple[str, Any]]) -> type[Struct]:
+    ints = {field: bounds for field, ctype in fields
+            if (bounds := int_range(ctype)) is not None}
+    return type(name, (Struct,), {"_fields_": fields, "_ints": ints,
+                                  "_c_name": name})
 
 
 EngineOptions = _struct("EngineOptions", [
@@ -155,6 +160,8 @@ STRUCTS = {
     "strata_gradients_info": GradientsInfo,
     "strata_dlpack_versioned": DLManagedTensorVersioned,
 }
+for _c_name, _mirror in STRUCTS.items():
+    _mirror._c_name = _c_name
 
 _P = C.c_void_p
 _PROTOTYPES: dict[str, list[Any]] = {
@@ -264,10 +271,13 @@ class Library:
         self._lib.strata_last_error.restype = C.c_char_p
         self._lib.strata_status_name.restype = C.c_char_p
         self._lib.strata_status_name.argtypes = [C.c_int]
+        self._ints: dict[str, list[tuple[int, IntRange]]] = {}
         for name, argtypes in _PROTOTYPES.items():
             function = getattr(self._lib, name)
             function.argtypes = argtypes
             function.restype = C.c_int
+            self._ints[name] = [(i, bounds) for i, t in enumerate(argtypes)
+                                if (bounds := int_range(t)) is not None]
         self._wake_read, self._wake_write = os.pipe2(
             os.O_NONBLOCK | os.O_CLOEXEC)
         self._armed = False  # the main thread's waits look at the pipe
@@ -277,6 +287,8 @@ class Library:
 
     def call(self, name: str, *args: Any) -> None:
         function = getattr(self._lib, name)
+        if self._ints.get(name):  # undeclared (tests): unchecked
+            args = self._checked(name, args)
         blocking = name in BLOCKING and \
             threading.current_thread() is threading.main_thread()
         code = self._watched(function, args) if blocking else function(*args)
@@ -286,6 +298,16 @@ class Library:
         if code != 0:
             raise StrataError(code, self.status_name(code),
                               self._lib.strata_last_error().decode())
+
+    def _checked(self, name: str,
+                 args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The int arguments checked against their C types (Note [Ints at
+        the C boundary]), numbered from 1 as in strata.h."""
+        out = list(args)
+        for i, bounds in self._ints[name]:
+            if i < len(out):
+                out[i] = c_int(out[i], bounds, f"{name}: argument {i + 1}")
+        return tuple(out)
 
     def _watched(self, function: Any, args: tuple) -> int:
         """function(*args) with signals waking strata's waits (on the main
@@ -347,6 +369,7 @@ class Owned:
 
     @property
     def handle(self) -> int:
+        """The C handle, until close()."""
         if self._handle is None:
             raise StrataError(9, "failed precondition",
                               f"the {self._what} is closed")
@@ -357,8 +380,6 @@ class Owned:
         something still borrows it (an optimizer, a view, a gradient
         buffer), naming what to close first."""
         if self._handle is not None:
-            from strata._dlpack import sweep
-            sweep()  # exports dropped unconsumed hold what they point into
             lib().call(self._close_fn, self._handle)
             self._handle = None
 

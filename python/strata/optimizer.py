@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any, Optional
 import weakref
 
 from strata import _native
+from strata._cint import int_array
 from strata._dlpack import Exported, to_numpy
-from strata._native import Owned, StrataError, lib, sized
+from strata._lifetime import Loan, Tracked, untracked
+from strata._native import StrataError, lib, sized
 
 if TYPE_CHECKING:
     from strata import Engine, TensorInfo
@@ -47,12 +49,25 @@ class AbortReport:
 class Gradients:
     """A zeroed device buffer for one group's gradients of one micro-batch,
     in the group's compute dtype, each tensor at its compute offset; valid
-    until Optimizer.hand_off."""
+    until Optimizer.hand_off, or until abort_step ends the step.
 
-    def __init__(self, handle: int) -> None:
+    As a context manager it is handed off at the end of the block, as
+    hand_off(gradients) with no stream does: the gradients must be written
+    by then (on CUDA, hand it off inside the block with the stream that
+    wrote them instead). A block that an exception ends leaves it to
+    abort_step (Optimizer's with block runs it), so that gradients half
+    written never reach an update. Made by Optimizer.acquire_gradients;
+    one made by hand, Gradients(handle), does not know its optimizer and
+    is no context manager."""
+
+    def __init__(self, handle: int,
+                 optimizer: Optional["Optimizer"] = None) -> None:
         from strata import _tensor_info
         self._handle: Optional[int] = handle
         self._arrays: list[weakref.ref] = []  # numpy() arrays, until hand-off
+        self._optimizer = optimizer
+        self._loan: Loan = (untracked(handle, self) if optimizer is None
+                            else optimizer._loan.lend(handle, self))
         raw = sized(_native.GradientsInfo)
         lib().call("strata_gradients_get_info", handle, C.byref(raw))
         self.group: int = raw.group
@@ -68,10 +83,33 @@ class Gradients:
 
     @property
     def handle(self) -> int:
+        """The strata_gradients handle, until the buffer is handed off."""
         if self._handle is None:
             raise StrataError(9, "failed precondition",
-                              "the gradient buffer was handed off already")
+                              "the gradient buffer was handed off already "
+                              "(or its step aborted); acquire another")
         return self._handle
+
+    def _ended(self) -> None:
+        self._handle = None
+        self._end_arrays()
+
+    def __enter__(self) -> "Gradients":
+        if self._optimizer is None:
+            raise StrataError(9, "failed precondition",
+                              "this gradient buffer does not know its "
+                              "optimizer (it was made by Gradients(handle)); "
+                              "hand it off with optimizer.hand_off, or use "
+                              "the one acquire_gradients returns")
+        return self
+
+    def __exit__(self, kind: Any, error: Optional[BaseException],
+                 traceback: Any) -> None:
+        """Hands the buffer off unless it was, or an exception ended the
+        block."""
+        if error is None and self._handle is not None \
+                and self._optimizer is not None:
+            self._optimizer.hand_off(self)
 
     def _export_index(self, name: Optional[str]) -> int:
         if name is None:
@@ -123,7 +161,13 @@ def _hyper(values: dict[str, float]) -> Any:
     return hyper
 
 
-class Optimizer(Owned):
+def _abort_and_close(handle: int) -> None:
+    lib().call("strata_optimizer_abort_step", handle,
+               C.byref(sized(_native.AbortReport)))
+    lib().call("strata_optimizer_close", handle)
+
+
+class Optimizer(Tracked):
     """CPU Adam, AdamW, Adagrad or Lion over every trainable group of an
     Engine (a group whose tensors carry the state1 role; an fp32 group
     without a master is stepped in place; a group without state1 is
@@ -132,7 +176,11 @@ class Optimizer(Owned):
     mode "overlap" steps each group as soon as its gradients are final;
     "after_backward" waits for finish_step. clip_norm > 0 clips the global
     gradient norm; skip_on_overflow skips a step with non-finite gradients.
-    Results are bit-identical to the same optimizer in memory."""
+    Results are bit-identical to the same optimizer in memory.
+
+    close() refuses while gradient buffers are acquired, unless close(
+    force=True), which aborts the open step first; a with block that an
+    exception ends closes with force, so the exception propagates."""
 
     _what = "optimizer"
     _close_fn = "strata_optimizer_close"
@@ -159,6 +207,7 @@ class Optimizer(Owned):
                    C.byref(options), C.byref(handle))
         self.engine = engine
         self._handle: Optional[int] = handle.value
+        self._loan = engine._loan.lend(self.handle, self, _abort_and_close)
 
     def begin_step(self, *, lr: float = 1e-3, beta1: float = 0.9,
                    beta2: float = 0.999, eps: float = 1e-8,
@@ -178,7 +227,8 @@ class Optimizer(Owned):
             lib().call("strata_optimizer_begin_step", self.handle,
                        C.byref(hyper))
             return
-        ids = (C.c_int32 * len(groups))(*groups)
+        ids = int_array(C.c_int32, list(groups),
+                        "strata_optimizer_begin_step_groups: groups")
         hypers = (_native.StepHyper * len(groups))()
         for i, over in enumerate(groups.values()):
             unknown = set(over) - set(common) | ({"loss_scale"} & set(over))
@@ -195,7 +245,7 @@ class Optimizer(Owned):
         handle = C.c_void_p()
         lib().call("strata_optimizer_acquire_gradients", self.handle, group,
                    C.byref(handle))
-        return Gradients(handle.value)
+        return Gradients(handle.value, self)
 
     def hand_off(self, gradients: Gradients, stream: Any = None) -> None:
         """Hands the buffer back; `stream` (a torch.cuda.Stream, a
@@ -203,10 +253,9 @@ class Optimizer(Owned):
         strata::HostStream address) is where the kernels writing it were
         queued: the copy waits for them, the call does not."""
         from strata import _stream
-        handle = gradients.handle
-        gradients._end_arrays()
-        gradients._handle = None
-        lib().call("strata_optimizer_hand_off", self.handle, handle,
+        optimizer, handle = self.handle, gradients.handle
+        gradients._loan.forget()  # the handle ends even if this fails
+        lib().call("strata_optimizer_hand_off", optimizer, handle,
                    _stream(stream), None)
 
     def finish_step(self) -> StepReport:
@@ -224,6 +273,7 @@ class Optimizer(Owned):
         (counted in `applied`). Between steps it does nothing."""
         raw = sized(_native.AbortReport)
         lib().call("strata_optimizer_abort_step", self.handle, C.byref(raw))
+        self._loan.forget_children()
         return AbortReport(raw.applied, bool(raw.completed),
                            bool(raw.skipped), raw.overflow_group,
                            raw.grad_norm)
@@ -245,14 +295,6 @@ class Optimizer(Owned):
                    user_state.encode())
 
     def load(self, path: str) -> str:
-        """Loads a checkpoint written by save(); returns its user_state.
-        (A user_state over 1 MiB costs a second load.)"""
-        needed = C.c_size_t()
-        capacity = 1 << 20
-        while True:
-            text = C.create_string_buffer(capacity)
-            lib().call("strata_optimizer_load", self.handle, path.encode(),
-                       text, capacity, C.byref(needed))
-            if needed.value <= capacity:
-                return text.value.decode()
-            capacity = needed.value
+        """Loads a checkpoint written by save(); returns its user_state."""
+        from strata import _load_checkpoint
+        return _load_checkpoint("strata_optimizer_load", self.handle, path)

@@ -94,7 +94,7 @@ def test_a_config_without_torch_says_what_to_install(
         monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("torch", "strata.torch", "strata.torch.config"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(ImportError, match=r"strata\[torch\]"):
+    with pytest.raises(ImportError, match=r"strata-offload\[torch\]"):
         strata.info({"strata": {"device": "host"}})
 
 

@@ -37,7 +37,7 @@ except ImportError as error:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "python"))
-from strata._dlpack import Exported  # noqa: E402
+from strata._dlpack import Exported, sweep  # noqa: E402
 from strata._native import (EngineOptions, GroupSpec,  # noqa: E402
                             Library, StrataError, TensorInfo, TensorSpec)
 
@@ -218,10 +218,12 @@ def round_trip(strata, swap_dir):
     else:
         print(f"note: torch does not import ({TORCH_MISSING}); "
               "the bf16 export is not checked")
-    # A capsule nobody consumed frees its tensor through the destructor.
+    # A capsule nobody consumed frees its tensor at the next sweep.
     strata.export(view, 0).__dlpack__()
-    # The arrays must not outlive the release: the memory is strata's.
+    # The arrays hold the fetch (Note [Exports hold their memory]): once
+    # they are gone the release is whole and the group can be evicted.
     gc.collect()
+    sweep()
     strata.call("strata_view_release", view)
     for tier in (TIER_DEVICE, TIER_HOST):
         strata.call("strata_group_evict", engine, group, tier)

@@ -50,7 +50,9 @@ _MIB = 1 << 20
 _STATES = {"adam": ("state1", "state2"), "adamw": ("state1", "state2"),
            "adagrad": ("state1",), "lion": ("state1",)}
 # Engines not closed yet: their swap files go at the interpreter's exit.
+# A forked child's exit must not free its parent's engines.
 _open: "weakref.WeakSet[StrataEngine]" = weakref.WeakSet()
+os.register_at_fork(after_in_child=_open.clear)
 
 
 def initialize(model: nn.Module,
