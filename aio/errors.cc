@@ -48,9 +48,12 @@ std::string AdviceFor(int err) {
   switch (err) {
     case ENOSPC:
     case EDQUOT:
-    case EFBIG:
       return "the file system is full (or over quota): free space there or "
              "point strata at a directory with room";
+    case EFBIG:
+      return "the file is larger than this file system (or RLIMIT_FSIZE) "
+             "allows: spread the swap over more, smaller files (swap_files) "
+             "or use a file system that takes larger files";
     case EROFS:
       return "the file system is mounted read-only: choose a writable "
              "directory";

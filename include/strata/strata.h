@@ -7,6 +7,21 @@
  *   The semantics are engine.h's; this header states only what the C
  *   boundary adds.
  *
+ * Building against it
+ * - strata.h includes <dlpack/dlpack.h>, the header-only DLPack standard
+ *   (github.com/dmlc/dlpack; Debian's libdlpack-dev, which
+ *   scripts/setup.sh installs; any version from 0.6). strata's versioned
+ *   export declares its own copy of DLPack 1.0's struct (below).
+ * - Layout: within a group, each role's tensors sit in one chunk, each
+ *   tensor starting at a multiple of 128 elements, and each chunk is
+ *   padded to a multiple of 4 KiB; strata_group_get_bytes gives a group's
+ *   bytes at a tier, padding included.
+ * - Fences: a C caller on CUDA passes its cudaStream_t or cudaEvent_t
+ *   where a function takes `stream`/`event`. On the host-emulated device
+ *   the stream is a strata::HostStream*, a C++ interface for tests that
+ *   model late-completing kernels; C code there does its work on the
+ *   calling thread, complete when it calls strata, and passes NULL.
+ *
  * Conventions
  * - Handles are opaque: strata_engine (strata_engine_open/close) and
  *   strata_view, one fetched group (strata_group_fetch/strata_view_release);

@@ -251,5 +251,16 @@ TEST(AioEnvDeathTest, BlockedIoUringIsAnErrorWhenRequested) {
       ::testing::ExitedWithCode(0), "STRATA_AIO_BACKEND=threads");
 }
 
+// EFBIG is a file over the file system's size limit, not a full disk
+// (issue #31): the advice says so.
+TEST(AioEnvTest, AFileTooLargeIsNotCalledAFullDisk) {
+  const Status big = ErrnoStatus(EFBIG, "write 'swap-0.bin'");
+  EXPECT_EQ(big.code(), StatusCode::kNoSpace);
+  EXPECT_TRUE(Contains(big.message(), "larger than")) << big.message();
+  EXPECT_FALSE(Contains(big.message(), "full")) << big.message();
+  const Status full = ErrnoStatus(ENOSPC, "write 'swap-0.bin'");
+  EXPECT_TRUE(Contains(full.message(), "full")) << full.message();
+}
+
 }  // namespace
 }  // namespace strata::aio
