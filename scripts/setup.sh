@@ -18,6 +18,7 @@ STRATA_PACKAGES=(
   python3-pytest # the Python package's tests (python/tests, run by CTest)
   python3-torch  # torch parity test and bench/cpu_adam_vs_torch.py (comparison only)
   patchelf       # scripts/gpu-bundle.sh: $ORIGIN run paths in the GPU bundle
+  git            # python/tests/test_binding.py: py.typed is not git-ignored
   libaio-dev python3-venv python3-dev  # bench/ds_aio_compare.py: DeepSpeed's venv and aio op
 )
 
@@ -50,6 +51,7 @@ STRATA_TORCH_PIP=(
   torch==2.11.0 numpy pytest tqdm matplotlib psutil
   transformers   # GPT-2 and Llama from a config in the adapter's tests
   safetensors    # strata.torch's save_16bit_model to *.safetensors
+  ml_dtypes      # bf16 arrays of strata.View.numpy (python/tests/test_exports.py)
   scikit-build-core  # pip install . (pyproject.toml)
 )
 strata_torch_venv() {

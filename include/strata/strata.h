@@ -115,7 +115,10 @@ typedef enum strata_dtype {
 
 typedef enum strata_role {
   STRATA_ROLE_COMPUTE = 0, /* the compute copy, in the tensor's dtype */
-  STRATA_ROLE_MASTER = 1,  /* fp32 master weights */
+  STRATA_ROLE_MASTER = 1,  /* fp32 master weights: one never written
+                              while the compute copy was takes its exact
+                              widening before the first step or a save
+                              (strata/engine.h, Roles) */
   STRATA_ROLE_STATE1 = 2,  /* fp32 optimizer state (Adam's m) */
   STRATA_ROLE_STATE2 = 3,  /* fp32 optimizer state (Adam's v) */
   STRATA_ROLE_GRAD = 4     /* fp32 gradient accumulator */

@@ -5,13 +5,22 @@ A binding over libstrata's C ABI (include/strata/strata.h) through ctypes,
 so one build of the library serves every Python. Errors are StrataError,
 carrying strata's status name and message.
 
+    import numpy as np
     import strata
     with strata.Engine(device="host", device_budget=64 << 20,
-                       host_budget=256 << 20) as engine:
-        g = engine.register_group("layer.0", [("w", (1024, 1024), "bf16")])
-        with engine.fetch(g, "host", write=True) as view:
-            w = torch.from_dlpack(view.export("w"))   # strata's memory
-            w.fill_(1)
+                       host_budget=256 << 20,
+                       device_roles="compute") as engine:
+        g = engine.register_group("layer.0", [("w", (1024, 1024), "fp32")])
+        with engine.fetch(g, "host", roles="compute", write=True) as view:
+            w = view.numpy("w")        # strata's memory, zero-copy
+            w[:] = np.random.default_rng(0).normal(0, 0.02, w.shape)
+            del w                      # an array holds the fetch
+        with strata.Optimizer(engine) as optimizer:
+            ...  # begin_step, acquire_gradients, hand_off, finish_step
+
+A group registered with every role (the default) has an fp32 master; one
+whose compute copy alone was written starts training from those weights
+(the master takes the exact widening: Note [Masters from compute copies]).
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ gradient buffer's arrays go read-only at its hand-off."""
 from __future__ import annotations
 
 import gc
+import sys
 
 import numpy as np
 import pytest
@@ -91,19 +92,24 @@ def test_numpy_writes_through_write_views_only() -> None:
     engine.close()
 
 
-def test_bf16_names_the_way_out() -> None:
+def test_bf16_names_the_way_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bf16 tensor through NumPy was a SystemError."""
+    import ml_dtypes
     engine = strata.Engine(device="host", device_budget=1 << 20,
                            host_budget=4 << 20, io_threads=1)
     g = engine.register_group("b", [("w", (4, 4), "bf16")], roles="compute")
     with engine.fetch(g, "host", roles="compute", write=True) as view:
         with pytest.raises(RuntimeError, match="Unsupported dtype"):
             np.from_dlpack(view.export("w"))
-        try:
-            import ml_dtypes  # noqa: F401
-        except ImportError:
+        typed = view.numpy("w")
+        assert typed.dtype == ml_dtypes.bfloat16 and typed.flags.writeable
+        typed[:] = 2.0
+        del typed
+        with monkeypatch.context() as without:
+            without.setitem(sys.modules, "ml_dtypes", None)  # not installed
             with pytest.raises(TypeError, match="bf16_bits=True.*ml_dtypes"):
                 view.numpy("w")
+        assert set(view.numpy("w", bf16_bits=True).ravel()) == {0x4000}
         bits = view.numpy("w", bf16_bits=True)
         assert bits.dtype == np.uint16 and bits.shape == (4, 4)
         bits[:] = 0x3F80  # 1.0 in bf16

@@ -45,6 +45,24 @@ struct EngineAccess {
   // read-ahead that came too late to help).
   static Status PrefetchWhile(Engine& engine, int group, Tier tier,
                               RoleMask roles, std::function<bool()> wanted);
+  // Note [Masters from compute copies]
+  // A caller that registers a group with a master and writes only its
+  // compute copy (the natural way: the weights it computes with) expects
+  // training to start from those weights, not from a master of zeros. So
+  // a master is unset, and takes the exact fp32 widening of the compute
+  // copy, when the compute copy was written (its chunk's version is not 0)
+  // and the master
+  // - was never fetched for writing since registration (version 0), or,
+  //   with `check_contents`, holds only zero bits while the compute copy
+  //   does not: no step, load or consistent write leaves that, but a
+  //   caller who fetched every role for writing and wrote the compute copy
+  //   does.
+  // OffloadOptimizer::BeginStep fills unset masters before its first step
+  // could read them, checking contents at its first BeginStep only (one
+  // read of every master); Engine::Save before it writes, by versions
+  // only. Once set, the master is the truth: a later write of the compute
+  // copy alone is overwritten by the next step.
+  static Status FillUnsetMasters(Engine& engine, bool check_contents);
 };
 
 inline EngineParts PartsOf(Engine& engine) {

@@ -45,6 +45,7 @@ VENV_ONLY = {
     "matplotlib": "examples/train_gpt.py (scripts/main.sh) runs in the torch venv",
     "transformers": "examples/ds_train_gpt2.py and the adapter's tests run in the torch venv",
     "safetensors": "strata.torch's save_16bit_model runs in the torch venv (python.pytest)",
+    "ml_dtypes": "View.numpy's bf16 arrays: python/tests run in the torch venv (python.pytest)",
 }
 
 # Programs that our own binaries start, which no scan of a command string

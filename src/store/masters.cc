@@ -1,0 +1,89 @@
+// Masters from compute copies (Note [Masters from compute copies] in
+// src/store/engine_internal.h).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu_adam/convert.h"
+#include "src/store/engine_internal.h"
+
+namespace strata::internal {
+namespace {
+
+// `master` (fp32) = the exact widening of `compute`.
+void Widen(const TensorView& compute, const TensorView& master) {
+  const uint64_t n = master.bytes / sizeof(float);
+  auto* out = static_cast<float*>(master.data);
+  const auto* in = static_cast<const uint16_t*>(compute.data);
+  switch (compute.dtype) {
+    case DType::kFloat32:
+      std::memcpy(out, compute.data, master.bytes);
+      return;
+    case DType::kBFloat16:
+      for (uint64_t i = 0; i < n; ++i) out[i] = cpu_adam::Bf16ToF32(in[i]);
+      return;
+    case DType::kFloat16:
+      for (uint64_t i = 0; i < n; ++i) out[i] = cpu_adam::F16ToF32(in[i]);
+      return;
+  }
+}
+
+bool AllZero(const GroupView& view) {
+  return std::all_of(view.tensors.begin(), view.tensors.end(),
+                     [](const TensorView& t) {
+                       const auto* bytes = static_cast<const uint8_t*>(t.data);
+                       return std::all_of(bytes, bytes + t.bytes,
+                                          [](uint8_t b) { return b == 0; });
+                     });
+}
+
+Result<GroupView> FetchHost(Engine& engine, int group, Role role, bool write) {
+  return engine.Fetch(
+      group, Tier::kHost,
+      {.roles = RoleBit(role), .write = write, .record = false});
+}
+
+// Whether the group's master is unset; `compute` is its compute copy,
+// fetched (which waited for an update of the group queued by the last
+// step: it writes the master).
+Result<bool> Unset(Engine& engine, const store::Residency& residency, int group,
+                   const GroupView& compute, bool check_contents) {
+  if (residency.Version(group, Role::kMaster) == 0) return true;
+  if (!check_contents || AllZero(compute)) return false;
+  STRATA_ASSIGN_OR_RETURN(GroupView master,
+                          FetchHost(engine, group, Role::kMaster, false));
+  const bool zero = AllZero(master);
+  STRATA_RETURN_IF_ERROR(master.pin.Release());
+  return zero;
+}
+
+}  // namespace
+
+Status EngineAccess::FillUnsetMasters(Engine& engine, bool check_contents) {
+  const store::Residency& residency = *PartsOf(engine).residency;
+  for (int g = 0; g < residency.group_count(); ++g) {
+    if (residency.layout(g).chunk_of_role[Role::kMaster] < 0 ||
+        residency.Version(g, Role::kCompute) == 0 ||
+        (!check_contents && residency.Version(g, Role::kMaster) != 0)) {
+      continue;
+    }
+    STRATA_ASSIGN_OR_RETURN(GroupView compute,
+                            FetchHost(engine, g, Role::kCompute, false));
+    Result<bool> unset = Unset(engine, residency, g, compute, check_contents);
+    if (unset.ok() && *unset) {
+      Result<GroupView> master = FetchHost(engine, g, Role::kMaster, true);
+      if (!master.ok()) return master.status();
+      for (const TensorView& m : master->tensors) {
+        if (const TensorView* c = compute.Find(m.name); c != nullptr) {
+          Widen(*c, m);
+        }
+      }
+      STRATA_RETURN_IF_ERROR(master->pin.Release());
+    }
+    STRATA_RETURN_IF_ERROR(compute.pin.Release());
+    if (!unset.ok()) return unset.status();
+  }
+  return Status();
+}
+
+}  // namespace strata::internal
