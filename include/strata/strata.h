@@ -242,6 +242,13 @@ typedef struct strata_engine_stats {
   uint64_t steps;
   double stall_seconds;
   double update_wait_seconds; /* fetches waited for optimizer updates */
+  /* Added after update_wait_seconds (filled when struct_size holds them): */
+  uint64_t abandoned_prefetches; /* given up: no room without evicting data
+                                    needed sooner */
+  /* `bytes` by the role of the chunk that moved: [role][from][to]; summed
+   * over the roles, they are `bytes`. The optimizer's gradient hand-off
+   * (device -> host) counts as STRATA_ROLE_GRAD. */
+  uint64_t role_bytes[STRATA_NUM_ROLES][STRATA_NUM_TIERS][STRATA_NUM_TIERS];
 } strata_engine_stats;
 
 STRATA_EXPORT strata_status strata_engine_get_stats(const strata_engine* engine,

@@ -169,17 +169,24 @@ class Engine(Tracked):
         """Counters since open (strata_engine_stats): "tiers" has each
         tier's budget, use and peak; "bytes"[from][to] the bytes moved from
         one tier to another ("bytes"["nvme"]["host"]: read from the swap
-        files into host memory)."""
+        files into host memory); "role_bytes"[role][from][to] the same by
+        the role of what moved (the gradient hand-off counts as "grad")."""
         raw = sized(_native.EngineStats)
         lib().call("strata_engine_get_stats", self.handle, C.byref(raw))
         tiers = {name: {"budget": raw.tiers[i].budget,
                         "used": raw.tiers[i].used, "peak": raw.tiers[i].peak}
                  for name, i in TIERS.items()}
-        moved = {src: {dst: raw.bytes[i][j] for dst, j in TIERS.items()}
-                 for src, i in TIERS.items()}
-        out: dict[str, Any] = {"tiers": tiers, "bytes": moved}
+
+        def moved(table: Any) -> dict[str, dict[str, int]]:
+            return {src: {dst: table[i][j] for dst, j in TIERS.items()}
+                    for src, i in TIERS.items()}
+        out: dict[str, Any] = {
+            "tiers": tiers, "bytes": moved(raw.bytes),
+            "role_bytes": {role: moved(raw.role_bytes[r])
+                           for role, r in ROLES.items()}}
         for name, _ in raw._fields_:
-            if name not in ("struct_size", "reserved", "tiers", "bytes"):
+            if name not in ("struct_size", "reserved", "tiers", "bytes",
+                            "role_bytes"):
                 out[name] = getattr(raw, name)
         return out
 

@@ -74,7 +74,9 @@ EngineStats = _struct("EngineStats", [
     ("prefetches", C.c_uint64), ("evictions", C.c_uint64),
     ("writebacks", C.c_uint64), ("trace_invalidations", C.c_uint64),
     ("steps", C.c_uint64), ("stall_seconds", C.c_double),
-    ("update_wait_seconds", C.c_double)])
+    ("update_wait_seconds", C.c_double),
+    ("abandoned_prefetches", C.c_uint64),
+    ("role_bytes", ((C.c_uint64 * NUM_TIERS) * NUM_TIERS) * NUM_ROLES)])
 
 TensorSpec = _struct("TensorSpec", [
     ("name", C.c_char_p), ("shape", C.POINTER(C.c_int64)),

@@ -116,7 +116,7 @@ def test_engine_save_and_load_round_trip(scratch: Path) -> None:
             e.load(str(scratch / "missing"))
 
 
-def test_stats_give_the_bytes_per_tier_pair(scratch: Path) -> None:
+def test_stats_give_the_bytes_per_tier_pair_and_role(scratch: Path) -> None:
     with nvme_engine(scratch) as e:
         g = e.register_group("layer.0", [("w", (1024,), "fp32")],
                              roles="compute", home={"compute": "nvme"})
@@ -126,13 +126,20 @@ def test_stats_give_the_bytes_per_tier_pair(scratch: Path) -> None:
         e.drain()
         with e.fetch(g, "device"):
             pass
-        moved = e.stats()["bytes"]
+        stats = e.stats()
+    moved = stats["bytes"]
     assert set(moved) == set(strata.TIERS)
     assert all(set(row) == set(strata.TIERS) for row in moved.values())
     # Written back to the swap file, read from it, copied to the device.
     assert moved["host"]["nvme"] == moved["nvme"]["host"] == 4096
     assert moved["host"]["device"] == 4096
     assert moved["device"]["nvme"] == moved["device"]["host"] == 0
+    # All of it the compute copy's: per role, as the C++ API counts.
+    assert set(stats["role_bytes"]) == set(strata.ROLES)
+    assert stats["role_bytes"]["compute"] == moved
+    assert all(n == 0 for role, table in stats["role_bytes"].items()
+               if role != "compute" for row in table.values()
+               for n in row.values())
 
 
 # ---- with blocks ended by an exception, and the interpreter's exit ----------

@@ -187,6 +187,14 @@ strata_engine_stats ToCStats(const EngineStats& cc) {
   c.steps = cc.steps;
   c.stall_seconds = cc.stall_seconds;
   c.update_wait_seconds = cc.update_wait_seconds;
+  c.abandoned_prefetches = cc.abandoned_prefetches;
+  for (int r = 0; r < kNumRoles; ++r) {
+    for (int t = 0; t < kNumTiers; ++t) {
+      for (int to = 0; to < kNumTiers; ++to) {
+        c.role_bytes[r][t][to] = cc.role_bytes[r][t][to];
+      }
+    }
+  }
   return c;
 }
 

@@ -78,6 +78,8 @@ int main(void) {
   FIELD(strata_engine_stats, steps);
   FIELD(strata_engine_stats, stall_seconds);
   FIELD(strata_engine_stats, update_wait_seconds);
+  FIELD(strata_engine_stats, abandoned_prefetches);
+  FIELD(strata_engine_stats, role_bytes);
   END();
   BEGIN(strata_tensor_spec);
   FIELD(strata_tensor_spec, name);
