@@ -21,6 +21,9 @@ What it shows, in order:
   handed off, last layer first;
 - Optimizer.save / load with a user_state that carries the next step.
 
+It needs NumPy >= 2.1, whose from_dlpack asks for DLPack 1.x, the form
+that says an array is writable (older NumPy makes every array read-only).
+
     python examples/numpy_trainer.py --steps 20 --resume-at 10 \\
         --swap-dir ./swap
 """
@@ -221,11 +224,14 @@ def main() -> None:
                     help="checkpoint after this many steps, close, reopen, "
                          "load and go on (default: steps // 2; -1: never)")
     ap.add_argument("--swap-dir", required=True,
-                    help="the NVMe swap directory (a real disk: O_DIRECT)")
+                    help="the NVMe swap directory (made if missing)")
     ap.add_argument("--checkpoint", default=None,
                     help="checkpoint directory (default: "
                          "<swap-dir>/checkpoint)")
     args = ap.parse_args()
+    if tuple(int(v) for v in np.__version__.split(".")[:2]) < (2, 1):
+        ap.error(f"NumPy {np.__version__} gives read-only DLPack arrays; "
+                 f"this needs NumPy >= 2.1")
     resume_at = args.steps // 2 if args.resume_at is None else args.resume_at
     if resume_at >= args.steps:
         ap.error("--resume-at must be below --steps")

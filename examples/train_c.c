@@ -26,11 +26,12 @@
  * directory).
  *
  *   gcc -std=c11 -O2 -ffp-contract=off -Iinclude examples/train_c.c \
- *       -Lbuild/lib -lstrata -lm -Wl,-rpath,build/lib -o train_c
+ *       -Lbuild/lib -lstrata -lm -Wl,-rpath,$PWD/build/lib -o train_c
  *   mkdir -p /mnt/nvme/swap && ./train_c /mnt/nvme/swap
  *
- * The directory must exist on a file system with O_DIRECT (not tmpfs); the
- * checkpoint goes to <dir>/checkpoint. Exits 0 when the weights match. */
+ * The directory must exist (the swap files use O_DIRECT where its file
+ * system allows it); the checkpoint goes to <dir>/checkpoint. Exits 0 when
+ * the weights match. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
