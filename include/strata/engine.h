@@ -134,9 +134,9 @@ enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 // Roles. The master is the truth of a trained group's weights once set;
 // a group whose compute copy alone was written (its master never fetched
-// for writing, or fetched and left all zero bits) has its master set to
-// the exact fp32 widening of the compute copy before the optimizer's first
-// step and before Save (Note [Masters from compute copies] in
+// for writing, or fetched for writing with it and left all zero bits) has
+// its master set to the exact fp32 widening of the compute copy before the
+// optimizer's next step and before Save (Note [Masters from compute copies] in
 // src/store/engine_internal.h). After that, change the weights by writing
 // the master (and the compute copy, which the next step rewrites).
 enum class Role : int {

@@ -293,8 +293,9 @@ typedef struct strata_group_spec {
   int32_t use_default_placement;     /* 1 (default): the engine's homes */
   int32_t home[STRATA_NUM_ROLES];    /* strata_tier per role, used when
                                         use_default_placement is 0 */
-  uint32_t device_roles;             /* as strata_engine_options', used
-                                        when use_default_placement is 0 */
+  uint32_t device_roles;             /* used when use_default_placement
+                                        is 0: as strata_engine_options';
+                                        0 is the engine's */
 } strata_group_spec;
 
 /* Sets struct_size and the defaults: no tensors, default placement. */

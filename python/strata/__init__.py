@@ -147,6 +147,7 @@ class Engine(Tracked):
         for role, tier in (home or {}).items():
             options.home[_choice(ROLES, role, "role")] = _choice(
                 TIERS, tier, "tier")
+        self._homes = list(options.home)  # a group's `home` starts here
         options.device_roles = _roles(device_roles)
         if io_threads is not None:
             options.io_threads = io_threads
@@ -205,8 +206,9 @@ class Engine(Tracked):
                        roles: Union[None, str, Iterable[str]] = None,
                        home: Optional[dict[str, str]] = None) -> int:
         """Registers a group of (name, shape, dtype) tensors, each with
-        `roles` (default all); `home` overrides the engine's homes for
-        this group. Returns the group's id."""
+        `roles` (default all); `home` overrides some of the engine's homes
+        for this group (its device_roles stay the engine's). Returns the
+        group's id."""
         specs = (_native.TensorSpec * len(tensors))()
         keep = []
         for spec, (tensor, shape, dtype) in zip(specs, tensors):
@@ -223,8 +225,9 @@ class Engine(Tracked):
         group.name = name.encode()
         group.tensors = specs
         group.num_tensors = len(tensors)
-        if home:
+        if home:  # over the engine's homes; its device_roles stay
             group.use_default_placement = 0
+            group.home[:] = self._homes
             for role, tier in home.items():
                 group.home[_choice(ROLES, role, "role")] = _choice(
                     TIERS, tier, "tier")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes as C
 import sys
+import threading
 from typing import Any, Callable, Optional
 
 from strata._native import DLManagedTensor, DLManagedTensorVersioned
@@ -37,31 +38,45 @@ _capsule_get_pointer.argtypes = [C.py_object, C.c_char_p]
 # instead, and freed by sweep() once only this list holds them (nothing can
 # consume them any more); a consumer renames the capsule it takes.
 _NO_DESTRUCTOR = _CapsuleDestructor(0)
-_handed_out: list[tuple[Any, bytes]] = []
-
-
-def sweep() -> None:
-    """Frees the tensors of capsules that were handed out and dropped
-    unconsumed, and forgets the consumed ones."""
-    kept = []
-    for capsule, name in _handed_out:
-        if not _capsule_is_valid(capsule, name):
-            continue  # consumed: the consumer calls the deleter
-        if sys.getrefcount(capsule) > 3:  # the list, the loop, the call
-            kept.append((capsule, name))
-            continue
-        _delete(_capsule_get_pointer(capsule, name), name == _VERSIONED)
-    _handed_out[:] = kept
-
 _LEGACY = b"dltensor"
 _VERSIONED = b"dltensor_versioned"
+_USED = {_LEGACY: b"used_dltensor", _VERSIONED: b"used_dltensor_versioned"}
 _KDL_UINT = 1  # DLDataTypeCode kDLUInt
 _KDL_BFLOAT = 4  # kDLBfloat
+_handed_out: list[tuple[Any, bytes]] = []
+_lock = threading.Lock()  # over _handed_out
+_capsule_set_name = C.pythonapi.PyCapsule_SetName
+_capsule_set_name.restype = C.c_int
+_capsule_set_name.argtypes = [C.py_object, C.c_char_p]
 
 
 def _delete(pointer: int, versioned: bool) -> None:
     struct = DLManagedTensorVersioned if versioned else DLManagedTensor
     struct.from_address(pointer).deleter(pointer)
+
+
+def sweep() -> None:
+    """Frees the tensors of capsules that were handed out and dropped
+    unconsumed, and forgets the consumed ones. Each is renamed as used
+    before its tensor is freed, so a late consumer gets an error, not
+    freed memory."""
+    with _lock:
+        pending = list(_handed_out)
+        _handed_out.clear()
+    kept, dead = [], []
+    for entry in pending:
+        capsule, name = entry
+        if not _capsule_is_valid(capsule, name):
+            continue  # consumed: the consumer calls the deleter
+        if sys.getrefcount(capsule) > 3:  # pending, `capsule`, the call
+            kept.append(entry)
+            continue
+        dead.append((_capsule_get_pointer(capsule, name), name))
+        _capsule_set_name(capsule, _USED[name])
+    with _lock:
+        _handed_out.extend(kept)
+    for pointer, name in dead:
+        _delete(pointer, name == _VERSIONED)
 
 
 # export(versioned, out): the C export call writing its pointer to `out`.
@@ -112,7 +127,8 @@ class Exported:
             struct.from_address(pointer).dl_tensor.dtype.code = _KDL_UINT
         name = _VERSIONED if versioned else _LEGACY
         capsule = _capsule_new(pointer, name, _NO_DESTRUCTOR)
-        _handed_out.append((capsule, name))
+        with _lock:
+            _handed_out.append((capsule, name))
         return capsule
 
     def __dlpack_device__(self) -> tuple[int, int]:

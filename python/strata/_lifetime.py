@@ -145,6 +145,7 @@ class Tracked(Owned):
 @atexit.register
 def _free_at_exit() -> None:
     """Frees every engine still open, so their swap files go."""
+    sweep()  # exports dropped unconsumed hold their views' fetches
     for loan in list(_open):
         try:
             loan.free()

@@ -255,7 +255,8 @@ BLOCKING = frozenset({
     "strata_group_fetch_on", "strata_group_evict", "strata_engine_drain",
     "strata_engine_save", "strata_engine_load",
     "strata_optimizer_acquire_gradients", "strata_optimizer_finish_step",
-    "strata_optimizer_abort_step",
+    "strata_optimizer_abort_step", "strata_optimizer_begin_step",
+    "strata_optimizer_begin_step_groups",
     "strata_optimizer_save", "strata_optimizer_load"})
 _check_signals = C.pythonapi.PyErr_CheckSignals
 _check_signals.restype = C.c_int

@@ -254,6 +254,10 @@ class Optimizer(Tracked):
         queued: the copy waits for them, the call does not."""
         from strata import _stream
         optimizer, handle = self.handle, gradients.handle
+        if gradients._optimizer not in (None, self):
+            raise StrataError(1, "invalid argument",
+                              "the gradient buffer was acquired from another "
+                              "optimizer; hand it off to the one it came from")
         gradients._loan.forget()  # the handle ends even if this fails
         lib().call("strata_optimizer_hand_off", optimizer, handle,
                    _stream(stream), None)

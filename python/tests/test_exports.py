@@ -161,3 +161,31 @@ def test_device_roles_size_the_device_budget() -> None:
         engine.fetch(g, "device", roles="compute").release()
         with pytest.raises(strata.StrataError, match="device_roles"):
             engine.fetch(g, "device", roles="master")
+
+
+def test_a_group_of_its_own_homes_keeps_the_engines_device_roles() -> None:
+    """register_group(home=...) counted every role on the device again,
+    and advised the device_roles the engine already had."""
+    with strata.Engine(device="host", device_budget=3 << 20,
+                       host_budget=64 << 20,
+                       device_roles="compute") as engine:
+        g = engine.register_group("layer", [("w", (1024, 1024), "bf16")],
+                                  home={"state1": "host"})
+        engine.fetch(g, "device", roles="compute").release()
+
+
+def test_an_export_dropped_unconsumed_is_swept_at_close() -> None:
+    """NumPy refuses a bf16 tensor and drops the capsule: the fetch it
+    held goes at the next sweep (close), and a late consumer of the
+    capsule gets an error, not freed memory."""
+    engine = strata.Engine(device="host", device_budget=1 << 20,
+                           host_budget=4 << 20, io_threads=1)
+    g = engine.register_group("b", [("w", (4, 4), "bf16")], roles="compute")
+    with engine.fetch(g, "host", roles="compute") as view:
+        capsule = view.export("w").__dlpack__(max_version=(1, 0))
+        with pytest.raises(RuntimeError, match="Unsupported dtype"):
+            np.from_dlpack(view.export("w"))
+    with pytest.raises(strata.StrataError, match="pinned by DLPack exports"):
+        engine.close()  # `capsule` is still held: it may be consumed
+    del capsule
+    engine.close()

@@ -115,3 +115,16 @@ def test_a_master_once_written_is_the_truth() -> None:
     one_step_without_gradient(engine, g)
     assert (read_compute(engine, g) == 2.0).all()
     engine.close()
+
+
+def test_a_master_written_alone_as_zeros_is_kept() -> None:
+    """A master the caller wrote on its own is meant, zeros included (a
+    zero-initialised adapter): only one fetched for writing together with
+    the compute copy and left all zero is taken as unset."""
+    engine, g = engine_with("fp32")
+    write_compute(engine, g, np.float32(3.0))
+    with engine.fetch(g, "host", roles="master", write=True) as view:
+        view.numpy("w", "master")[:] = 0.0
+    one_step_without_gradient(engine, g)
+    assert (read_compute(engine, g) == 0.0).all()
+    engine.close()

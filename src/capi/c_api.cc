@@ -47,6 +47,22 @@ using strata::capi::ViewTable;
 
 namespace {
 
+// A fetch or evict that failed on a view still held: the ones released
+// while exports of them live are among those (Note [Exports hold their
+// memory]), and the message says so.
+Status WithExportHint(const EngineBox& e, Status status) {
+  const int pinned = e.deferred.load();
+  if (pinned == 0 ||
+      (status.code() != strata::StatusCode::kFailedPrecondition &&
+       status.code() != strata::StatusCode::kResourceExhausted)) {
+    return status;
+  }
+  return Status(status.code(),
+                status.message() + " (" + std::to_string(pinned) +
+                    " released views stay fetched while DLPack exports of "
+                    "them live: delete the arrays made from them)");
+}
+
 // The tensor of a view that an export describes, and what it holds.
 template <typename Managed, typename Make>
 strata_status ExportAs(const char* fn, const strata_view* view, int32_t index,
@@ -107,6 +123,7 @@ strata_status strata_engine_open(const strata_engine_options* options,
     auto box = std::make_shared<EngineBox>();
     STRATA_ASSIGN_OR_RETURN(box->engine, strata::Engine::Open(cc));
     box->cuda_device = cc.cuda_device;
+    box->device_roles = cc.placement.device_roles;
     *engine = EngineTable::Get().Add(std::move(box));
     return Status::Ok();
   });
@@ -213,6 +230,9 @@ strata_status strata_group_register(strata_engine* engine,
         NonNull({{engine, "engine"}, {spec, "spec"}, {group, "group"}}));
     STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
     STRATA_ASSIGN_OR_RETURN(auto cc, strata::capi::ReadGroupSpec(*spec));
+    if (!cc.use_default_placement && spec->device_roles == 0) {
+      cc.placement.device_roles = e->device_roles;  // 0: the engine's
+    }
     STRATA_ASSIGN_OR_RETURN(auto id, e->engine->RegisterGroup(cc));
     *group = id;
     return Status::Ok();
@@ -256,11 +276,11 @@ strata_status FetchAs(const char* fn, strata_engine* engine, int32_t group,
     // Allocated first: once Fetch succeeds nothing may fail before the
     // caller holds the handle that releases it.
     auto fetched = std::make_shared<View>(e, engine, write != 0);
-    STRATA_ASSIGN_OR_RETURN(
-        fetched->group,
-        e->engine->Fetch(
-            group, static_cast<strata::Tier>(tier),
-            {.roles = roles, .write = write != 0, .stream = stream}));
+    auto done = e->engine->Fetch(
+        group, static_cast<strata::Tier>(tier),
+        {.roles = roles, .write = write != 0, .stream = stream});
+    if (!done.ok()) return WithExportHint(*e, done.status());
+    fetched->group = std::move(*done);
     *view = ViewTable::Get().Add(std::move(fetched));
     return Status::Ok();
   });
@@ -299,16 +319,8 @@ strata_status strata_group_evict(strata_engine* engine, int32_t group,
     STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
     STRATA_RETURN_IF_ERROR(ValidGroup(*e->engine, group));
     STRATA_RETURN_IF_ERROR(ValidTier(tier));
-    Status status = e->engine->Evict(group, static_cast<strata::Tier>(tier));
-    if (const int pinned = e->deferred.load();
-        status.code() == strata::StatusCode::kFailedPrecondition &&
-        pinned > 0) {
-      return Status::FailedPrecondition(
-          status.message() + " (" + std::to_string(pinned) +
-          " released views stay fetched while DLPack exports of them live: "
-          "delete the arrays made from them)");
-    }
-    return status;
+    return WithExportHint(
+        *e, e->engine->Evict(group, static_cast<strata::Tier>(tier)));
   });
 }
 
@@ -401,17 +413,22 @@ strata_status strata_view_find_tensor(const strata_view* view, const char* name,
 strata_status strata_view_export_dlpack(const strata_view* view, int32_t index,
                                         DLManagedTensor** out) {
   return ExportAs(
-      __func__, view, index, out, [](View& v, const strata::TensorView& t) {
-        return strata::ToDLPack(t, v.cuda_device(), v.HoldForExport());
+      __func__, view, index, out,
+      [](View& v,
+         const strata::TensorView& t) -> strata::Result<DLManagedTensor*> {
+        STRATA_ASSIGN_OR_RETURN(auto hold, v.HoldForExport());
+        return strata::ToDLPack(t, v.cuda_device(), std::move(hold));
       });
 }
 
 strata_status strata_view_export_dlpack_versioned(
     const strata_view* view, int32_t index, strata_dlpack_versioned** out) {
   return ExportAs(__func__, view, index, out,
-                  [](View& v, const strata::TensorView& t) {
-                    return strata::ToDLPackVersioned(
-                        t, v.cuda_device(), !v.write, v.HoldForExport());
+                  [](View& v, const strata::TensorView& t)
+                      -> strata::Result<strata_dlpack_versioned*> {
+                    STRATA_ASSIGN_OR_RETURN(auto hold, v.HoldForExport());
+                    return strata::ToDLPackVersioned(t, v.cuda_device(),
+                                                     !v.write, std::move(hold));
                   });
 }
 

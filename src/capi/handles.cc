@@ -6,9 +6,10 @@
 
 namespace strata::capi {
 
-void EngineBox::RecordDeferredError(Status status) {
+void EngineBox::KeepPinned(Status status, GroupView pinned) {
   std::lock_guard<std::mutex> lock(mu_);
   if (deferred_error_.ok()) deferred_error_ = std::move(status);
+  kept_.push_back(std::move(pinned));
 }
 
 Status EngineBox::TakeDeferredError() {
@@ -19,6 +20,7 @@ Status EngineBox::TakeDeferredError() {
 Status View::Release(const Fence& fence) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
     if (exports_ > 0) {
       deferred_ = true;
       fence_ = fence;
@@ -26,14 +28,25 @@ Status View::Release(const Fence& fence) {
       return Status();
     }
   }
-  return group.pin.Release(fence);
+  Status status = group.pin.Release(fence);
+  if (!status.ok() && group.pin.held()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = false;  // still held: the handle is restored
+  }
+  return status;
 }
 
-std::shared_ptr<void> View::HoldForExport() {
+Result<std::shared_ptr<void>> View::HoldForExport() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (released_) {
+    return Status::FailedPrecondition(
+        "the view is being released by another thread; export before "
+        "releasing it");
+  }
   ++exports_;
   // The hold owns a reference to the view; destroying it drops the export.
-  return {this, [self = shared_from_this()](void*) { self->DropExport(); }};
+  return std::shared_ptr<void>(
+      this, [self = shared_from_this()](void*) { self->DropExport(); });
 }
 
 void View::DropExport() {
@@ -45,14 +58,17 @@ void View::DropExport() {
     fence = fence_;
   }
   Status status = group.pin.Release(fence);
-  --engine_->deferred;
-  if (!status.ok()) {
-    engine_->RecordDeferredError(Status(
-        status.code(), "the deferred release of a view of group " +
-                           std::to_string(group.group) +
-                           " (its last DLPack export was deleted) failed: " +
-                           status.message()));
+  if (!status.ok() && group.pin.held()) {
+    const int id = group.group;
+    engine_->KeepPinned(
+        Status(status.code(),
+               "the deferred release of a view of group " + std::to_string(id) +
+                   " (its last DLPack export was deleted) failed, so the "
+                   "fetch stays pinned until the engine closes: " +
+                   status.message()),
+        std::move(group));
   }
+  --engine_->deferred;
 }
 
 std::shared_ptr<void> Gradients::HoldForExport() const {

@@ -42,6 +42,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "strata/engine.h"
 #include "strata/offload_optimizer.h"
@@ -54,20 +55,28 @@ struct EngineBox {
   static constexpr const char* kKind = "engine";
   static constexpr const char* kEnd = "closed";
   static constexpr const char* kFrom = "strata_engine_open";
-  std::unique_ptr<Engine> engine;
   int cuda_device = 0;
-  std::atomic<int> optimizers{0};  // open optimizers borrowing it
-  std::atomic<int> deferred{0};    // released views pinned by exports
+  RoleMask device_roles = kAllRoles;  // EngineOptions::placement's
+  std::atomic<int> optimizers{0};     // open optimizers borrowing it
+  std::atomic<int> deferred{0};       // released views pinned by exports
 
-  // The first failed deferred release (Note [Exports hold their memory]),
-  // returned by the next TakeDeferredError (strata_engine_drain).
-  void RecordDeferredError(Status status);
+  // A deferred release that failed (Note [Exports hold their memory]):
+  // its error is returned by the next TakeDeferredError
+  // (strata_engine_drain), and its pin stays held until the engine is
+  // gone, so that memory the device may still use is never freed unfenced.
+  void KeepPinned(Status status, GroupView pinned);
   Status TakeDeferredError();
 
  private:
   // Guarded by mu_.
   std::mutex mu_;
   Status deferred_error_;
+  // Destroyed after `engine` (declared before it): their pins' releases
+  // then reach a closed PinOwner and free nothing.
+  std::vector<GroupView> kept_;
+
+ public:
+  std::unique_ptr<Engine> engine;
 };
 
 // One open optimizer (strata_optimizer_create .. strata_optimizer_close).
@@ -96,8 +105,10 @@ class View : public std::enable_shared_from_this<View> {
   // records the fence and leaves the release to the last export's
   // deleter. Fails, the pin held, only as GroupView's Pin::Release does.
   Status Release(const Fence& fence);
-  // What an export holds: the view, counted until the hold is destroyed.
-  std::shared_ptr<void> HoldForExport();
+  // What an export holds: the view, counted until the hold is destroyed;
+  // kFailedPrecondition once the view's release began (an export racing
+  // it from another thread).
+  Result<std::shared_ptr<void>> HoldForExport();
   bool held() const { return group.pin.held(); }
 
   // Fixed after construction.
@@ -113,6 +124,7 @@ class View : public std::enable_shared_from_this<View> {
   // Guarded by mu_.
   std::mutex mu_;
   int exports_ = 0;
+  bool released_ = false;  // its handle's release began
   bool deferred_ = false;  // released by its handle, pinned by exports
   Fence fence_;
 };

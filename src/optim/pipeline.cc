@@ -332,9 +332,7 @@ Status OffloadOptimizer::Impl::BeginStep(
         "BeginStep: the previous step was not finished; call "
         "FinishStep first");
   }
-  STRATA_RETURN_IF_ERROR(
-      internal::EngineAccess::FillUnsetMasters(*engine_, !masters_checked_));
-  masters_checked_ = true;
+  STRATA_RETURN_IF_ERROR(internal::EngineAccess::FillUnsetMasters(*engine_));
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_.ok()) {

@@ -138,7 +138,6 @@ class OffloadOptimizer::Impl {
   // never reads them (each task carries its step number).
   int64_t step_ = 0;
   bool in_step_ = false;
-  bool masters_checked_ = false;  // Note [Masters from compute copies]
 
  private:
   // What Init learns about a group.

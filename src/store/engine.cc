@@ -346,8 +346,7 @@ EngineStats Engine::stats() const { return impl_->Stats(); }
 
 Status Engine::Save(const std::string& dir, const SaveOptions& options) {
   STRATA_RETURN_IF_ERROR(impl_->pending_.WaitAll());
-  STRATA_RETURN_IF_ERROR(
-      internal::EngineAccess::FillUnsetMasters(*this, false));
+  STRATA_RETURN_IF_ERROR(internal::EngineAccess::FillUnsetMasters(*this));
   return ckpt::Save(*this, *impl_->residency_, impl_->options_, dir, options);
 }
 

@@ -51,18 +51,19 @@ struct EngineAccess {
   // training to start from those weights, not from a master of zeros. So
   // a master is unset, and takes the exact fp32 widening of the compute
   // copy, when the compute copy was written (its chunk's version is not 0)
-  // and the master
-  // - was never fetched for writing since registration (version 0), or,
-  //   with `check_contents`, holds only zero bits while the compute copy
-  //   does not: no step, load or consistent write leaves that, but a
-  //   caller who fetched every role for writing and wrote the compute copy
-  //   does.
-  // OffloadOptimizer::BeginStep fills unset masters before its first step
-  // could read them, checking contents at its first BeginStep only (one
-  // read of every master); Engine::Save before it writes, by versions
-  // only. Once set, the master is the truth: a later write of the compute
-  // copy alone is overwritten by the next step.
-  static Status FillUnsetMasters(Engine& engine, bool check_contents);
+  // and the master either
+  // - was never fetched for writing since registration (version 0), or
+  // - was last written together with the compute copy, by one write fetch
+  //   of the caller's (Residency::WrittenTogether: every role fetched for
+  //   writing), and holds only zero bits while the compute copy does not.
+  //   No step, load or consistent write leaves that; writing the master
+  //   alone (zeros included) is always taken as meant.
+  // Before each optimizer step (OffloadOptimizer::BeginStep) and before
+  // Save, unset masters are filled; the checks cost nothing unless a
+  // group is in one of those two cases (the second reads its master once).
+  // Once set, the master is the truth: a later write of the compute copy
+  // alone is overwritten by the next step.
+  static Status FillUnsetMasters(Engine& engine);
 };
 
 inline EngineParts PartsOf(Engine& engine) {

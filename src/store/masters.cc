@@ -43,13 +43,24 @@ Result<GroupView> FetchHost(Engine& engine, int group, Role role, bool write) {
       {.roles = RoleBit(role), .write = write, .record = false});
 }
 
+// Whether the group may have an unset master, before fetching anything.
+bool Candidate(const store::Residency& residency, int group) {
+  return residency.layout(group).chunk_of_role[Role::kMaster] >= 0 &&
+         residency.Version(group, Role::kCompute) != 0 &&
+         (residency.Version(group, Role::kMaster) == 0 ||
+          residency.WrittenTogether(group, Role::kCompute, Role::kMaster));
+}
+
 // Whether the group's master is unset; `compute` is its compute copy,
 // fetched (which waited for an update of the group queued by the last
 // step: it writes the master).
 Result<bool> Unset(Engine& engine, const store::Residency& residency, int group,
-                   const GroupView& compute, bool check_contents) {
+                   const GroupView& compute) {
   if (residency.Version(group, Role::kMaster) == 0) return true;
-  if (!check_contents || AllZero(compute)) return false;
+  if (!residency.WrittenTogether(group, Role::kCompute, Role::kMaster) ||
+      AllZero(compute)) {
+    return false;
+  }
   STRATA_ASSIGN_OR_RETURN(GroupView master,
                           FetchHost(engine, group, Role::kMaster, false));
   const bool zero = AllZero(master);
@@ -59,17 +70,13 @@ Result<bool> Unset(Engine& engine, const store::Residency& residency, int group,
 
 }  // namespace
 
-Status EngineAccess::FillUnsetMasters(Engine& engine, bool check_contents) {
+Status EngineAccess::FillUnsetMasters(Engine& engine) {
   const store::Residency& residency = *PartsOf(engine).residency;
   for (int g = 0; g < residency.group_count(); ++g) {
-    if (residency.layout(g).chunk_of_role[Role::kMaster] < 0 ||
-        residency.Version(g, Role::kCompute) == 0 ||
-        (!check_contents && residency.Version(g, Role::kMaster) != 0)) {
-      continue;
-    }
+    if (!Candidate(residency, g)) continue;
     STRATA_ASSIGN_OR_RETURN(GroupView compute,
                             FetchHost(engine, g, Role::kCompute, false));
-    Result<bool> unset = Unset(engine, residency, g, compute, check_contents);
+    Result<bool> unset = Unset(engine, residency, g, compute);
     if (unset.ok() && *unset) {
       Result<GroupView> master = FetchHost(engine, g, Role::kMaster, true);
       if (!master.ok()) return master.status();

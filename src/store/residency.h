@@ -222,6 +222,10 @@ class Residency {
   Status EndSpeculation(int group, Outcome outcome);
   // Bumped by every write fetch of the chunk (and by a restore).
   uint64_t Version(int group, Role role) const;
+  // Whether the last writes of the group's `a` and `b` chunks were one
+  // caller's write fetch of both (FetchOptions::record; not the engine's
+  // agents, a Load or a step): Note [Masters from compute copies].
+  bool WrittenTogether(int group, Role a, Role b) const;
 
   // The address of `tensor` in `role` at `tier`; valid while pinned there.
   void* Address(int group, Role role, Tier tier, uint64_t offset) const;
@@ -312,6 +316,9 @@ class Residency {
     tier::Extent spare;
     bool speculative = false;
     uint64_t old_version = 0;
+    // The caller's write fetch that wrote `caller_version` (0: none).
+    uint64_t caller_fetch = 0;
+    uint64_t caller_version = 0;
 
     bool never_written() const { return version == 0; }
   };
@@ -495,6 +502,7 @@ class Residency {
   TierArray<uint64_t> homed_;       // Footprint::homed over every group
   std::map<uint64_t, Hold> holds_;  // by pin id
   uint64_t next_pin_ = 1;
+  uint64_t caller_writes_ = 0;  // the callers' write fetches so far
   // Fences not yet complete, oldest first, and the copies each keeps in use.
   struct Fenced {
     tier::Event event;

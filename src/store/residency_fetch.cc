@@ -100,6 +100,14 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
   if (opt.record) Count(ids.size(), tally);
   STRATA_RETURN_IF_ERROR(placed);
   STRATA_RETURN_IF_ERROR(BeginWrites(lk, hold, access, speculative));
+  if (opt.record && access.written() != 0) {
+    const uint64_t serial = ++caller_writes_;
+    for (int id : hold.chunks) {
+      if (!Writes(hold, id)) continue;
+      chunks_[id].caller_fetch = serial;
+      chunks_[id].caller_version = chunks_[id].version;
+    }
+  }
   Fetched fetched;
   fetched.position = position;
   for (size_t i = 0; i < hold.chunks.size(); ++i) {

@@ -144,4 +144,16 @@ uint64_t Residency::Version(int group, Role role) const {
   return index < 0 ? 0 : chunks_[g.chunks[index]].version;
 }
 
+bool Residency::WrittenTogether(int group, Role a, Role b) const {
+  Lock lk(mu_);
+  const Group& g = groups_[group];
+  const int ia = g.layout.chunk_of_role[a];
+  const int ib = g.layout.chunk_of_role[b];
+  if (ia < 0 || ib < 0) return false;
+  const Chunk& ca = chunks_[g.chunks[ia]];
+  const Chunk& cb = chunks_[g.chunks[ib]];
+  return ca.caller_fetch != 0 && ca.caller_fetch == cb.caller_fetch &&
+         ca.caller_version == ca.version && cb.caller_version == cb.version;
+}
+
 }  // namespace strata::store
