@@ -6,9 +6,11 @@
 //
 // Note [View handles]
 // A handle is a number, never an address, and no number is handed out
-// twice in a process: the n-th handle of a kind is (Handle*)n. So a handle
-// is either live (in the table), ended (a number below the next one), or
-// foreign (anything else), and each case gets its own message. The table
+// twice in a process: the n-th handle of a kind is (Handle*)(tag << 40 |
+// n), the tag naming the kind, so a handle of one kind passed for another
+// never reaches an object. So a handle is either live (in the table),
+// ended (its kind's, a number below the next one), or foreign (anything
+// else), and each case gets its own message. The table
 // holds each object by shared_ptr: a call reading one keeps it alive even
 // if another thread ends its handle meanwhile (a view's pin goes at the
 // release; the names and shapes stay readable). A view keeps its engine
@@ -53,6 +55,7 @@ namespace strata::capi {
 // One open engine (strata_engine_open .. strata_engine_close).
 struct EngineBox {
   static constexpr const char* kKind = "engine";
+  static constexpr uint64_t kTag = 1;  // Note [View handles]
   static constexpr const char* kEnd = "closed";
   static constexpr const char* kFrom = "strata_engine_open";
   int cuda_device = 0;
@@ -82,6 +85,7 @@ struct EngineBox {
 // One open optimizer (strata_optimizer_create .. strata_optimizer_close).
 struct OptimizerBox {
   static constexpr const char* kKind = "optimizer";
+  static constexpr uint64_t kTag = 2;  // Note [View handles]
   static constexpr const char* kEnd = "closed";
   static constexpr const char* kFrom = "strata_optimizer_create";
   std::shared_ptr<EngineBox> engine;
@@ -94,6 +98,7 @@ struct OptimizerBox {
 class View : public std::enable_shared_from_this<View> {
  public:
   static constexpr const char* kKind = "view";
+  static constexpr uint64_t kTag = 3;  // Note [View handles]
   static constexpr const char* kEnd = "released";
   static constexpr const char* kFrom = "strata_group_fetch";
 
@@ -132,6 +137,7 @@ class View : public std::enable_shared_from_this<View> {
 // One acquired gradient buffer, until its hand-off.
 struct Gradients {
   static constexpr const char* kKind = "gradient buffer";
+  static constexpr uint64_t kTag = 4;  // Note [View handles]
   static constexpr const char* kEnd = "handed off";
   static constexpr const char* kFrom = "strata_optimizer_acquire_gradients";
   const strata_optimizer* owner = nullptr;
@@ -153,7 +159,7 @@ class HandleTable {
 
   Handle* Add(std::shared_ptr<Object> object) {
     std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t id = next_++;
+    const uint64_t id = Object::kTag << kTagShift | next_++;
     objects_.emplace(id, std::move(object));
     return reinterpret_cast<Handle*>(static_cast<uintptr_t>(id));
   }
@@ -198,17 +204,20 @@ class HandleTable {
   }
 
  private:
+  static constexpr int kTagShift = 40;
+  static constexpr uint64_t kNumberMask = (uint64_t{1} << kTagShift) - 1;
+
   static uint64_t IdOf(const Handle* handle) {
     return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(handle));
   }
   Status Unknown(uint64_t id) const {  // needs mu_ held
-    if (id < next_) {
+    if (id >> kTagShift == Object::kTag && (id & kNumberMask) < next_) {
       return Status::FailedPrecondition(fmt::format(
           "{} {:#x} was {} already; each {} is {} once", Object::kKind, id,
           Object::kEnd, Object::kKind, Object::kEnd));
     }
     return Status::InvalidArgument(
-        fmt::format("{:#x} is not a {}: pass a handle that {} returned", id,
+        fmt::format("{:#x} is no {} handle: pass a handle that {} returned", id,
                     Object::kKind, Object::kFrom));
   }
 

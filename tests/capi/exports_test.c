@@ -142,6 +142,15 @@ static void CheckVersioned(void) {
 static void CheckClosedHandles(void) {
   strata_engine* engine = Open();
   Register(engine, "trained", ELEMENTS / 4, STRATA_DTYPE_FLOAT32, kTrained);
+  /* A handle of another kind never reaches an object of this one. */
+  strata_view* a_view = NULL;
+  CHECK_OK(
+      strata_group_fetch(engine, 0, STRATA_TIER_HOST, kCompute, 0, &a_view));
+  int32_t groups = 0;
+  CHECK_FAILS(STRATA_INVALID_ARGUMENT,
+              strata_group_count((strata_engine*)a_view, &groups));
+  CHECK(strstr(strata_last_error(), "is no engine handle") != NULL);
+  CHECK_OK(strata_view_release(a_view));
   strata_optimizer_options options;
   CHECK_OK(strata_optimizer_options_init(&options));
   strata_optimizer* optimizer = NULL;

@@ -234,7 +234,7 @@ static void CheckBadCalls(strata_optimizer* opt, strata_optimizer* other,
   CHECK_FAILS(STRATA_INVALID_ARGUMENT,
               strata_optimizer_hand_off(
                   opt, (strata_gradients*)(uintptr_t)0x7fffffffff, NULL, NULL));
-  CHECK(strstr(strata_last_error(), "is not a gradient buffer") != NULL);
+  CHECK(strstr(strata_last_error(), "is no gradient buffer handle") != NULL);
   for (int32_t g = GROUPS - 1; g >= 0; --g) {
     CHECK_OK(strata_optimizer_acquire_gradients(opt, g, &grads));
     CHECK_FAILS(STRATA_INVALID_ARGUMENT,

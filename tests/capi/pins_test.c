@@ -141,7 +141,7 @@ static void CheckMisuse(void) {
   int not_a_view = 0;
   CHECK_FAILS(STRATA_INVALID_ARGUMENT,
               strata_view_release((strata_view*)&not_a_view));
-  CHECK(strstr(strata_last_error(), "is not a view") != NULL);
+  CHECK(strstr(strata_last_error(), "is no view handle") != NULL);
   CHECK_OK(strata_engine_close(engine));
 }
 
