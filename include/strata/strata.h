@@ -199,8 +199,11 @@ strata_engine_options_init(strata_engine_options* options);
 /* Opens an engine; *engine is set on success. */
 STRATA_EXPORT strata_status strata_engine_open(
     const strata_engine_options* options, strata_engine** engine);
-/* Frees the engine and every tier. Fails with STRATA_FAILED_PRECONDITION,
- * closing nothing, while views of it are unreleased. */
+/* Frees the engine and every tier, and removes its swap files. Fails with
+ * STRATA_FAILED_PRECONDITION, closing nothing, while views of it are
+ * unreleased, optimizers of it open, or DLPack exports of its views alive;
+ * the message names which. Closing it again, or using it after, fails with
+ * STRATA_FAILED_PRECONDITION. */
 STRATA_EXPORT strata_status strata_engine_close(strata_engine* engine);
 
 typedef struct strata_engine_info {
