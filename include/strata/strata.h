@@ -205,6 +205,15 @@ STRATA_EXPORT strata_status strata_engine_open(
  * the message names which. Closing it again, or using it after, fails with
  * STRATA_FAILED_PRECONDITION. */
 STRATA_EXPORT strata_status strata_engine_close(strata_engine* engine);
+/* strata_engine_close for a process that must let go of an engine while
+ * DLPack exports of its views live (the Python binding at the
+ * interpreter's exit, when module globals still hold arrays): those do
+ * not refuse it. The handle ends at once; the engine, its memory and its
+ * swap files are freed when the last of those exports is deleted (if the
+ * process exits first, the next engine on the swap directory removes the
+ * files). Unreleased views and open optimizers still refuse it. */
+STRATA_EXPORT strata_status
+strata_engine_close_after_exports(strata_engine* engine);
 
 typedef struct strata_engine_info {
   uint32_t struct_size; /* caller sets sizeof(strata_engine_info) */

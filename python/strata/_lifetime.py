@@ -71,12 +71,14 @@ class Loan:
         for child in list(self.children):
             child.forget()
 
-    def free(self) -> None:
-        """Frees the children, then this handle."""
+    def free(self, last: Optional[Free] = None) -> None:
+        """Frees the children, then this handle (with `last`, if given,
+        instead of its own way)."""
         for child in list(self.children):
             child.free()
-        if self._free is not None:
-            self._free(self.handle)
+        free = last or self._free
+        if free is not None:
+            free(self.handle)
         self.forget()
 
 
@@ -148,6 +150,9 @@ def _free_at_exit() -> None:
     sweep()  # exports dropped unconsumed hold their views' fetches
     for loan in list(_open):
         try:
-            loan.free()
+            # Arrays still alive (module globals) hold views: the engine
+            # goes when the interpreter's finalization frees the last.
+            loan.free(lambda h: lib().call(
+                "strata_engine_close_after_exports", h))
         except Exception as error:  # the other engines still go
             warn_failed("freeing an engine at exit", error)

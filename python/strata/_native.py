@@ -172,6 +172,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "strata_engine_options_init": [C.POINTER(EngineOptions)],
     "strata_engine_open": [C.POINTER(EngineOptions), C.POINTER(_P)],
     "strata_engine_close": [_P],
+    "strata_engine_close_after_exports": [_P],
     "strata_engine_get_info": [_P, C.POINTER(EngineInfo)],
     "strata_engine_get_stats": [_P, C.POINTER(EngineStats)],
     "strata_engine_explain": [_P, C.c_char_p, C.c_size_t,

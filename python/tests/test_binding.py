@@ -265,6 +265,7 @@ def engine(swap_dir):
                                home=homes)
 kept, g = engine(sys.argv[1])
 view = kept.fetch(g, "host")
+array = view.numpy("w")  # a global: alive when the atexit handlers run
 opt = strata.Optimizer(kept, threads=1)
 opt.begin_step()
 grads = opt.acquire_gradients(g)
@@ -278,10 +279,10 @@ if sys.argv[3] == "raise":
 @pytest.mark.parametrize("end", ["return", "raise"])
 def test_swap_files_go_at_the_interpreters_exit(scratch: Path,
                                                 end: str) -> None:
-    """An engine never closed, with a view held, an optimizer with a
-    buffer acquired mid-step, and one no Python object refers to any more:
-    at exit every swap file and lock goes (they used to stay until the
-    next open of the directory)."""
+    """An engine never closed, with a view held (and an array of it in a
+    global), an optimizer with a buffer acquired mid-step, and one no
+    Python object refers to any more: at exit every swap file and lock
+    goes (they used to stay until the next open of the directory)."""
     kept, dropped = scratch / "kept", scratch / "dropped"
     kept.mkdir(mode=0o700)
     dropped.mkdir(mode=0o700)

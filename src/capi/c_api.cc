@@ -129,8 +129,13 @@ strata_status strata_engine_open(const strata_engine_options* options,
   });
 }
 
-strata_status strata_engine_close(strata_engine* engine) {
-  return Guard(__func__, [&]() -> Status {
+namespace {
+
+// strata_engine_close and strata_engine_close_after_exports, under the
+// name the caller called.
+strata_status CloseAs(const char* fn, strata_engine* engine,
+                      bool after_exports) {
+  return Guard(fn, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(NonNull({{engine, "engine"}}));
     STRATA_ASSIGN_OR_RETURN(auto e, EngineTable::Get().Find(engine));
     if (const int open = e->optimizers.load(); open > 0) {
@@ -145,17 +150,27 @@ strata_status strata_engine_close(strata_engine* engine) {
           " views are unreleased and point into the engine's tiers; call "
           "strata_view_release on each first");
     }
-    if (const int pinned = e->deferred.load(); pinned > 0) {
+    if (const int pinned = e->deferred.load(); pinned > 0 && !after_exports) {
       return Status::FailedPrecondition(
           std::to_string(pinned) +
           " released views are still pinned by DLPack exports of their "
           "tensors (arrays made from strata_view_export_dlpack); call each "
           "export's deleter (drop the arrays) first");
     }
-    // Closed: a deferred release's failure no longer matters (its pin
-    // goes with the engine).
+    // Closed: the views that exports pin hold the engine until the last
+    // is deleted; a deferred release's failure goes with the engine.
     return EngineTable::Get().Take(engine).status();
   });
+}
+
+}  // namespace
+
+strata_status strata_engine_close(strata_engine* engine) {
+  return CloseAs(__func__, engine, false);
+}
+
+strata_status strata_engine_close_after_exports(strata_engine* engine) {
+  return CloseAs(__func__, engine, true);
 }
 
 strata_status strata_engine_get_info(const strata_engine* engine,
