@@ -2,9 +2,25 @@
 // and the holds of DLPack exports.
 #include "src/capi/handles.h"
 
+#include <pthread.h>
+
+#include <atomic>
 #include <utility>
 
 namespace strata::capi {
+namespace {
+
+// A forked child inherits the parent's exports (NumPy arrays, torch
+// tensors) but not its threads: a deleter run there (at the child's exit)
+// must not touch the engine, whose locks another thread may have held at
+// the fork. The child lets go of nothing; its exit frees its memory.
+std::atomic<bool> forked_child{false};
+const bool at_fork_registered = [] {
+  pthread_atfork(nullptr, nullptr, [] { forked_child = true; });
+  return true;
+}();
+
+}  // namespace
 
 void EngineBox::KeepPinned(Status status, GroupView pinned) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -50,6 +66,10 @@ Result<std::shared_ptr<void>> View::HoldForExport() {
 }
 
 void View::DropExport() {
+  if (forked_child) {
+    new std::shared_ptr<View>(shared_from_this());  // never destroyed here
+    return;
+  }
   Fence fence;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -73,7 +93,13 @@ void View::DropExport() {
 
 std::shared_ptr<void> Gradients::HoldForExport() const {
   ++optimizer->exports;
-  return {optimizer.get(), [box = optimizer](void*) { --box->exports; }};
+  return {optimizer.get(), [box = optimizer](void*) {
+            if (forked_child) {
+              new std::shared_ptr<OptimizerBox>(box);  // never destroyed here
+              return;
+            }
+            --box->exports;
+          }};
 }
 
 }  // namespace strata::capi

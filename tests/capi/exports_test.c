@@ -7,8 +7,12 @@
  * close are clear errors; versioned exports carry the read-only flag of
  * read views; the device budget counts only device_roles. Host-emulated device,
  * no NVMe. Exits 0 on success, 1 naming the failed check otherwise. */
+#define _XOPEN_SOURCE 700
+
 #include <stdint.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "strata/strata.h"
 #include "tests/capi/c_check.h"
@@ -135,6 +139,31 @@ static void CheckCloseAfterExports(void) {
   CHECK_FAILS(STRATA_FAILED_PRECONDITION, strata_group_count(engine, &count));
   CHECK(Floats(kept)[ELEMENTS - 1] == 4.0f);
   kept->deleter(kept);
+}
+
+/* A forked child inherits the parent's exports but not its threads: an
+ * export deleted there lets go of nothing (its engine's locks may have
+ * been held at the fork, and closing it would join threads the child does
+ * not have), and the parent goes on as before. */
+static void CheckForkedChildLetsGoOfNothing(void) {
+  strata_engine* engine = Open();
+  strata_view* view = NULL;
+  CHECK_OK(strata_group_fetch(engine, 0, STRATA_TIER_HOST, kCompute, 0, &view));
+  DLManagedTensor* kept = NULL;
+  CHECK_OK(strata_view_export_dlpack(view, 0, &kept));
+  CHECK_OK(strata_view_release(view));
+  const pid_t child = fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    kept->deleter(kept);
+    /* Still pinned in the child's copy of the engine: nothing ran. */
+    _exit(strata_engine_close(engine) == STRATA_FAILED_PRECONDITION ? 0 : 3);
+  }
+  int status = 0;
+  CHECK(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  kept->deleter(kept);
+  CHECK_OK(strata_engine_close(engine));
 }
 
 /* Versioned exports: DLPack 1.0, read-only exactly for read views. */
@@ -285,6 +314,7 @@ static void CheckDeviceRoles(void) {
 int main(void) {
   CheckExportOutlivesRelease();
   CheckCloseAfterExports();
+  CheckForkedChildLetsGoOfNothing();
   CheckVersioned();
   CheckClosedHandles();
   CheckGradientExports();
