@@ -71,7 +71,7 @@ Result<bool> Unset(Engine& engine, const store::Residency& residency, int group,
 }  // namespace
 
 Status EngineAccess::FillUnsetMasters(Engine& engine) {
-  const store::Residency& residency = *PartsOf(engine).residency;
+  store::Residency& residency = *PartsOf(engine).residency;
   for (int g = 0; g < residency.group_count(); ++g) {
     if (!Candidate(residency, g)) continue;
     STRATA_ASSIGN_OR_RETURN(GroupView compute,
@@ -89,6 +89,8 @@ Status EngineAccess::FillUnsetMasters(Engine& engine) {
     }
     STRATA_RETURN_IF_ERROR(compute.pin.Release());
     if (!unset.ok()) return unset.status();
+    // Checked: a group never stepped (a frozen one) is not read again.
+    residency.ForgetCallerWrites(g);
   }
   return Status();
 }

@@ -226,6 +226,9 @@ class Residency {
   // caller's write fetch of both (FetchOptions::record; not the engine's
   // agents, a Load or a step): Note [Masters from compute copies].
   bool WrittenTogether(int group, Role a, Role b) const;
+  // The group's chunks count as written by no caller fetch from now on
+  // (their contents were checked: Note [Masters from compute copies]).
+  void ForgetCallerWrites(int group);
 
   // The address of `tensor` in `role` at `tier`; valid while pinned there.
   void* Address(int group, Role role, Tier tier, uint64_t offset) const;

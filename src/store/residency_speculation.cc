@@ -144,6 +144,11 @@ uint64_t Residency::Version(int group, Role role) const {
   return index < 0 ? 0 : chunks_[g.chunks[index]].version;
 }
 
+void Residency::ForgetCallerWrites(int group) {
+  Lock lk(mu_);
+  for (int id : groups_[group].chunks) chunks_[id].caller_fetch = 0;
+}
+
 bool Residency::WrittenTogether(int group, Role a, Role b) const {
   Lock lk(mu_);
   const Group& g = groups_[group];
