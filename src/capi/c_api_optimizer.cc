@@ -102,7 +102,6 @@ strata_status strata_optimizer_create(strata_engine* engine,
                             strata::capi::ReadOptimizerOptions(*options));
     auto box = std::make_shared<OptimizerBox>();
     box->engine = e;
-    box->engine_handle = engine;
     STRATA_ASSIGN_OR_RETURN(
         box->optimizer, strata::OffloadOptimizer::Create(e->engine.get(), cc));
     ++e->optimizers;

@@ -24,8 +24,11 @@
 // buffer. Releasing a view while exports of it live ends the handle at
 // once and defers the pin's release, with the caller's fence, to the
 // deleter of the last export; closing an engine or optimizer while exports
-// of it live is refused, naming the count. So an array a consumer keeps
-// can never read or write memory strata gave to another group.
+// of it live is refused, naming the count (strata_engine_close_after_exports
+// ends the handle anyway, for a process that exits: the views the exports
+// pin hold the engine until the last is deleted). So an array a consumer
+// keeps can never read or write memory strata gave to another group. A
+// forked child's deleters let go of nothing (handles.cc).
 //
 //   auto& views = HandleTable<strata_view, View>::Get();
 //   strata_view* handle = views.Add(std::move(view));
@@ -89,7 +92,6 @@ struct OptimizerBox {
   static constexpr const char* kEnd = "closed";
   static constexpr const char* kFrom = "strata_optimizer_create";
   std::shared_ptr<EngineBox> engine;
-  const strata_engine* engine_handle = nullptr;
   std::unique_ptr<OffloadOptimizer> optimizer;
   std::atomic<int> exports{0};  // live exports of its gradient buffers
 };
