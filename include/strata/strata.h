@@ -61,7 +61,10 @@
  * Thread safety: every function may be called from any thread, as for
  * strata::Engine; a view may be released by another thread than the one
  * that fetched it. Memory read through a view must not be used after
- * another thread released it.
+ * another thread released it (an export of it holds it: see
+ * strata_view_export_dlpack). Closing an engine while another thread
+ * calls it is the caller's race, but never reaches freed memory: a view
+ * fetched meanwhile keeps the engine alive until it is released.
  */
 #ifndef STRATA_STRATA_H_
 #define STRATA_STRATA_H_
