@@ -39,4 +39,20 @@ static void Die(const char* file, int line, const char* what,
     }                                                                     \
   } while (0)
 
+/* Registers group `name` of one 1-D tensor "w" of `elements` in `dtype`
+ * with `roles`; *id is set on success. */
+static inline strata_status RegisterOne(strata_engine* engine, const char* name,
+                                        int64_t elements, int32_t dtype,
+                                        uint32_t roles, int32_t* id) {
+  const int64_t shape[1] = {elements};
+  strata_tensor_spec tensor = {"w", shape, 1, dtype, roles, 0};
+  strata_group_spec spec;
+  strata_status status = strata_group_spec_init(&spec);
+  if (status != STRATA_OK) return status;
+  spec.name = name;
+  spec.tensors = &tensor;
+  spec.num_tensors = 1;
+  return strata_group_register(engine, &spec, id);
+}
+
 #endif /* STRATA_TESTS_CAPI_C_CHECK_H_ */

@@ -31,15 +31,8 @@ static const uint32_t kTrained = STRATA_ROLE_BIT(STRATA_ROLE_COMPUTE) |
 
 static int32_t Register(strata_engine* engine, const char* name,
                         int64_t elements, int32_t dtype, uint32_t roles) {
-  const int64_t shape[1] = {elements};
-  strata_tensor_spec tensor = {"w", shape, 1, dtype, roles, 0};
-  strata_group_spec spec;
-  CHECK_OK(strata_group_spec_init(&spec));
-  spec.name = name;
-  spec.tensors = &tensor;
-  spec.num_tensors = 1;
   int32_t id = -1;
-  CHECK_OK(strata_group_register(engine, &spec, &id));
+  CHECK_OK(RegisterOne(engine, name, elements, dtype, roles, &id));
   return id;
 }
 
@@ -276,21 +269,15 @@ static void CheckDeviceRoles(void) {
     if (compute_only) options.device_roles = kCompute;
     strata_engine* engine = NULL;
     CHECK_OK(strata_engine_open(&options, &engine));
-    const int64_t shape[2] = {1024, 1024};
-    strata_tensor_spec tensor = {
-        "w", shape, 2, STRATA_DTYPE_BFLOAT16, STRATA_ALL_ROLES, 0};
-    strata_group_spec spec;
-    CHECK_OK(strata_group_spec_init(&spec));
-    spec.name = "layer";
-    spec.tensors = &tensor;
-    spec.num_tensors = 1;
-    int32_t id = -1;
+    int32_t id = -1; /* 1M bf16 parameters with every role */
     if (!compute_only) {
       CHECK_FAILS(STRATA_RESOURCE_EXHAUSTED,
-                  strata_group_register(engine, &spec, &id));
+                  RegisterOne(engine, "layer", 1 << 20, STRATA_DTYPE_BFLOAT16,
+                              STRATA_ALL_ROLES, &id));
       CHECK(strstr(strata_last_error(), "device_roles") != NULL);
     } else {
-      CHECK_OK(strata_group_register(engine, &spec, &id));
+      id = Register(engine, "layer", 1 << 20, STRATA_DTYPE_BFLOAT16,
+                    STRATA_ALL_ROLES);
       strata_view* view = NULL;
       CHECK_OK(strata_group_fetch(engine, id, STRATA_TIER_DEVICE, kCompute, 0,
                                   &view));

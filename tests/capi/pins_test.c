@@ -29,18 +29,11 @@
 
 static const uint32_t kCompute = STRATA_ROLE_BIT(STRATA_ROLE_COMPUTE);
 
-/* Registers a group of one tensor "w" of `elements` in `dtype`. */
+/* Registers a group of one compute tensor "w" of `elements` in `dtype`. */
 static int32_t Register(strata_engine* engine, const char* name,
                         int64_t elements, int32_t dtype) {
-  const int64_t shape[1] = {elements};
-  strata_tensor_spec tensor = {"w", shape, 1, dtype, kCompute, 0};
-  strata_group_spec spec;
-  CHECK_OK(strata_group_spec_init(&spec));
-  spec.name = name;
-  spec.tensors = &tensor;
-  spec.num_tensors = 1;
   int32_t id = -1;
-  CHECK_OK(strata_group_register(engine, &spec, &id));
+  CHECK_OK(RegisterOne(engine, name, elements, dtype, kCompute, &id));
   return id;
 }
 
