@@ -48,6 +48,7 @@ class Attention(nn.Module):
         self.heads = c.heads
         self.qkv = nn.Linear(c.width, 3 * c.width)
         self.proj = nn.Linear(c.width, c.width)
+        self.proj.residual = True  # GPT._init_weights scales it down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, w = x.shape
@@ -66,6 +67,7 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(c.width)
         self.fc = nn.Linear(c.width, 4 * c.width)
         self.out = nn.Linear(4 * c.width, c.width)
+        self.out.residual = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -82,11 +84,16 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(c.width)
         self.lm_head = nn.Linear(c.width, c.vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
-        for name, p in self.named_parameters():
-            if name.endswith("weight") and p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * c.layers) \
-                    if name.endswith(("proj.weight", "out.weight")) else 0.02
-                nn.init.normal_(p, 0.0, std)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2's initialization of one module (strata.torch.init calls it
+        for each module as it builds the model group by group): weights
+        N(0, 0.02), the residual projections scaled by 1/sqrt(2 layers)."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            std = 0.02 / math.sqrt(2 * self.config.layers) \
+                if getattr(module, "residual", False) else 0.02
+            nn.init.normal_(module.weight, 0.0, std)
 
     def forward(self, idx: torch.Tensor,
                 targets: Optional[torch.Tensor] = None) -> Output:

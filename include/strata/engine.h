@@ -454,6 +454,13 @@ class STRATA_EXPORT Engine {
   std::unique_ptr<Impl> impl_;
 };
 
+// Checks the checkpoint at `dir` as Engine::Load does before it changes
+// anything (the manifest's XXH3-64, every data file's size and XXH3-64),
+// without an engine, for readers of the files themselves (strata.torch's
+// offline export). Reads only: a "<dir>.old" is not recovered. The
+// errors are Load's, naming the damaged file.
+Status VerifyCheckpoint(const std::string& dir);
+
 }  // namespace strata
 
 #endif  // STRATA_ENGINE_H_

@@ -480,6 +480,11 @@ STRATA_EXPORT strata_status strata_engine_load(strata_engine* engine,
                                                const char* dir,
                                                char* user_state_buf,
                                                size_t capacity, size_t* needed);
+/* Checks the checkpoint at `dir` (its manifest and every data file's size
+ * and checksum) as strata_engine_load does before loading, without an
+ * engine; see strata::VerifyCheckpoint. STRATA_DATA_LOSS names a damaged
+ * file. */
+STRATA_EXPORT strata_status strata_checkpoint_verify(const char* dir);
 
 #ifdef __cplusplus
 } /* extern "C" */

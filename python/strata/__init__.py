@@ -38,7 +38,7 @@ from strata._native import StrataError, lib, sized
 __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
            "AbortReport",
            "StrataError", "Exported", "TIERS", "ROLES", "DTYPES", "info",
-           "version", "__version__"]
+           "version", "verify_checkpoint", "__version__"]
 
 TIERS = {"device": 0, "host": 1, "nvme": 2}
 ROLES = {"compute": 0, "master": 1, "state1": 2, "state2": 3, "grad": 4}
@@ -57,6 +57,13 @@ def version() -> str:
 
 
 __version__ = "0.1.0"
+
+
+def verify_checkpoint(path: str) -> None:
+    """Checks the checkpoint at `path` (its manifest and every data file's
+    size and checksum) as a load does, without an engine; a damaged one
+    raises StrataError naming the file."""
+    lib().call("strata_checkpoint_verify", path.encode())
 
 
 def _choice(table: dict[str, int], value: str, what: str) -> int:

@@ -196,6 +196,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "strata_view_export_dlpack": [_P, C.c_int32, C.POINTER(_P)],
     "strata_view_export_dlpack_versioned": [_P, C.c_int32, C.POINTER(_P)],
     "strata_engine_save": [_P, C.c_char_p, C.c_char_p],
+    "strata_checkpoint_verify": [C.c_char_p],
     "strata_engine_load": [_P, C.c_char_p, C.c_char_p, C.c_size_t,
                            C.POINTER(C.c_size_t)],
     "strata_optimizer_options_init": [C.POINTER(OptimizerOptions)],
@@ -254,7 +255,7 @@ def _candidates() -> list[Path]:
 # only from the thread that set it.
 BLOCKING = frozenset({
     "strata_group_fetch_on", "strata_group_evict", "strata_engine_drain",
-    "strata_engine_save", "strata_engine_load",
+    "strata_engine_save", "strata_engine_load", "strata_checkpoint_verify",
     "strata_optimizer_acquire_gradients", "strata_optimizer_finish_step",
     "strata_optimizer_abort_step", "strata_optimizer_begin_step",
     "strata_optimizer_begin_step_groups",

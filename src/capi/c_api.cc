@@ -474,4 +474,11 @@ strata_status strata_engine_load(strata_engine* engine, const char* dir,
   });
 }
 
+strata_status strata_checkpoint_verify(const char* dir) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull({{dir, "dir"}}));
+    return strata::VerifyCheckpoint(dir);
+  });
+}
+
 }  // extern "C"

@@ -339,6 +339,15 @@ Status VerifyFile(Env& env, const std::string& path, const GroupEntry& entry,
   return Status();
 }
 
+// VerifyFile of every group's file.
+Status VerifyFiles(Env& env, const std::string& dir, const Manifest& manifest) {
+  std::vector<char> buffer(kVerifyBuffer);
+  for (const GroupEntry& g : manifest.groups) {
+    STRATA_RETURN_IF_ERROR(VerifyFile(env, dir + "/" + g.file, g, buffer));
+  }
+  return Status();
+}
+
 // Reads group `g`'s file into the engine, one role at a time through the
 // host tier; adds the bytes read to `*bytes`.
 Status LoadGroup(Env& env, Engine& engine, int g, const std::string& path,
@@ -388,6 +397,12 @@ Status Save(Engine& engine, const store::Residency& residency,
   return s;
 }
 
+Result<Manifest> Verify(const std::string& dir, Env& env) {
+  STRATA_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(env, dir));
+  STRATA_RETURN_IF_ERROR(VerifyFiles(env, dir, manifest));
+  return manifest;
+}
+
 Status Load(Engine& engine, const store::Residency& residency,
             const std::string& dir, LoadResult* result,
             const UserStateCheck& check, Env& env) {
@@ -408,11 +423,7 @@ Status Load(Engine& engine, const store::Residency& residency,
                                   "; nothing was loaded");
     }
   }
-  std::vector<char> buffer(kVerifyBuffer);
-  for (const GroupEntry& g : manifest.groups) {
-    STRATA_RETURN_IF_ERROR(
-        VerifyFile(env, paths.dir + "/" + g.file, g, buffer));
-  }
+  STRATA_RETURN_IF_ERROR(VerifyFiles(env, paths.dir, manifest));
   uint64_t bytes = 0;
   for (size_t g = 0; g < manifest.groups.size(); ++g) {
     const GroupEntry& entry = manifest.groups[g];

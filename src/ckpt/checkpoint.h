@@ -55,6 +55,7 @@
 #include <string>
 
 #include "src/ckpt/env.h"
+#include "src/ckpt/manifest.h"
 #include "src/store/residency.h"
 #include "strata/engine.h"
 
@@ -69,6 +70,10 @@ inline constexpr int kFormatVersion = 2;
 Status Save(Engine& engine, const store::Residency& residency,
             const EngineOptions& options, const std::string& dir,
             const SaveOptions& save, Env& env = Env::Default());
+// Reads `dir`'s manifest and checks it and every data file (size, XXH3)
+// as Load does before it changes anything; touches nothing (no recovery
+// of "<dir>.old"). Errors are Load's.
+Result<Manifest> Verify(const std::string& dir, Env& env = Env::Default());
 // Checks a checkpoint's user_state before Load changes any data (the
 // optimizer's: its step count and algorithm); an error stops the load.
 using UserStateCheck = std::function<Status(const std::string& user_state)>;

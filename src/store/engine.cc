@@ -350,6 +350,10 @@ Status Engine::Save(const std::string& dir, const SaveOptions& options) {
   return ckpt::Save(*this, *impl_->residency_, impl_->options_, dir, options);
 }
 
+Status VerifyCheckpoint(const std::string& dir) {
+  return ckpt::Verify(dir).status();
+}
+
 Status Engine::Load(const std::string& dir, LoadResult* result) {
   // A failed update is what a Load repairs: its error does not stop it.
   STRATA_RETURN_IF_ERROR(OnlyCancelled(impl_->pending_.WaitAll()));

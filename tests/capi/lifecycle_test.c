@@ -401,6 +401,7 @@ static void CheckCheckpoint(strata_engine* engine) {
   snprintf(swap, sizeof(swap), "%s/swap2", scratch);
   CHECK(mkdir(swap, 0755) == 0);
   CHECK_OK(strata_engine_save(engine, dir, kState));
+  CHECK_OK(strata_checkpoint_verify(dir));
 
   strata_engine_options options;
   CHECK_OK(strata_engine_options_init(&options));
@@ -428,6 +429,9 @@ static void CheckCheckpoint(strata_engine* engine) {
   CHECK_FAILS(STRATA_NOT_FOUND, strata_engine_load(other, missing, state,
                                                    sizeof(state), &needed));
   CHECK(needed == 0 && strstr(strata_last_error(), "no-such-ckpt") != NULL);
+  CHECK_FAILS(STRATA_NOT_FOUND, strata_checkpoint_verify(missing));
+  CHECK(strstr(strata_last_error(), "no-such-ckpt") != NULL);
+  CHECK_FAILS(STRATA_INVALID_ARGUMENT, strata_checkpoint_verify(NULL));
   CHECK_FAILS(STRATA_INVALID_ARGUMENT,
               strata_engine_load(other, dir, NULL, 4, &needed));
   CHECK(strstr(strata_last_error(), "'user_state_buf'") != NULL);

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 import strata
-from strata.torch import optim, weights
+from strata.torch import export as _export, optim, weights
+from strata.torch.build import Materializer, init
 from strata.torch.config import Config, ConfigError, load
 from strata.torch.engine import StrataEngine
 from strata.torch.groups import GroupPlan, UnitPlan, dtype_name, plan
@@ -41,7 +42,7 @@ from strata.torch.optim import StrataOptimizer
 from strata.torch.schedule import ConfigScheduler, Scheduler
 from strata.torch.weights import GatheredParameters
 
-__all__ = ["initialize", "StrataEngine", "StrataOptimizer",
+__all__ = ["initialize", "init", "StrataEngine", "StrataOptimizer",
            "GatheredParameters", "Config", "ConfigError", "load"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16,
@@ -60,7 +61,9 @@ def initialize(model: nn.Module,
                *, groups: Optional[list[str]] = None,
                optimizer: Optional[torch.optim.Optimizer] = None,
                model_parameters: Optional[Iterable[Any]] = None,
-               lr_scheduler: Any = None) -> StrataEngine:
+               lr_scheduler: Any = None,
+               init_from: Union[None, str, os.PathLike] = None,
+               strict: bool = True) -> StrataEngine:
     """Hands `model`'s parameters to strata and returns the engine that
     trains it. `config` is a ds_config.json path, its dict, or a Config;
     `groups` (or the config's strata.groups) names the modules that each
@@ -70,7 +73,12 @@ def initialize(model: nn.Module,
     `model_parameters` (a list of parameters or of param-group dicts) gives
     the param groups of the config's optimizer; `lr_scheduler` is a
     scheduler built on that optimizer, or a callable that builds one on
-    engine.optimizer."""
+    engine.optimizer. A model built under init() is made real group by
+    group as strata takes it (Note [Materializing a group] in build.py);
+    `init_from` (a safetensors file, or a directory with model.safetensors
+    or a sharded set and its index) gives the weights, matched to the
+    parameters by name: with `strict`, a parameter missing from the files
+    or a tensor matching nothing is an error; a misshapen one always is."""
     if getattr(model, "_strata_engine", None) is not None:
         raise ConfigError(
             "this model is already trained through a strata.torch engine; "
@@ -87,9 +95,10 @@ def initialize(model: nn.Module,
     scheduler = _scheduler(cfg, facade, lr_scheduler)
     dtype = _DTYPES[cfg.dtype]
     _check_nvme(cfg)
+    source = Materializer(model, plans, init_from, strict)
     store = strata.Engine(**_engine_options(cfg, plans, dtype))
     try:
-        runtime = _runtime(store, cfg, plans, units, dtype)
+        runtime = _runtime(store, cfg, plans, units, dtype, source)
     except BaseException:
         store.close()
         raise
@@ -109,13 +118,15 @@ def initialize(model: nn.Module,
 
 
 def _runtime(store: strata.Engine, cfg: Config, plans: list[GroupPlan],
-             units: list[UnitPlan], dtype: torch.dtype) -> Runtime:
+             units: list[UnitPlan], dtype: torch.dtype,
+             source: Materializer) -> Runtime:
     """The groups registered and written, and the hooks' state over them
     with strata's optimizer (every step skipped exactly on non-finite
     gradients: Note [Recovery] in engine.py)."""
     ids = [_register(store, cfg, p, dtype) for p in plans]
     for gid, p in zip(ids, plans):
-        _write_weights(store, gid, p)
+        with source.group(p) as values:
+            _write_weights(store, gid, values)
     device = _torch_device(store)
     records = []
     for gid, p in zip(ids, plans):
@@ -262,15 +273,15 @@ def _register(store: strata.Engine, cfg: Config, p: GroupPlan,
                                 roles=_roles(cfg, p.trainable))
 
 
-def _write_weights(store: strata.Engine, gid: int, p: GroupPlan) -> None:
-    """The model's weights into the compute copy (rounded) and master
+def _write_weights(store: strata.Engine, gid: int,
+                   values: dict[str, torch.Tensor]) -> None:
+    """The group's weights into the compute copy (rounded) and master
     (fp32); optimizer state and accumulators zero."""
     with store.fetch(gid, "host", write=True) as view:
         for info in view.tensors:
             target = torch.from_dlpack(view.export(info.name, info.role))
             if info.role in ("compute", "master"):
-                source = dict(p.params)[info.name].detach()
-                target.copy_(source.reshape(target.shape))
+                target.copy_(values[info.name].reshape(target.shape))
             else:
                 target.zero_()
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import torch
 
 from strata._native import StrataError
+from strata.torch.export import model_config
 
 if TYPE_CHECKING:
     from strata.torch.engine import StrataEngine
@@ -42,6 +43,8 @@ def save(engine: "StrataEngine", save_dir: str, tag: Union[None, str, int],
              "param_groups": [{k: g[k] for k in _HYPER if k in g}
                               for g in engine.optimizer.param_groups],
              "rng": _rng_state(), "buffers": _buffers(engine),
+             "state_buffers": _state_buffers(engine),
+             "model_config": model_config(engine.module),
              "client_state": _pickled(client_state)}
     engine.rt.optimizer.save(str(path), json.dumps(state))
     if save_latest:
@@ -119,6 +122,19 @@ def _unpickled(text: str) -> Any:
 def _buffers(engine: "StrataEngine") -> str:
     """The module's buffers (BatchNorm's running statistics, ...)."""
     return _pickled({k: b.cpu() for k, b in engine.module.named_buffers()})
+
+
+def _state_buffers(engine: "StrataEngine") -> list[str]:
+    """The buffers model.state_dict() holds (the persistent ones), in its
+    order: what an offline export writes (strata.torch.export)."""
+    with engine.rt.inside():
+        keys = engine.module.state_dict(keep_vars=True).items()
+    return [k for k, v in keys if not isinstance(v, torch.nn.Parameter)]
+
+
+def saved_buffers(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The buffers of a checkpoint's state, by name."""
+    return _unpickled(state["buffers"])
 
 
 def _set_buffers(engine: "StrataEngine", text: str) -> None:

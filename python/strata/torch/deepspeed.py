@@ -15,7 +15,8 @@ script runs with one line changed:
 initialize() takes DeepSpeed's arguments and returns its 4-tuple; the
 engine is a StrataEngine (engine.py), which has DeepSpeed's engine methods.
 One rank only for now: a world size above 1 is refused naming it.
-zero.Init is accepted and builds the model as usual (in host memory).
+zero.Init is strata.torch.init: the model's parameters wait on the meta
+device and initialize() builds them group by group into strata's tiers.
 README's "Coming from DeepSpeed" lists what differs and why."""
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from strata.torch import initialize as _initialize
+from strata.torch import init, initialize as _initialize
 from strata.torch.config import ConfigError
 from strata.torch.engine import StrataEngine
 from strata.torch.weights import GatheredParameters
@@ -109,19 +110,24 @@ def _one_rank(world_size: int = -1) -> None:
             f"across ranks is the next issue); run one process")
 
 
-class _Init:
-    """deepspeed.zero.Init: accepted with DeepSpeed's arguments; the model
-    is built as usual, in host memory (building it straight into strata's
-    tiers comes with models larger than host memory)."""
+class _Init(init):
+    """deepspeed.zero.Init with DeepSpeed's arguments: strata.torch.init
+    over the config (config_dict_or_path, or config); the placement
+    arguments (remote_device, pin_memory, ...) are the config's business
+    in strata and are ignored."""
 
-    def __init__(self, module: Any = None, **kwargs: Any) -> None:
-        self.enabled = kwargs.get("enabled", True)
-
-    def __enter__(self) -> "_Init":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
+    def __init__(self, module: Any = None, data_parallel_group: Any = None,
+                 mem_efficient_linear: bool = True, remote_device: Any = None,
+                 pin_memory: bool = False, config_dict_or_path: Any = None,
+                 config: Any = None, enabled: bool = True,
+                 dtype: Any = None, mpu: Any = None, **kwargs: Any) -> None:
+        if module is not None:
+            raise ConfigError(
+                "zero.Init(module=...) partitions a model built already; "
+                "strata.torch.initialize(model, config) takes such a model "
+                "as it is: drop the module argument")
+        super().__init__(config_dict_or_path if config is None else config,
+                         enabled=enabled)
 
 
 class zero:  # noqa: N801 (DeepSpeed's name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import torch
@@ -29,7 +30,7 @@ from torch import nn
 
 import strata
 from strata._native import StrataError
-from strata.torch import checkpoint, weights
+from strata.torch import checkpoint, export as _export, weights
 from strata.torch.config import Config
 from strata.torch.hooks import Phase, Runtime
 from strata.torch.optim import StrataOptimizer
@@ -380,6 +381,20 @@ class StrataEngine:
         weights.save_16bit(self, save_dir, save_filename,
                            exclude_frozen_parameters)
         return True
+
+    def export(self, out_dir: str, dtype: str = "fp32",
+               max_shard_bytes: int = _export.DEFAULT_SHARD_BYTES
+               ) -> list[Path]:
+        """Writes the model's weights as Hugging Face safetensors into
+        out_dir (one model.safetensors, or shards of at most
+        max_shard_bytes and model.safetensors.index.json; config.json for
+        a transformers model), group by group: dtype "fp32" the master
+        weights, "compute" the compute copies. transformers'
+        from_pretrained(out_dir) loads it. Between steps; returns the
+        files."""
+        self._check_open()
+        self._require_idle("export")
+        return _export.export(self, out_dir, dtype, max_shard_bytes)
 
     # ---- checks and teardown --------------------------------------------
 

@@ -91,10 +91,22 @@ def _managed_in(values: Iterable[Any]) -> Iterator[StrataParameter]:
             yield from (v for v in value if isinstance(v, StrataParameter))
 
 
+def set_memory(p: nn.Parameter, value: torch.Tensor) -> None:
+    """Gives `p` the memory of `value`, keeping the parameter object (the
+    optimizer and tied modules hold it), also from or to the meta
+    device."""
+    if p.is_meta == value.is_meta:
+        p.data = value
+        return
+    other = type(p)(value, requires_grad=p.requires_grad)
+    other.__dict__.update(p.__dict__)  # swap_tensors swaps them too
+    torch.utils.swap_tensors(p, other)
+
+
 def manage(p: nn.Parameter, runtime: "Runtime",
            placeholder: torch.Tensor) -> None:
     """Makes `p` a StrataParameter over `placeholder`."""
-    p.data = placeholder
+    set_memory(p, placeholder)
     p.__class__ = StrataParameter
     p._strata = runtime  # type: ignore[attr-defined]
 

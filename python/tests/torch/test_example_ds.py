@@ -9,12 +9,14 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 import gpt
+import strata.torch as st
 from strata.torch.schedule import Scheduler
 from test_exact import LOSS_RTOL
 
@@ -36,8 +38,13 @@ def run(cwd: Path, *args: str) -> list[dict]:
 
 
 def plain_pytorch(steps: int) -> list[float]:
-    """The same training in plain PyTorch."""
-    model = script.build_model(0)
+    """The same training in plain PyTorch, from the weights the script's
+    zero.Init builds (close() gives them to the model)."""
+    with st.init(CONFIG):
+        model = script.build_model(0)
+    with warnings.catch_warnings():  # the ignored steps_per_print
+        warnings.simplefilter("ignore")
+        st.initialize(model, CONFIG).close()
     params = CONFIG["optimizer"]["params"]
     opt = torch.optim.AdamW(model.parameters(), lr=params["lr"],
                             betas=tuple(params["betas"]), eps=params["eps"],
