@@ -16,7 +16,7 @@ initialize() takes DeepSpeed's arguments and returns its 4-tuple; the
 engine is a StrataEngine (engine.py), which has DeepSpeed's engine methods.
 One rank only for now: a world size above 1 is refused naming it.
 zero.Init is accepted and builds the model as usual (in host memory).
-README's "Coming from DeepSpeed" lists what differs and why."""
+docs/torch.md, "Coming from DeepSpeed", lists what differs and why."""
 from __future__ import annotations
 
 import argparse
