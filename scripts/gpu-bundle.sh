@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares the GPU check's bundle (README "The GPU check"): the CUDA build's
+# Prepares the GPU check's bundle (docs/gpu-check.md): the CUDA build's
 # test programs, store_bench, strata-sim and pcie_bench, with every shared
 # library they load beyond glibc (libstdc++, TBB, liburing, the CUDA
 # runtime, ...), run paths set to $ORIGIN (DT_RPATH, so that a machine's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command (README "The GPU check"), on a machine with
+# The GPU check in one command (docs/gpu-check.md), on a machine with
 # an NVIDIA GPU, over the bundle scripts/gpu-bundle.sh made: no build and no
 # package there, only python3. Runs from the repository (the bundle in
 # ./gpu-bundle, or STRATA_GPU_BUNDLE) or from inside a bundle. Arguments go

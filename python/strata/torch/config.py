@@ -1,6 +1,6 @@
 """The DeepSpeed-style configuration of strata.torch: the keys a single-GPU
 ZeRO-3 offload user already has in ds_config.json, plus a "strata" block
-for what DeepSpeed has no key for. README.md has the mapping table.
+for what DeepSpeed has no key for. docs/torch.md has the mapping table.
 
 A key that would change the result and that strata does not implement is a
 ConfigError naming it; keys that cannot change the result (logging,
@@ -155,7 +155,7 @@ def load(config: Union[str, os.PathLike, dict[str, Any]]) -> Config:
         key = sorted(raw)[0]
         raise ConfigError(
             f"unknown config key {key!r}: strata does not support it; remove "
-            f"it (supported keys are listed in README.md, 'strata.torch')")
+            f"it (docs/torch.md lists the supported keys)")
     return out
 
 
@@ -191,7 +191,7 @@ def _take(section: Any, where: str, known: set[str],
         elif key not in known:
             raise ConfigError(
                 f"unknown config key '{where}.{key}': strata does not support "
-                f"it; remove it (README.md, 'strata.torch', lists the keys)")
+                f"it; remove it (docs/torch.md lists the keys)")
     return {k: v for k, v in section.items() if k in known}
 
 

@@ -17,7 +17,7 @@ engine is a StrataEngine (engine.py), which has DeepSpeed's engine methods.
 One rank only for now: a world size above 1 is refused naming it.
 zero.Init is strata.torch.init: the model's parameters wait on the meta
 device and initialize() builds them group by group into strata's tiers.
-README's "Coming from DeepSpeed" lists what differs and why."""
+docs/torch.md, "Coming from DeepSpeed", lists what differs and why."""
 from __future__ import annotations
 
 import argparse

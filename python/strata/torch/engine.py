@@ -1,7 +1,7 @@
 """StrataEngine: a PyTorch model trained through strata, driven as
 DeepSpeed's engine is (engine(batch), engine.backward(loss), engine.step(),
-its accessors, checkpoints and weights out); README's "Coming from
-DeepSpeed" says where it differs and why.
+its accessors, checkpoints and weights out); docs/torch.md, "Coming
+from DeepSpeed", says where it differs and why.
 
 Note [Recovery]
 Any exception out of a pass (an error in the model's code, an I/O error,
