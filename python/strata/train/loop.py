@@ -10,9 +10,9 @@ bit-identically. A second SIGINT abandons the step: KeyboardInterrupt
 comes out of the engine's pass, which recovers (Note [Recovery] in
 strata/torch/engine.py: the step changed nothing), the data generator and
 torch's RNG states go back to where they were before the step, and that
-is what is saved. SIGINTs while the checkpoint is written are ignored
-(the run says so): a checkpoint half written would be worse. The command
-exits 130, as a shell does for a Ctrl-C."""
+is what is saved. Further SIGINTs outside a step (while the checkpoint is
+written) are only noted: a checkpoint half written would be worse. The
+command exits 130, as a shell does for a Ctrl-C."""
 from __future__ import annotations
 
 import json
@@ -61,7 +61,7 @@ class Stop:
 
     def __init__(self) -> None:
         self.requested = False
-        self.saving = False
+        self.in_step = False  # a second SIGINT abandons the step
 
     def __enter__(self) -> "Stop":
         self._previous = signal.signal(signal.SIGINT, self._handle)
@@ -71,15 +71,15 @@ class Stop:
         signal.signal(signal.SIGINT, self._previous)
 
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
-        if self.saving:
-            tqdm.write("strata-train: writing the checkpoint; it ends soon")
-        elif self.requested:
-            raise KeyboardInterrupt
-        else:
+        if not self.requested:
             self.requested = True
             tqdm.write("strata-train: Ctrl-C: the step in progress ends, "
                        "then a checkpoint is saved (Ctrl-C again abandons "
                        "the step)")
+        elif self.in_step:
+            raise KeyboardInterrupt
+        else:
+            tqdm.write("strata-train: saving the checkpoint; it ends soon")
 
 
 def train(engine: StrataEngine, batches: Batches, run: Run) -> int:
@@ -90,21 +90,24 @@ def train(engine: StrataEngine, batches: Batches, run: Run) -> int:
     with Stop() as stop, run.log.open("a") as log:
         while engine.global_steps < run.steps and not stop.requested:
             before = _snapshot(batches)
+            stop.in_step = True
             try:
                 record = step(engine, batches, run)
             except KeyboardInterrupt:
                 _restore(batches, before)
                 stop.requested = True
                 break
+            finally:
+                stop.in_step = False
             log.write(json.dumps(record) + "\n")
             log.flush()
             bar.update(1)
             bar.set_postfix_str(_postfix(record))
             if run.save_every and record["step"] % run.save_every == 0 \
                     and record["step"] < run.steps:
-                save(engine, batches, run, stop)
+                save(engine, batches, run)
         bar.close()
-        where = save(engine, batches, run, stop)
+        where = save(engine, batches, run)
     if stop.requested:
         print(f"strata-train: stopped at step {engine.global_steps}; "
               f"checkpoint {where}; --resume goes on from it")
@@ -202,19 +205,12 @@ def _restore(batches: Batches, snapshot: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(snapshot["cuda"])
 
 
-def save(engine: StrataEngine, batches: Batches, run: Run,
-         stop: Optional[Stop] = None) -> Path:
+def save(engine: StrataEngine, batches: Batches, run: Run) -> Path:
     """A checkpoint under run.ckpt (the data generator's state in its
     client_state), the plot of the log so far, and the oldest checkpoints
     beyond run.keep removed. Returns the checkpoint's path."""
-    if stop is not None:
-        stop.saving = True
-    try:
-        engine.save_checkpoint(str(run.ckpt), client_state={
-            "data": batches.state(), "seq_len": run.seq_len})
-    finally:
-        if stop is not None:
-            stop.saving = False
+    engine.save_checkpoint(str(run.ckpt), client_state={
+        "data": batches.state(), "seq_len": run.seq_len})
     report.plot(read_log(run.log), run.out / "train.png", run.title)
     _prune(run.ckpt, run.keep)
     return run.ckpt / f"global_step{engine.global_steps}"
