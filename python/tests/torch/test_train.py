@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,13 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
+
+
+def test_console_script_is_main() -> None:
+    root = Path(__file__).resolve().parents[3]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["strata-train"] == \
+        "strata.train:main"
 
 
 def test_trains_a_text_file(scratch: Path, text: Path, ds: Path,
