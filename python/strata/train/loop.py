@@ -107,7 +107,9 @@ def train(engine: StrataEngine, batches: Batches, run: Run) -> int:
                     and record["step"] < run.steps:
                 save(engine, batches, run)
         bar.close()
-        where = save(engine, batches, run)
+        where = run.ckpt / f"global_step{engine.global_steps}"
+        if not where.exists():  # else resumed there and took no step
+            save(engine, batches, run)
     if stop.requested:
         print(f"strata-train: stopped at step {engine.global_steps}; "
               f"checkpoint {where}; --resume goes on from it")
@@ -205,15 +207,14 @@ def _restore(batches: Batches, snapshot: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(snapshot["cuda"])
 
 
-def save(engine: StrataEngine, batches: Batches, run: Run) -> Path:
+def save(engine: StrataEngine, batches: Batches, run: Run) -> None:
     """A checkpoint under run.ckpt (the data generator's state in its
     client_state), the plot of the log so far, and the oldest checkpoints
-    beyond run.keep removed. Returns the checkpoint's path."""
+    beyond run.keep removed."""
     engine.save_checkpoint(str(run.ckpt), client_state={
         "data": batches.state(), "seq_len": run.seq_len})
     report.plot(read_log(run.log), run.out / "train.png", run.title)
     _prune(run.ckpt, run.keep)
-    return run.ckpt / f"global_step{engine.global_steps}"
 
 
 def _prune(ckpt: Path, keep: int) -> None:
