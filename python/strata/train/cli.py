@@ -132,7 +132,9 @@ def _run(args: argparse.Namespace) -> int:
     if limit is not None and args.seq_len > limit:
         raise TrainError(f"--seq-len {args.seq_len} is longer than the "
                          f"model's {limit} positions")
-    tokens = Tokens(args.data, args.token_dtype)
+    batches = Batches(Tokens(args.data, args.token_dtype),
+                      st.load(ds).micro_batch, args.seq_len,
+                      config.vocab_size, args.seed)
     torch.manual_seed(args.seed)
     model = models.build_model(config, ds)
     params = models.parameter_count(model)
@@ -145,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
                                                    args.seq_len),
             peak_tflops=report.peak_tflops(engine, args.peak_tflops),
             title=f"{name}: {params / 1e6:.4g}M parameters")
-        return _train(engine, args, run, name, tokens, params)
+        return _train(engine, args, run, name, batches, params)
     finally:
         engine.free()
 
@@ -166,12 +168,9 @@ def _check_out(args: argparse.Namespace) -> Path:
 
 
 def _train(engine: StrataEngine, args: argparse.Namespace, run: loop.Run,
-           name: str, tokens: Tokens, params: int) -> int:
-    config = engine.module.config
-    batches = Batches(tokens, engine.train_micro_batch_size_per_gpu(),
-                      args.seq_len, config.vocab_size, args.seed)
-    print(f"strata-train: {name} ({config.model_type}), {params:,} "
-          f"parameters; data {tokens.describe()}; "
+           name: str, batches: Batches, params: int) -> int:
+    print(f"strata-train: {name} ({engine.module.config.model_type}), "
+          f"{params:,} parameters; data {batches.tokens.describe()}; "
           f"{engine.train_batch_size()} x {args.seq_len} tokens a step")
     print(f"throughput: TFLOPS = (6 N + 12 L d T) x tokens/s (N "
           f"parameters, L layers, d width, T = --seq-len); MFU against "
