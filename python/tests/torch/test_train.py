@@ -22,7 +22,7 @@ import torch
 from conftest import DEVICE
 from gpt import text_bytes
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 safetensors = pytest.importorskip("safetensors.torch")
 from strata.train import main  # noqa: E402
@@ -175,7 +175,12 @@ def test_resume_is_bit_identical(scratch: Path, text: Path, ds: Path
     assert [(r["loss"], r["grad_norm"]) for r in a] == \
         [(r["loss"], r["grad_norm"]) for r in b]
     assert_same_weights(straight / "export", resumed / "export")
-    assert (resumed / "export" / "config.json").is_file()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        resumed / "export")
+    exported = weights(resumed / "export")
+    for name, value in model.state_dict().items():
+        if name in exported:
+            assert torch.equal(value, exported[name]), name
 
 
 def test_init_from_an_export(scratch: Path, text: Path, ds: Path) -> None:
