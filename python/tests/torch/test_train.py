@@ -1,0 +1,245 @@
+"""strata-train (python/strata/train, issue #32 §3) on the tiny presets:
+it trains from a text or token file and writes its log, plot and
+checkpoints; bad input is exit status 2 with a message naming it; a resume
+(after a finished run, or after Ctrl-C) goes on bit-identically, the
+exported weights included; --init-from loads what --export wrote."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import DEVICE
+from gpt import text_bytes
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("matplotlib")
+safetensors = pytest.importorskip("safetensors.torch")
+from strata.train import main  # noqa: E402
+
+FIELDS = {"step", "loss", "lr", "grad_norm", "skipped", "tokens",
+          "tokens_per_s", "tflops", "mfu", "step_s", "compute_s",
+          "stall_fetch_s", "stall_update_s", "stall_grad_buffer_s",
+          "stall_optimizer_s", "optimizer_s", "optimizer_hidden_s"}
+# The deadline of a subprocess run: far above what it takes (seconds), so
+# a hang fails the test instead of stalling the suite.
+DEADLINE_S = 120
+
+
+@pytest.fixture
+def text(scratch: Path) -> Path:
+    path = scratch / "corpus.txt"
+    path.write_bytes(text_bytes().numpy().tobytes())
+    return path
+
+
+@pytest.fixture
+def ds(scratch: Path) -> Path:
+    path = scratch / "ds.json"
+    path.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "strata": {"device": DEVICE, "threads": 1, "io_threads": 1}}))
+    return path
+
+
+def args(out: Path, data: Path, ds: Path, *more: str,
+         preset: str = "gpt2-tiny") -> list[str]:
+    return ["--preset", preset, "--data", str(data), "--config", str(ds),
+            "--seq-len", "32", "--out", str(out), *more]
+
+
+def log(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line)
+            for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def weights(directory: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        out.update(safetensors.load_file(str(path)))
+    assert out, f"no safetensors in {directory}"
+    return out
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def test_console_script_is_main() -> None:
+    root = Path(__file__).resolve().parents[3]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["strata-train"] == \
+        "strata.train:main"
+
+
+def test_trains_a_text_file(scratch: Path, text: Path, ds: Path,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = scratch / "run"
+    assert main(args(out, text, ds, "--steps", "4")) == 0
+    records = log(out)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for r in records:
+        assert FIELDS <= r.keys()
+        assert r["tokens"] == 2 * 32 and r["mfu"] is None  # no known peak
+        assert np.isfinite(r["loss"]) and r["tflops"] > 0
+        assert not r["skipped"]
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert (out / "train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "ckpt" / "latest").read_text() == "global_step4"
+    printed = capsys.readouterr().out
+    assert "plan:" in printed and "step floor" in printed
+    assert "compute" in printed and "state1" in printed
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".npy"])
+def test_trains_a_token_file(scratch: Path, ds: Path, suffix: str) -> None:
+    ids = np.random.default_rng(0).integers(0, 256, 4096)
+    data = scratch / f"tokens{suffix}"
+    if suffix == ".bin":
+        ids.astype(np.uint16).tofile(data)
+    else:
+        np.save(data, ids.astype(np.int32))
+    out = scratch / "run"
+    assert main(args(out, data, ds, "--steps", "2", "--grad-accum", "2",
+                     preset="llama-tiny")) == 0
+    records = log(out)
+    assert [r["tokens"] for r in records] == [2 * 2 * 32] * 2
+    assert all(np.isfinite(r["loss"]) for r in records)
+
+
+def bad(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Runs strata-train expecting exit status 2; its message."""
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_bad_input(scratch: Path, text: Path, ds: Path,
+                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = scratch / "run"
+    err = bad(args(out, text, ds, preset="gpt2-huge"), capsys)
+    assert "unknown preset 'gpt2-huge'" in err and "gpt2-tiny" in err \
+        and "llama-7b" in err
+    err = bad(args(out, scratch / "missing.txt", ds), capsys)
+    assert "missing.txt: no such file" in err
+    err = bad(args(out, text, ds, "--seq-len", "4096"), capsys)
+    assert "--seq-len 4096 is longer than the model's 256" in err
+    small = scratch / "config.json"
+    small.write_text(json.dumps({"model_type": "gpt2", "vocab_size": 100,
+                                 "n_embd": 16, "n_layer": 1, "n_head": 1}))
+    err = bad(["--model-config", str(small), "--data", str(text),
+               "--config", str(ds), "--out", str(out)], capsys)
+    assert "vocabulary has 100 ids" in err
+    small.write_text(json.dumps({"n_embd": 16}))
+    err = bad(["--model-config", str(small), "--data", str(text),
+               "--out", str(out)], capsys)
+    assert "no \"model_type\"" in err
+    err = bad(args(out, text, ds, "--resume"), capsys)
+    assert "no checkpoint" in err
+    err = bad(["--data", str(text), "--out", str(out)], capsys)
+    assert "no model: give --preset" in err
+
+
+def test_refuses_to_overwrite_a_run(scratch: Path, text: Path, ds: Path,
+                                    capsys: pytest.CaptureFixture[str]
+                                    ) -> None:
+    out = scratch / "run"
+    assert main(args(out, text, ds, "--steps", "1")) == 0
+    assert main(args(out, text, ds, "--steps", "2")) == 2
+    assert "holds a run already; --resume" in capsys.readouterr().err
+
+
+def test_resume_is_bit_identical(scratch: Path, text: Path, ds: Path
+                                 ) -> None:
+    straight, resumed = scratch / "straight", scratch / "resumed"
+    assert main(args(straight, text, ds, "--steps", "6", "--export",
+                     str(straight / "export"))) == 0
+    assert main(args(resumed, text, ds, "--steps", "3")) == 0
+    assert main(args(resumed, text, ds, "--steps", "6", "--resume",
+                     "--export", str(resumed / "export"))) == 0
+    a, b = log(straight), log(resumed)
+    assert [r["step"] for r in b] == list(range(1, 7))
+    assert [(r["loss"], r["grad_norm"]) for r in a] == \
+        [(r["loss"], r["grad_norm"]) for r in b]
+    assert_same_weights(straight / "export", resumed / "export")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        resumed / "export")
+    exported = weights(resumed / "export")
+    for name, value in model.state_dict().items():
+        if name in exported:
+            assert torch.equal(value, exported[name]), name
+
+
+def test_init_from_an_export(scratch: Path, text: Path, ds: Path) -> None:
+    """--init-from DIR takes the model from DIR/config.json and its
+    weights; with lr 0 the next export is the same weights."""
+    first = scratch / "first"
+    assert main(args(first, text, ds, "--steps", "2", "--export",
+                     str(first / "export"))) == 0
+    second = scratch / "second"
+    assert main(["--init-from", str(first / "export"), "--data", str(text),
+                 "--config", str(ds), "--seq-len", "32", "--out",
+                 str(second), "--steps", "1", "--lr", "0", "--export",
+                 str(second / "export")]) == 0
+    assert_same_weights(first / "export", second / "export")
+
+
+def start(out: Path, data: Path, ds: Path, *more: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.Popen(
+        [sys.executable, "-m", "strata.train", *args(out, data, ds, *more)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str]:
+    try:
+        stdout, stderr = process.communicate(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"strata-train did not end in {DEADLINE_S} s: "
+                    f"{stderr[-2000:]}")
+    return process.returncode, stdout + stderr
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_ctrl_c_saves_and_resume_goes_on(scratch: Path, text: Path,
+                                         ds: Path, signals: int) -> None:
+    """SIGINT after the second logged step: the step in progress ends (a
+    second SIGINT abandons it), a checkpoint is saved, exit 130; --resume
+    then matches a run never interrupted, bit for bit."""
+    out = scratch / "interrupted"
+    process = start(out, text, ds, "--steps", "100000")
+    deadline = time.monotonic() + DEADLINE_S
+    while not ((out / "log.jsonl").exists() and len(log(out)) >= 2):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no second step logged: {finish(process)[1]}")
+        time.sleep(0.02)
+    for _ in range(signals):  # apart, or Python sees one
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    status, printed = finish(process)
+    assert status == 130, printed
+    stopped = len(log(out))
+    assert f"stopped at step {stopped}" in printed
+    assert (out / "ckpt" / "latest").read_text() == f"global_step{stopped}"
+    assert main(args(out, text, ds, "--steps", str(stopped + 2),
+                     "--resume")) == 0
+    straight = scratch / "straight"
+    assert main(args(straight, text, ds, "--steps", str(stopped + 2))) == 0
+    assert [r["loss"] for r in log(out)] == \
+        [r["loss"] for r in log(straight)]
