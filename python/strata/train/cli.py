@@ -86,6 +86,10 @@ def _training_flags(ap: argparse.ArgumentParser) -> None:
     out.add_argument("--save-every", type=int, default=0, metavar="N",
                      help="a checkpoint every N steps (and always at the "
                           "end)")
+    out.add_argument("--no-save", action="store_true",
+                     help="no checkpoint at all, not even at the end or on "
+                          "Ctrl-C (a benchmark of a model whose checkpoint "
+                          "the disk cannot hold)")
     out.add_argument("--keep", type=int, default=2, metavar="N",
                      help="checkpoints kept, newest first (0: all)")
     out.add_argument("--resume", action="store_true",
@@ -141,7 +145,9 @@ def _run(args: argparse.Namespace) -> int:
     engine = st.initialize(model, ds, init_from=args.init_from)
     try:
         run = loop.Run(
-            out=out, steps=args.steps, save_every=args.save_every,
+            out=out, steps=args.steps,
+            save_every=0 if args.no_save else args.save_every,
+            save=not args.no_save,
             keep=args.keep, seq_len=args.seq_len,
             flops_per_token=models.flops_per_token(config, params,
                                                    args.seq_len),
@@ -185,8 +191,7 @@ def _train(engine: StrataEngine, args: argparse.Namespace, run: loop.Run,
         print(f"strata-train: resumed at step {step} from {run.ckpt}")
     status = loop.train(engine, batches, run)
     if status == 0 and args.export:
-        engine.export(args.export, dtype=args.export_dtype)
-        engine.module.config.save_pretrained(args.export)
+        engine.export(args.export, dtype=args.export_dtype)  # +config.json
         print(f"strata-train: exported the weights to {args.export}")
     if status == 0:
         print(f"strata-train: done at step {engine.global_steps}; log "

@@ -41,6 +41,7 @@ class Run:
     out: Path
     steps: int
     save_every: int
+    save: bool  # False: no checkpoint, also not at the end (--no-save)
     keep: int
     seq_len: int
     flops_per_token: float
@@ -108,11 +109,13 @@ def train(engine: StrataEngine, batches: Batches, run: Run) -> int:
                 save(engine, batches, run)
         bar.close()
         where = run.ckpt / f"global_step{engine.global_steps}"
-        if not where.exists():  # else resumed there and took no step
+        if run.save and not where.exists():  # else resumed there, no step
             save(engine, batches, run)
     if stop.requested:
+        saved = (f"checkpoint {where}; --resume goes on from it"
+                 if run.save else "no checkpoint (--no-save)")
         print(f"strata-train: stopped at step {engine.global_steps}; "
-              f"checkpoint {where}; --resume goes on from it")
+              f"{saved}")
         return INTERRUPTED
     return 0
 

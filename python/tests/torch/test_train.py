@@ -243,3 +243,59 @@ def test_ctrl_c_saves_and_resume_goes_on(scratch: Path, text: Path,
     assert main(args(straight, text, ds, "--steps", str(stopped + 2))) == 0
     assert [r["loss"] for r in log(out)] == \
         [r["loss"] for r in log(straight)]
+
+
+def test_no_save_writes_no_checkpoint(scratch: Path, text: Path,
+                                      ds: Path) -> None:
+    out = scratch / "run"
+    assert main(args(out, text, ds, "--steps", "2", "--no-save")) == 0
+    assert len(log(out)) == 2
+    assert not (out / "ckpt").exists() or not any((out / "ckpt").iterdir())
+
+
+def test_a_transformers_model_round_trip(scratch: Path, text: Path) -> None:
+    """Issue #32 §5.2: a GPT-2 with random weights saved by transformers
+    (safetensors), --init-from, 5 steps, --export: transformers loads the
+    export, and its logits are plain PyTorch's after the same 5 steps
+    within LOGIT_ATOL (torch's AdamW rounds some weights an ulp apart);
+    the offline export of the checkpoint writes the same files."""
+    from conftest import gpt2, twin
+    from test_safetensors import LOGIT_ATOL
+    from strata.train.data import Batches, Tokens
+    source = gpt2(seed=1)
+    source.save_pretrained(scratch / "init")
+    adamw = {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+             "weight_decay": 0.1}
+    config = scratch / "ds.json"
+    config.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": adamw},
+        "strata": {"device": DEVICE, "threads": 1, "io_threads": 1}}))
+    out = scratch / "run"
+    assert main(["--init-from", str(scratch / "init"), "--data", str(text),
+                 "--config", str(config), "--seq-len", "16", "--steps", "5",
+                 "--out", str(out), "--export", str(out / "export")]) == 0
+    ref = twin(source)
+    opt = torch.optim.AdamW(ref.parameters(), **{
+        **adamw, "betas": tuple(adamw["betas"])})
+    batches = Batches(Tokens(str(text)), 2, 16, 256, seed=0)
+    for _ in range(5):
+        x, y = batches.next()
+        logits = ref(input_ids=x).logits
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                          y.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        out / "export")
+    x, _ = batches.next()
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=x).logits,
+                              ref(input_ids=x).logits, atol=LOGIT_ATOL)
+    offline = subprocess.run(
+        [sys.executable, "-m", "strata.torch.export", str(out / "ckpt"),
+         str(scratch / "offline")], capture_output=True, text=True)
+    assert offline.returncode == 0, offline.stderr
+    for file in sorted((out / "export").iterdir()):
+        assert file.read_bytes() == (scratch / "offline" /
+                                     file.name).read_bytes(), file.name
