@@ -136,3 +136,16 @@ def test_zero_init_builds_on_the_meta_device(nvme: Path) -> None:
         assert not GPT(TINY).wte.weight.is_meta
     with pytest.raises(ConfigError, match="module"):
         deepspeed.zero.Init(module=GPT(TINY))
+
+
+def test_a_transformers_llama_from_a_config(nvme: Path) -> None:
+    """Llama's _init_weights (N(0, initializer_range), RMSNorm weights 1)
+    gives the same weights on any tier."""
+    from test_transformers import llama
+    host = built(llama, config(), seed=6)
+    disk = built(llama, nvme_config(nvme), seed=6)
+    for key in host:
+        assert torch.equal(host[key], disk[key]), key
+    q = host["model.layers.0.self_attn.q_proj.weight"]
+    assert abs(float(q.std()) - 0.02) < 0.004
+    assert torch.equal(host["model.norm.weight"], torch.ones(32))
