@@ -48,6 +48,9 @@ __all__ = ["initialize", "init", "StrataEngine", "StrataOptimizer",
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16,
            "fp16": torch.float16}
 _MIB = 1 << 20
+# EngineOptions::swap_files: the NVMe tier spreads chunks over this many
+# files of a quarter of its budget each, round robin.
+_SWAP_FILES = 4
 _STATES = {"adam": ("state1", "state2"), "adamw": ("state1", "state2"),
            "adagrad": ("state1",), "lion": ("state1",)}
 # Engines not closed yet: their swap files go at the interpreter's exit.
@@ -224,10 +227,14 @@ def _roles(cfg: Config, trainable: bool) -> list[str]:
     return ["compute", *master, *_STATES[cfg.algo], "grad"]
 
 
+def _numel(p: GroupPlan) -> int:
+    return sum(t.numel() for _, t in p.params)
+
+
 def _group_bytes(cfg: Config, p: GroupPlan, dtype: torch.dtype
                  ) -> tuple[int, int]:
     """(compute bytes, bytes of every other role) of one group."""
-    numel = sum(t.numel() for _, t in p.params)
+    numel = _numel(p)
     compute = numel * torch.empty(0, dtype=dtype).element_size()
     return compute, 4 * numel * (len(_roles(cfg, p.trainable)) - 1)
 
@@ -237,8 +244,10 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
     """Budgets the config leaves out, from the model's sizes: the device
     holds every compute copy and the gradient buffers (set device_budget
     to stream a model larger than the GPU); the host holds what is homed
-    there and the staging of the largest groups; NVMe what is homed there,
-    twice when steps speculate (they write a second copy)."""
+    there and the staging of the largest groups; NVMe what is homed there
+    and a largest chunk for each swap file (the chunks go to the files
+    round robin, so one file may fill while the others keep space), twice
+    when steps speculate (they write a second copy)."""
     sizes = [_group_bytes(cfg, p, dtype) for p in plans]
     compute = sum(c for c, _ in sizes)
     state = sum(s for _, s in sizes)
@@ -251,7 +260,10 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
     host = (homed["host"] + 4 * largest
             + cfg.grad_buffers * largest_compute + 64 * _MIB)
     copies = 2 if cfg.speculates else 1
-    nvme = copies * homed["nvme"] + 64 * _MIB if homed["nvme"] else 0
+    # Each swap file may end with up to a chunk it could not place.
+    slack = _SWAP_FILES * max((4 * _numel(p) for p in plans), default=0)
+    nvme = copies * (homed["nvme"] + slack) + 64 * _MIB \
+        if homed["nvme"] else 0
     return {"device": cfg.device,
             "device_budget": _pick(cfg.device_budget, device),
             "host_budget": _pick(cfg.host_budget, host),

@@ -149,3 +149,18 @@ def test_a_transformers_llama_from_a_config(nvme: Path) -> None:
     q = host["model.layers.0.self_attn.q_proj.weight"]
     assert abs(float(q.std()) - 0.02) < 0.004
     assert torch.equal(host["model.norm.weight"], torch.ones(32))
+
+
+def test_the_default_nvme_budget_holds_uneven_chunks(nvme: Path) -> None:
+    """The NVMe tier deals chunks to its four swap files round robin: one
+    group of five chunks (bf16 compute, four fp32 roles) of a 12.6M-
+    parameter layer gives one file a compute and a gradient chunk (75 MB)
+    while a budget of the group's bytes and 64 MiB gives each file 72.5."""
+    cfg = nvme_config(nvme)
+    cfg["bf16"] = {"enabled": True}
+    cfg["strata"]["mode"] = "after_backward"
+    with st.init(cfg):
+        m = nn.Linear(4096, 3072, bias=False)
+    engine = st.initialize(m, cfg)
+    assert engine.state_dict()["weight"].shape == (3072, 4096)
+    engine.close()
