@@ -3,7 +3,8 @@
 
 Run:
     python3 bench/ds_aio_compare.py --path DIR [--size 1G] [--repeat 3]
-        [--strata build/bin/strata-nvme-bench] [--venv build/ds-venv] [--no-tune]
+        [--strata build/bin/strata-nvme-bench] [--venv /var/cache/strata/ds-venv]
+        [--no-tune]
 
 The job is the one an offload engine runs: read or write one large tensor
 (--size bytes) sequentially, split into block-size requests with a queue of
@@ -18,9 +19,10 @@ interleaved, medians reported:
   * the best config of a ds_nvme_tune-style sweep (block 1M/8M x queue 32/128
     x single_submit x overlap_events x threads 1/2/4/8, best read+write sum).
 
-DeepSpeed comes from PyPI into a virtualenv (--venv); its async_io op is
-compiled on first load against libaio-dev. If that cannot be done, the script
-says why and exits 1. DeepSpeed never checks completion results, so every
+DeepSpeed comes from PyPI into a virtualenv (--venv, made by
+bench/ds_venv.py when missing); its async_io op is compiled on first load
+against libaio-dev, into /var/cache/strata/ds-ext (once per machine). If
+that cannot be done, the script says why and exits 1. DeepSpeed never checks completion results, so every
 DeepSpeed run is verified on sampled 4 KiB windows (outside the timing).
 """
 
@@ -34,7 +36,8 @@ import sys
 import tempfile
 import time
 
-DS_VERSION = "0.19.8"
+import ds_venv
+
 DS_DEFAULT = {"bs": 1 << 20, "qd": 8, "threads": 1, "single_submit": False,
               "overlap_events": True}
 WINDOW = 4096
@@ -42,8 +45,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def fail(msg):
-    print(f"ds_aio_compare: {msg}", file=sys.stderr)
-    sys.exit(1)
+    ds_venv.fail("ds_aio_compare", msg)
 
 
 def parse_size(text):
@@ -52,42 +54,6 @@ def parse_size(text):
     if text and text[-1] in units:
         return int(text[:-1]) * units[text[-1]]
     return int(text)
-
-
-def run(cmd, what, env=None):
-    print(f"ds_aio_compare: {what}", file=sys.stderr)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-        fail(f"{what} failed (exit {proc.returncode}):\n  " + "\n  ".join(tail))
-
-
-def ensure_venv(venv):
-    """Creates the virtualenv with torch and DeepSpeed, or exits saying why."""
-    py = os.path.join(venv, "bin", "python")
-    check = [py, "-c", "import torch, deepspeed"]
-    if os.path.exists(py) and subprocess.run(check, capture_output=True).returncode == 0:
-        return py
-    need = [p for p in ("libaio-dev", "python3-venv", "python3-dev", "g++")
-            if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0]
-    if need:
-        fail(f"missing Debian packages {' '.join(need)}: run scripts/setup.sh, which "
-             f"installs them (STRATA_PACKAGES)")
-    if not os.path.exists(py):
-        run(["/usr/bin/python3", "-m", "venv", venv], f"creating {venv}")
-    pip = [py, "-m", "pip", "install", "-q"]
-    run(pip + ["-U", "pip", "setuptools", "wheel"], "updating pip")
-    # PyPI's torch is a CUDA build (several GB) but runs on the CPU; DeepSpeed
-    # 0.19 needs torch >= 2.0, so Debian's 1.13 cannot be used.
-    run(pip + ["torch"], "installing torch from PyPI (large download)")
-    # Prebuilding ops on the CPU accelerator links async_io without -laio;
-    # build nothing now and let the op compile (correctly) on first load.
-    env = dict(os.environ, DS_BUILD_OPS="0", DS_ACCELERATOR="cpu")
-    run(pip + ["--no-build-isolation", "--no-cache-dir", f"deepspeed=={DS_VERSION}"],
-        f"installing deepspeed {DS_VERSION}", env)
-    if subprocess.run(check, capture_output=True).returncode != 0:
-        fail(f"{venv} still cannot import torch and deepspeed")
-    return py
 
 
 def load_aio():
@@ -200,7 +166,7 @@ def main():
     p.add_argument("--size", default="1G", help="bytes per job (default 1G)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--strata", default=os.path.join(REPO, "build/bin/strata-nvme-bench"))
-    p.add_argument("--venv", default=os.path.join(REPO, "build/ds-venv"))
+    p.add_argument("--venv", default=ds_venv.DS_VENV)
     p.add_argument("--no-tune", action="store_true", help="compare DeepSpeed's defaults only")
     args = p.parse_args()
     args.size = parse_size(args.size)
@@ -211,10 +177,11 @@ def main():
     try:
         import deepspeed  # noqa: F401
     except ImportError:
-        py = ensure_venv(args.venv)
-        os.execv(py, [py, os.path.abspath(__file__), *sys.argv[1:]])
+        py = ds_venv.ensure_venv("ds_aio_compare", args.venv)
+        os.execve(py, [py, os.path.abspath(__file__), *sys.argv[1:]],
+                  ds_venv.ds_env(args.venv))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", ds_venv.DS_EXTENSIONS)
     aio = load_aio()
 
     path = os.path.join(args.path, "ds-aio-compare.dat")

@@ -209,15 +209,19 @@ def strata_stepper(args: argparse.Namespace, variant: str, model: Any
     return step, close
 
 
-def worker(args: argparse.Namespace) -> None:
+def worker(args: argparse.Namespace,
+           build: Callable[[argparse.Namespace, str], Any] = build_stepper
+           ) -> None:
     """Answers "run N" on stdin with N steps (one JSON line on stdout), and
-    "end" with the peak RSS; the batches follow one another across runs."""
+    "end" with the peak RSS; the batches follow one another across runs.
+    `build` makes the variant's step and close functions (build_stepper's
+    contract; bench/deepspeed_offload_bench.py passes its own)."""
     import torch
 
     from gpt import batches, text_bytes
     total = args.warmup + args.rounds * args.block
     data = batches(text_bytes(), args.batch, args.seq, total)
-    step, close = build_stepper(args, args.variant)
+    step, close = build(args, args.variant)
     done = 0
     for line in sys.stdin:
         if line.split()[0] == "end":
@@ -252,12 +256,17 @@ def start_workers(args: argparse.Namespace) -> dict[str, subprocess.Popen]:
 
 
 def ask(proc: subprocess.Popen, command: str) -> dict[str, Any]:
-    """Sends one command to a worker and reads its JSON answer."""
+    """Sends one command to a worker and reads its JSON answer; lines
+    before it that are not JSON (a library logging to stdout, as
+    DeepSpeed does) are passed on to stderr."""
     assert proc.stdin is not None and proc.stdout is not None
     try:
         proc.stdin.write(command + "\n")
         proc.stdin.flush()
         line = proc.stdout.readline()
+        while line and not line.startswith("{"):
+            sys.stderr.write(line)
+            line = proc.stdout.readline()
     except BrokenPipeError:
         line = ""
     if not line:

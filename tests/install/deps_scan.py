@@ -40,7 +40,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr
 # Modules that only peers' virtualenvs hold (never Debian's Python), with
 # the place that says so. Each must still be imported somewhere.
 VENV_ONLY = {
-    "deepspeed": "bench/ds_aio_compare.py and cpu_adam_vs_deepspeed.py run it in build/ds-venv",
+    "deepspeed": "bench/ds_aio_compare.py and deepspeed_offload_bench.py run it in bench/ds_venv.py's venv",
+    "torchao": "bench/deepspeed_offload_bench.py --device cuda runs it in bench/ds_venv.py's venv",
     "tqdm": "examples/train_gpt.py (scripts/main.sh) runs in the torch venv (strata_torch_venv)",
     "matplotlib": "examples/train_gpt.py (scripts/main.sh) runs in the torch venv",
     "transformers": "examples/ds_train_gpt2.py and the adapter's tests run in the torch venv",
