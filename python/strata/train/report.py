@@ -71,8 +71,6 @@ def plan_lines(engine: StrataEngine, params: int) -> list[str]:
     lines.append("  tier      homed      budget")
     for tier in ("device", "host", "nvme"):
         homed = sum(sizes[r] for r, t in homes.items() if t == tier)
-        if tier == "device":
-            homed = sizes["compute"]  # every compute copy, fetched there
         lines.append(f"  {tier:<9} {_size(homed):<10} "
                      f"{_size(budgets[tier]['budget'])}")
     lines.append("  " + step_floor(engine, params, sizes))
