@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 import strata
-from strata.torch import export as _export, optim, weights
+from strata.torch import optim, weights
 from strata.torch.build import Materializer, init
 from strata.torch.config import Config, ConfigError, load
 from strata.torch.engine import StrataEngine
