@@ -59,7 +59,10 @@ class init:  # noqa: N801 (a context manager named as DeepSpeed's zero.Init)
     more dimensions on the meta device (Note [Materializing a group]);
     strata.torch.initialize() materializes them into strata's tiers.
     `config` (a ds_config path or dict) is accepted for symmetry with
-    deepspeed.zero.Init; `enabled=False` builds as usual."""
+    deepspeed.zero.Init; `enabled=False` builds as usual. While it is
+    entered, modules built by any thread are built so (it patches
+    nn.Module.register_parameter, as DeepSpeed's zero.Init patches module
+    construction); nested contexts share the outermost one's RNG state."""
 
     _depth = 0  # nested contexts patch once
 
