@@ -111,6 +111,8 @@ def train(engine: StrataEngine, batches: Batches, run: Run) -> int:
         where = run.ckpt / f"global_step{engine.global_steps}"
         if run.save and not where.exists():  # else resumed there, no step
             save(engine, batches, run)
+        elif not run.save:
+            plot(run)
     if stop.requested:
         saved = (f"checkpoint {where}; --resume goes on from it"
                  if run.save else "no checkpoint (--no-save)")
@@ -216,8 +218,13 @@ def save(engine: StrataEngine, batches: Batches, run: Run) -> None:
     beyond run.keep removed."""
     engine.save_checkpoint(str(run.ckpt), client_state={
         "data": batches.state(), "seq_len": run.seq_len})
-    report.plot(read_log(run.log), run.out / "train.png", run.title)
+    plot(run)
     _prune(run.ckpt, run.keep)
+
+
+def plot(run: Run) -> None:
+    """train.png from the log so far."""
+    report.plot(read_log(run.log), run.out / "train.png", run.title)
 
 
 def _prune(ckpt: Path, keep: int) -> None:

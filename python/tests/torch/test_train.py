@@ -249,7 +249,7 @@ def test_no_save_writes_no_checkpoint(scratch: Path, text: Path,
                                       ds: Path) -> None:
     out = scratch / "run"
     assert main(args(out, text, ds, "--steps", "2", "--no-save")) == 0
-    assert len(log(out)) == 2
+    assert len(log(out)) == 2 and (out / "train.png").stat().st_size > 0
     assert not (out / "ckpt").exists() or not any((out / "ckpt").iterdir())
 
 
