@@ -149,9 +149,10 @@ class Materializer:
     def _initialize(self, plan: GroupPlan, meta: list[nn.Parameter]) -> None:
         for p in meta:
             set_memory(p, torch.full(p.shape, float("nan"), dtype=p.dtype))
-        if self.source is not None and all(self.source.has(name)
-                                           for name, p in plan.params
-                                           if any(p is q for q in meta)):
+        ids = {id(p) for p in meta}
+        unloaded = [(name, p) for name, p in plan.params if id(p) in ids
+                    and not (self.source and self.source.has(name))]
+        if not unloaded:
             return  # the file gives every one of them
         members = {id(p) for _, p in plan.params}
         run = getattr(self.model, "_init_weights", None)
@@ -168,10 +169,8 @@ class Materializer:
                     if run is not None:
                         run(module)
             self.rng = torch.get_rng_state()
-        for name, p in plan.params:
-            if any(p is q for q in meta) and not (
-                    self.source is not None and self.source.has(name)) \
-                    and bool(torch.isnan(p.detach()).any()):
+        for name, p in unloaded:
+            if bool(torch.isnan(p.detach()).any()):
                 raise ConfigError(
                     f"parameter {name} was built on the meta device (under "
                     f"strata.torch.init) and no initializer set it: give "

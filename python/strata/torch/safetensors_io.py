@@ -119,12 +119,16 @@ class Source:
 
     def read(self, plan: GroupPlan) -> dict[str, torch.Tensor]:
         """The group's parameters the file holds, by parameter name."""
-        out = {}
+        by_file: dict[Path, list[str]] = {}
         for name, _ in plan.params:
-            key = self.key_of.get(name)
-            if key is not None:
-                with self._opened(self.file_of[key]) as f:
-                    out[name] = f.get_tensor(key)
+            if name in self.key_of:
+                by_file.setdefault(self.file_of[self.key_of[name]],
+                                   []).append(name)
+        out = {}
+        for file, names in by_file.items():  # each file opened once
+            with self._opened(file) as f:
+                for name in names:
+                    out[name] = f.get_tensor(self.key_of[name])
         return out
 
     def load_buffers(self, model: nn.Module) -> None:
