@@ -212,6 +212,16 @@ struct OptimStepReport {
   int overflow_group = -1;
 };
 
+// The gradient checks of one step over this process's groups, the inputs
+// of FinishStep's decisions (Note [Exact steps under overlap]). Ranks that
+// each hold a partition of every group add their sum_squares and OR their
+// overflow (one all-reduce, torch.distributed's in strata.torch) and give
+// the result to FinishStep(global), so every rank clips and skips alike.
+struct StepChecks {
+  double sum_squares = 0;  // of the scaled gradients, in group order
+  bool overflow = false;   // some gradient is not finite
+};
+
 // What AbortStep() left of the step it ended.
 struct OptimAbortReport {
   // Groups whose update of the aborted step had been applied and cannot be
@@ -267,6 +277,18 @@ class STRATA_EXPORT OffloadOptimizer {
   // kOverlap mode, queues them under the next forward instead). Every
   // trainable group must have been handed off micro_batches times.
   Result<OptimStepReport> FinishStep();
+  // After every hand-off of the step: waits until the CPU optimizer has
+  // consumed the gradients (and run the steps it may run before the global
+  // checks) and returns this process's checks; the step stays open. An
+  // error met meanwhile is not returned here but by FinishStep, so that
+  // every rank reaches the all-reduce.
+  Result<StepChecks> LocalChecks();
+  // FinishStep deciding the norm, clip coefficient and skip from `global`,
+  // every rank's LocalChecks() combined, instead of this process's alone.
+  // The report's overflow_group is this process's (-1 when the overflow
+  // came from another rank); without skip_on_overflow an overflow anywhere
+  // fails the step.
+  Result<OptimStepReport> FinishStep(const StepChecks& global);
   // Ends the open step without FinishStep, after an error or an interrupt
   // in the caller's forward or backward: hand-offs not yet consumed are
   // dropped, acquired buffers freed, speculative updates undone; updates

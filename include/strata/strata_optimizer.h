@@ -128,6 +128,14 @@ typedef struct strata_step_report {
   int32_t reserved;
 } strata_step_report;
 
+/* strata::StepChecks (since 0.2): one step's gradient checks; the caller
+ * sets struct_size. */
+typedef struct strata_step_checks {
+  uint32_t struct_size;
+  int32_t overflow;   /* 1: some gradient is not finite */
+  double sum_squares; /* of the scaled gradients, in group order */
+} strata_step_checks;
+
 /* strata::OptimAbortReport; the caller sets struct_size. */
 typedef struct strata_abort_report {
   uint32_t struct_size;
@@ -188,6 +196,16 @@ STRATA_EXPORT strata_status strata_optimizer_hand_off(
 /* After backward; see strata::OffloadOptimizer::FinishStep. */
 STRATA_EXPORT strata_status strata_optimizer_finish_step(
     strata_optimizer* optimizer, strata_step_report* report);
+/* After every hand-off: this process's gradient checks, the step left open;
+ * see strata::OffloadOptimizer::LocalChecks. Ranks holding partitions of
+ * the groups combine theirs (sum, or) and pass the result to
+ * strata_optimizer_finish_step_global. */
+STRATA_EXPORT strata_status strata_optimizer_local_checks(
+    strata_optimizer* optimizer, strata_step_checks* checks);
+/* strata_optimizer_finish_step deciding from every rank's checks. */
+STRATA_EXPORT strata_status strata_optimizer_finish_step_global(
+    strata_optimizer* optimizer, const strata_step_checks* global,
+    strata_step_report* report);
 /* Ends the open step without finishing it, after an error or an interrupt
  * in the caller's forward or backward; see
  * strata::OffloadOptimizer::AbortStep. Every gradient handle of the

@@ -36,7 +36,7 @@ from strata._lifetime import (Loan, Tracked, open_engine, untracked,
 from strata._native import StrataError, lib, sized
 
 __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
-           "AbortReport",
+           "StepChecks", "AbortReport",
            "StrataError", "Exported", "TIERS", "ROLES", "DTYPES", "info",
            "version", "verify_checkpoint", "__version__"]
 
@@ -390,5 +390,5 @@ class View:
 
 
 from strata.optimizer import (AbortReport, Gradients, Optimizer,  # noqa: E402
-                              StepReport)
+                              StepChecks, StepReport)
 from strata._info import info  # noqa: E402

@@ -117,6 +117,10 @@ StepReport = _struct("StepReport", [
     ("undone", C.c_int32), ("overflow_group", C.c_int32),
     ("reserved", C.c_int32)])
 
+StepChecks = _struct("StepChecks", [
+    ("struct_size", C.c_uint32), ("overflow", C.c_int32),
+    ("sum_squares", C.c_double)])
+
 AbortReport = _struct("AbortReport", [
     ("struct_size", C.c_uint32), ("applied", C.c_int32),
     ("completed", C.c_int32), ("skipped", C.c_int32),
@@ -158,6 +162,7 @@ STRUCTS = {
     "strata_optimizer_options": OptimizerOptions,
     "strata_step_hyper": StepHyper,
     "strata_step_report": StepReport,
+    "strata_step_checks": StepChecks,
     "strata_abort_report": AbortReport,
     "strata_gradients_info": GradientsInfo,
     "strata_dlpack_versioned": DLManagedTensorVersioned,
@@ -211,6 +216,9 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "strata_optimizer_acquire_gradients": [_P, C.c_int32, C.POINTER(_P)],
     "strata_optimizer_hand_off": [_P, _P, _P, _P],
     "strata_optimizer_finish_step": [_P, C.POINTER(StepReport)],
+    "strata_optimizer_local_checks": [_P, C.POINTER(StepChecks)],
+    "strata_optimizer_finish_step_global": [_P, C.POINTER(StepChecks),
+                                            C.POINTER(StepReport)],
     "strata_optimizer_abort_step": [_P, C.POINTER(AbortReport)],
     "strata_optimizer_get_step": [_P, C.POINTER(C.c_int64)],
     "strata_optimizer_set_step": [_P, C.c_int64],
@@ -257,6 +265,7 @@ BLOCKING = frozenset({
     "strata_group_fetch_on", "strata_group_evict", "strata_engine_drain",
     "strata_engine_save", "strata_engine_load", "strata_checkpoint_verify",
     "strata_optimizer_acquire_gradients", "strata_optimizer_finish_step",
+    "strata_optimizer_local_checks", "strata_optimizer_finish_step_global",
     "strata_optimizer_abort_step", "strata_optimizer_begin_step",
     "strata_optimizer_begin_step_groups",
     "strata_optimizer_save", "strata_optimizer_load"})

@@ -35,6 +35,14 @@ class StepReport:
 
 
 @dataclass
+class StepChecks:
+    """One step's gradient checks (strata_step_checks): what finish_step
+    decides the norm, clipping and skipping from."""
+    sum_squares: float  # of the scaled gradients
+    overflow: bool      # some gradient is not finite
+
+
+@dataclass
 class AbortReport:
     """What abort_step left of the step (strata_abort_report). When
     `completed` (it had settled, and stands), the rest is what its
@@ -262,10 +270,29 @@ class Optimizer(Tracked):
         lib().call("strata_optimizer_hand_off", optimizer, handle,
                    _stream(stream), None)
 
-    def finish_step(self) -> StepReport:
-        """Ends the step once every group was handed off."""
+    def local_checks(self) -> StepChecks:
+        """After every hand-off: this process's gradient checks (the step
+        stays open), for ranks to combine and give to finish_step."""
+        raw = sized(_native.StepChecks)
+        lib().call("strata_optimizer_local_checks", self.handle,
+                   C.byref(raw))
+        return StepChecks(raw.sum_squares, bool(raw.overflow))
+
+    def finish_step(self, global_checks: Optional[StepChecks] = None
+                    ) -> StepReport:
+        """Ends the step once every group was handed off; with
+        `global_checks` (every rank's local_checks combined: sum_squares
+        added, overflow or-ed) it clips and skips by those."""
         raw = sized(_native.StepReport)
-        lib().call("strata_optimizer_finish_step", self.handle, C.byref(raw))
+        if global_checks is None:
+            lib().call("strata_optimizer_finish_step", self.handle,
+                       C.byref(raw))
+        else:
+            checks = sized(_native.StepChecks)
+            checks.sum_squares = global_checks.sum_squares
+            checks.overflow = int(global_checks.overflow)
+            lib().call("strata_optimizer_finish_step_global", self.handle,
+                       C.byref(checks), C.byref(raw))
         values = {f.name: getattr(raw, f.name) for f in fields(StepReport)}
         values["skipped"] = bool(values["skipped"])
         return StepReport(**values)

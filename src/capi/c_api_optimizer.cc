@@ -71,6 +71,14 @@ strata_status ExportAs(const char* fn, const strata_gradients* gradients,
   });
 }
 
+Status CheckChecks(const strata_step_checks& checks) {
+  if (checks.struct_size >= sizeof(strata_step_checks)) return Status::Ok();
+  return Status::InvalidArgument(
+      "strata_step_checks.struct_size is " +
+      std::to_string(checks.struct_size) +
+      "; set it to sizeof(strata_step_checks) before the call");
+}
+
 }  // namespace
 
 extern "C" {
@@ -216,6 +224,36 @@ strata_status strata_optimizer_finish_step(strata_optimizer* optimizer,
     STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
     STRATA_RETURN_IF_ERROR(strata::capi::CheckStepReport(*report));
     STRATA_ASSIGN_OR_RETURN(auto done, o->optimizer->FinishStep());
+    return strata::capi::WriteStepReport(done, report);
+  });
+}
+
+strata_status strata_optimizer_local_checks(strata_optimizer* optimizer,
+                                            strata_step_checks* checks) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(
+        NonNull({{optimizer, "optimizer"}, {checks, "checks"}}));
+    STRATA_RETURN_IF_ERROR(CheckChecks(*checks));
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
+    STRATA_ASSIGN_OR_RETURN(strata::StepChecks local,
+                            o->optimizer->LocalChecks());
+    checks->sum_squares = local.sum_squares;
+    checks->overflow = local.overflow ? 1 : 0;
+    return Status();
+  });
+}
+
+strata_status strata_optimizer_finish_step_global(
+    strata_optimizer* optimizer, const strata_step_checks* global,
+    strata_step_report* report) {
+  return Guard(__func__, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(NonNull(
+        {{optimizer, "optimizer"}, {global, "global"}, {report, "report"}}));
+    STRATA_RETURN_IF_ERROR(CheckChecks(*global));
+    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
+    STRATA_RETURN_IF_ERROR(strata::capi::CheckStepReport(*report));
+    const strata::StepChecks checks{global->sum_squares, global->overflow != 0};
+    STRATA_ASSIGN_OR_RETURN(auto done, o->optimizer->FinishStep(checks));
     return strata::capi::WriteStepReport(done, report);
   });
 }

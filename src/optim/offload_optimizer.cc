@@ -117,7 +117,15 @@ Result<OptimAbortReport> OffloadOptimizer::AbortStep() {
 }
 
 Result<OptimStepReport> OffloadOptimizer::FinishStep() {
-  return impl_->Finish();
+  return impl_->Finish(nullptr);
+}
+
+Result<StepChecks> OffloadOptimizer::LocalChecks() {
+  return impl_->LocalChecks();
+}
+
+Result<OptimStepReport> OffloadOptimizer::FinishStep(const StepChecks& global) {
+  return impl_->Finish(&global);
 }
 
 int64_t OffloadOptimizer::step() const { return impl_->step_; }

@@ -122,7 +122,9 @@ class OffloadOptimizer::Impl {
                    const std::vector<GroupHyper>& groups);
   Result<GradientBuffer> Acquire(int group);
   Status HandOff(const GradientBuffer& buffer, const Fence& after);
-  Result<OptimStepReport> Finish();
+  // `global`: every rank's checks (FinishStep(global)); null: this one's.
+  Result<OptimStepReport> Finish(const StepChecks* global);
+  Result<StepChecks> LocalChecks();
   Result<OptimAbortReport> Abort();
   // Between steps: waits for the write-behind; its error, if any.
   Status Quiesce();
@@ -266,7 +268,8 @@ class OffloadOptimizer::Impl {
   // Finish's first phase (Note [Exact steps under overlap]), with mu_
   // held: the step's work ended, the norm reduced, speculation settled,
   // deferred steps queued.
-  Result<Settled> Settle(std::unique_lock<std::mutex>& lk);
+  Result<Settled> Settle(std::unique_lock<std::mutex>& lk,
+                         const StepChecks* global);
   // Finish's passes, each called with mu_ held.
   Status CheckHandOffs() const;
   // Abort's: drops this step's hand-offs not yet consumed (their copies
@@ -275,7 +278,10 @@ class OffloadOptimizer::Impl {
   // Ends the step's bookkeeping (Finish and Abort): the step count, the
   // order, the seconds.
   void EndStepBookkeeping(OptimStepReport* report, bool taken);
-  Status ReduceNorms(OptimStepReport* report) const;
+  // This process's checks in group order; the first group whose gradients
+  // were not finite in `bad` (-1: none).
+  StepChecks Checks(int* bad) const;
+  Status ReduceNorms(const StepChecks* global, OptimStepReport* report) const;
   // Keeps (`keep`) or undoes the speculative steps of this step; counts
   // them in `report`. Called with mu_ held and the worker idle; unlocks it
   // meanwhile.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,30 +34,58 @@ Status OffloadOptimizer::Impl::CheckHandOffs() const {
 }
 
 // Called with mu_ held and the worker idle: the gradient norm over every
-// group in group order (Note [Exact steps under overlap]), and whether the
-// step is skipped; kDataLoss for non-finite gradients without
-// skip_on_overflow.
-Status OffloadOptimizer::Impl::ReduceNorms(OptimStepReport* report) const {
-  double total = 0;
-  int bad = -1;
+// group in group order (Note [Exact steps under overlap]).
+StepChecks OffloadOptimizer::Impl::Checks(int* bad) const {
+  StepChecks checks;
+  *bad = -1;
   for (size_t id = 0; id < groups_.size(); ++id) {
-    total += this_step_[id].sum_squares;
-    if (!this_step_[id].finite && bad < 0) bad = id;
+    checks.sum_squares += this_step_[id].sum_squares;
+    if (!this_step_[id].finite && *bad < 0) *bad = id;
   }
-  report->grad_norm = std::sqrt(total) / current_.hyper.loss_scale;
+  checks.overflow = *bad >= 0;
+  return checks;
+}
+
+// Called with mu_ held and the worker idle: the norm and whether the step
+// is skipped, from `global` (every rank's checks) or else this process's;
+// kDataLoss for non-finite gradients without skip_on_overflow.
+Status OffloadOptimizer::Impl::ReduceNorms(const StepChecks* global,
+                                           OptimStepReport* report) const {
+  int bad = -1;
+  const StepChecks local = Checks(&bad);
+  const StepChecks& checks = global ? *global : local;
+  report->grad_norm = std::sqrt(checks.sum_squares) / current_.hyper.loss_scale;
   report->overflow_group = bad;
-  if (bad < 0) return Status();
+  if (!checks.overflow && !local.overflow) return Status();
   if (options_.skip_on_overflow) {
     report->skipped = true;
     return Status();
   }
+  const std::string where =
+      bad >= 0
+          ? fmt::format("in group '{}'", parts_.residency->layout(bad).name)
+          : std::string("on another rank");
   return Status::DataLoss(fmt::format(
-      "non-finite gradients in group '{}' at step {}; {}. Load "
+      "non-finite gradients {} at step {}; {}. Load "
       "the last checkpoint, and lower the learning rate or use "
       "a loss scale with skip_on_overflow",
-      parts_.residency->layout(bad).name, step_ + 1,
+      where, step_ + 1,
       Deferred() ? "no group was updated"
                  : "groups whose gradients came earlier were updated"));
+}
+
+// The first part of Settle, for ranks to combine before FinishStep.
+Result<StepChecks> OffloadOptimizer::Impl::LocalChecks() {
+  if (!in_step_) {
+    return Status::FailedPrecondition("LocalChecks without BeginStep");
+  }
+  std::unique_lock<std::mutex> lk(mu_);
+  STRATA_RETURN_IF_ERROR(CheckHandOffs());
+  STRATA_RETURN_IF_ERROR(internal::WaitUntil(
+      changed_, lk, [this] { return tasks_.empty() && running_ == 0; },
+      "the CPU optimizer's steps"));
+  int bad = -1;
+  return Checks(&bad);
 }
 
 float OffloadOptimizer::Impl::ClipCoef(double grad_norm) const {
@@ -103,7 +132,8 @@ Status OffloadOptimizer::Impl::SettleSpeculation(
 // the step's work and queues what is deferred; Complete waits for it (in
 // after_backward mode) and reports. An interrupt in either wait leaves
 // the step open and FinishStep resumable (Note [Interruptible waits]).
-Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
+Result<OptimStepReport> OffloadOptimizer::Impl::Finish(
+    const StepChecks* global) {
   if (!in_step_) {
     return Status::FailedPrecondition("FinishStep without BeginStep");
   }
@@ -112,7 +142,7 @@ Result<OptimStepReport> OffloadOptimizer::Impl::Finish() {
     // After an error the step ends with it, hand-offs missing or not;
     // missing hand-offs alone, or an interrupt, leave it open.
     STRATA_RETURN_IF_ERROR(CheckHandOffs());
-    Result<Settled> settled = Settle(lk);
+    Result<Settled> settled = Settle(lk, global);
     if (!settled.ok()) {
       if (settled.status().code() != StatusCode::kCancelled) in_step_ = false;
       return settled.status();
@@ -198,7 +228,7 @@ void OffloadOptimizer::Impl::DropHandOffs(std::unique_lock<std::mutex>& lk) {
 }
 
 Result<OffloadOptimizer::Impl::Settled> OffloadOptimizer::Impl::Settle(
-    std::unique_lock<std::mutex>& lk) {
+    std::unique_lock<std::mutex>& lk, const StepChecks* global) {
   Settled out;
   out.start = Clock::now();
   finishing_ = true;
@@ -207,7 +237,7 @@ Result<OffloadOptimizer::Impl::Settled> OffloadOptimizer::Impl::Settle(
       "the CPU optimizer's steps"));
   OptimStepReport& report = out.report;
   const Status failed = std::exchange(error_, Status());
-  const Status reduced = failed.ok() ? ReduceNorms(&report) : failed;
+  const Status reduced = failed.ok() ? ReduceNorms(global, &report) : failed;
   StepParams params = current_;
   params.clip_coef = ClipCoef(report.grad_norm);
   const bool stands =

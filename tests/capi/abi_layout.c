@@ -149,6 +149,12 @@ int main(void) {
   FIELD(strata_step_report, overflow_group);
   FIELD(strata_step_report, reserved);
   END();
+  BEGIN(strata_step_checks);
+  FIELD(strata_step_checks, struct_size);
+  FIELD(strata_step_checks, overflow);
+  FIELD(strata_step_checks, sum_squares);
+  END();
+
   BEGIN(strata_abort_report);
   FIELD(strata_abort_report, struct_size);
   FIELD(strata_abort_report, applied);
