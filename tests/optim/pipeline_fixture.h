@@ -30,6 +30,14 @@ constexpr int kGroups = 4;
 inline const std::vector<int64_t> kTensorSizes = {16000, 1232, 4803};
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kHostBudgetNvme = 768 << 10;
+// Steps of the long runs: the gradients' size cycles every 3 steps (so
+// clipping fires on some), which the sanitizer builds (-O0, every access
+// instrumented) cover in 20 steps.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kLongRun = 20;
+#else
+constexpr int kLongRun = 50;
+#endif
 
 struct Config {
   OptimMode mode;

@@ -30,17 +30,18 @@ namespace {
 constexpr uint64_t kKiB = 1024;
 constexpr int kThreads = 2;
 constexpr int kGroupsPerThread = 12;
-// ThreadSanitizer makes each operation 5 to 15 times slower; it needs
-// interleavings more than volume, so it runs 40,000 operations. GCC says
-// so with __SANITIZE_THREAD__, Clang with __has_feature.
-#if defined(__SANITIZE_THREAD__)
-#define STRATA_STRESS_UNDER_TSAN 1
+// The sanitizers make each operation 3 to 15 times slower; they need
+// interleavings more than volume, so they run 40,000 operations. GCC says
+// so with __SANITIZE_THREAD__ / __SANITIZE_ADDRESS__, Clang with
+// __has_feature.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define STRATA_STRESS_UNDER_SANITIZER 1
 #elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define STRATA_STRESS_UNDER_TSAN 1
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define STRATA_STRESS_UNDER_SANITIZER 1
 #endif
 #endif
-#ifdef STRATA_STRESS_UNDER_TSAN
+#ifdef STRATA_STRESS_UNDER_SANITIZER
 constexpr int kOpsPerThread = 20000;
 #else
 constexpr int kOpsPerThread = 50000;
