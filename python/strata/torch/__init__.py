@@ -39,6 +39,7 @@ from strata.torch.engine import StrataEngine
 from strata.torch.groups import GroupPlan, UnitPlan, dtype_name, plan
 from strata.torch.hooks import Group, Runtime
 from strata.torch.optim import StrataOptimizer
+from strata.torch.ranks import SHARD, Flat, Ranks, discover, shard_size
 from strata.torch.schedule import ConfigScheduler, Scheduler
 from strata.torch.weights import GatheredParameters
 
@@ -66,7 +67,8 @@ def initialize(model: nn.Module,
                model_parameters: Optional[Iterable[Any]] = None,
                lr_scheduler: Any = None,
                init_from: Union[None, str, os.PathLike] = None,
-               strict: bool = True) -> StrataEngine:
+               strict: bool = True,
+               process_group: Any = None) -> StrataEngine:
     """Hands `model`'s parameters to strata and returns the engine that
     trains it. `config` is a ds_config.json path, its dict, or a Config;
     `groups` (or the config's strata.groups) names the modules that each
@@ -81,7 +83,10 @@ def initialize(model: nn.Module,
     `init_from` (a safetensors file, or a directory with model.safetensors
     or a sharded set and its index) gives the weights, matched to the
     parameters by name: with `strict`, a parameter missing from the files
-    or a tensor matching nothing is an error; a misshapen one always is."""
+    or a tensor matching nothing is an error; a misshapen one always is.
+    Under torchrun (or with a default process group, or `process_group`)
+    each rank holds its partition of every group (Note [Partitions] in
+    ranks.py) and the ranks train data-parallel."""
     if getattr(model, "_strata_engine", None) is not None:
         raise ConfigError(
             "this model is already trained through a strata.torch engine; "
@@ -97,11 +102,13 @@ def initialize(model: nn.Module,
     _check_grad_buffers(cfg, plans, units)
     scheduler = _scheduler(cfg, facade, lr_scheduler)
     dtype = _DTYPES[cfg.dtype]
-    _check_nvme(cfg)
+    ranks = discover(process_group, cfg.stage, _backend(cfg),
+                     cfg.rank_timeout)
+    _check_nvme(cfg, ranks)
     source = Materializer(model, plans, init_from, strict)
-    store = strata.Engine(**_engine_options(cfg, plans, dtype))
+    store = strata.Engine(**_engine_options(cfg, plans, dtype, ranks))
     try:
-        runtime = _runtime(store, cfg, plans, units, dtype, source)
+        runtime = _runtime(store, cfg, plans, units, dtype, source, ranks)
     except BaseException:
         store.close()
         raise
@@ -122,23 +129,30 @@ def initialize(model: nn.Module,
 
 def _runtime(store: strata.Engine, cfg: Config, plans: list[GroupPlan],
              units: list[UnitPlan], dtype: torch.dtype,
-             source: Materializer) -> Runtime:
+             source: Materializer, ranks: Ranks) -> Runtime:
     """The groups registered and written, and the hooks' state over them
     with strata's optimizer (every step skipped exactly on non-finite
     gradients: Note [Recovery] in engine.py)."""
-    ids = [_register(store, cfg, p, dtype) for p in plans]
-    for gid, p in zip(ids, plans):
+    flats = [Flat([t.shape for _, t in p.params], ranks)
+             if ranks.sharded() else None for p in plans]
+    ids = [_register(store, cfg, p, dtype, flat)
+           for p, flat in zip(plans, flats)]
+    for gid, p, flat in zip(ids, plans, flats):
         with source.group(p) as values:
+            if flat is not None:
+                values = {SHARD: flat.pack([values[n] for n, _ in p.params])}
             _write_weights(store, gid, values)
     device = _torch_device(store)
     records = []
-    for gid, p in zip(ids, plans):
+    for gid, p, flat in zip(ids, plans, flats):
         roles = _roles(cfg, p.trainable)
         records.append(Group(
             gid, p, [weights.placeholder(t.shape, dtype, device)
                      for _, t in p.params],
-            [t.dtype for _, t in p.params], roles, "master" in roles))
+            [t.dtype for _, t in p.params], roles, "master" in roles,
+            flat=flat))
     runtime = Runtime(store, device, records, units, cfg.prefetch)
+    runtime.ranks = ranks
     runtime.optimizer = strata.Optimizer(
         store, algo=cfg.algo, mode=cfg.mode,
         micro_batches=cfg.accumulation, clip_norm=cfg.clip_norm,
@@ -193,8 +207,16 @@ def _check_grad_buffers(cfg: Config, plans: list[GroupPlan],
             f"to {needed} or more")
 
 
-def _check_nvme(cfg: Config) -> None:
-    """A clear error for a missing or unwritable nvme_path."""
+def _backend(cfg: Config) -> str:
+    """The collectives' backend: NCCL for a GPU, gloo on the host."""
+    cuda = cfg.device == "cuda" or (cfg.device == "auto"
+                                    and torch.cuda.is_available())
+    return "nccl" if cuda else "gloo"
+
+
+def _check_nvme(cfg: Config, ranks: Ranks) -> None:
+    """A clear error for a missing or unwritable nvme_path; across ranks
+    each swaps in its own subdirectory rank-<r> of it."""
     if "nvme" not in (cfg.param_tier, cfg.state_tier):
         return
     if not cfg.nvme_path:
@@ -214,6 +236,10 @@ def _check_nvme(cfg: Config) -> None:
         raise ConfigError(
             f"nvme_path {path} is not writable ({e.strerror}); fix its "
             f"permissions or mount, or point nvme_path elsewhere") from e
+    if ranks.sharded():
+        own = path / f"rank-{ranks.rank}"
+        own.mkdir(exist_ok=True)
+        cfg.nvme_path = str(own)
 
 
 def _roles(cfg: Config, trainable: bool) -> list[str]:
@@ -227,20 +253,23 @@ def _roles(cfg: Config, trainable: bool) -> list[str]:
     return ["compute", *master, *_STATES[cfg.algo], "grad"]
 
 
-def _numel(p: GroupPlan) -> int:
+def _numel(p: GroupPlan, ranks: Ranks) -> int:
+    """Elements of the group this process registers: all, or its shard."""
+    if ranks.sharded():
+        return shard_size([t.shape for _, t in p.params], ranks.world)
     return sum(t.numel() for _, t in p.params)
 
 
-def _group_bytes(cfg: Config, p: GroupPlan, dtype: torch.dtype
-                 ) -> tuple[int, int]:
+def _group_bytes(cfg: Config, p: GroupPlan, dtype: torch.dtype,
+                 ranks: Ranks) -> tuple[int, int]:
     """(compute bytes, bytes of every other role) of one group."""
-    numel = _numel(p)
+    numel = _numel(p, ranks)
     compute = numel * torch.empty(0, dtype=dtype).element_size()
     return compute, 4 * numel * (len(_roles(cfg, p.trainable)) - 1)
 
 
 def _engine_options(cfg: Config, plans: list[GroupPlan],
-                    dtype: torch.dtype) -> dict[str, Any]:
+                    dtype: torch.dtype, ranks: Ranks) -> dict[str, Any]:
     """Budgets the config leaves out, from the model's sizes: the device
     holds every compute copy and the gradient buffers (set device_budget
     to stream a model larger than the GPU); the host holds what is homed
@@ -248,7 +277,7 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
     and a largest chunk for each swap file (the chunks go to the files
     round robin, so one file may fill while the others keep space), twice
     when steps speculate (they write a second copy)."""
-    sizes = [_group_bytes(cfg, p, dtype) for p in plans]
+    sizes = [_group_bytes(cfg, p, dtype, ranks) for p in plans]
     compute = sum(c for c, _ in sizes)
     state = sum(s for _, s in sizes)
     largest = max((c + s for c, s in sizes), default=0)
@@ -261,7 +290,8 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
             + cfg.grad_buffers * largest_compute + 64 * _MIB)
     copies = 2 if cfg.speculates else 1
     # Each swap file may end with up to a chunk it could not place.
-    slack = _SWAP_FILES * max((4 * _numel(p) for p in plans), default=0)
+    slack = _SWAP_FILES * max((4 * _numel(p, ranks) for p in plans),
+                              default=0)
     nvme = copies * (homed["nvme"] + slack) + 64 * _MIB \
         if homed["nvme"] else 0
     return {"device": cfg.device,
@@ -278,9 +308,10 @@ def _pick(given: Optional[int], default: int) -> int:
 
 
 def _register(store: strata.Engine, cfg: Config, p: GroupPlan,
-              dtype: torch.dtype) -> int:
+              dtype: torch.dtype, flat: Optional[Flat]) -> int:
     tensors = [(name, tuple(t.shape), dtype_name(dtype))
-               for name, t in p.params]
+               for name, t in p.params] if flat is None else \
+        [(SHARD, (flat.shard,), dtype_name(dtype))]
     return store.register_group(p.name, tensors,
                                 roles=_roles(cfg, p.trainable))
 

@@ -100,6 +100,9 @@ class Config:
     # Steps skipped in a row for non-finite gradients (bf16, fp32) before
     # the run stops; fp16 stops at its minimum loss scale instead.
     max_consecutive_skips: int = 5
+    stage: int = 3  # ZeRO stage: what is partitioned across ranks
+    world: int = 1  # ranks of the job (WORLD_SIZE, or the default group)
+    rank_timeout: float = 300.0  # s a collective waits for another rank
     ignored: list[str] = field(default_factory=list)
 
     @property
@@ -130,6 +133,15 @@ class Config:
                    for role in (*fp32, "state1", "state2", "grad")}}
 
 
+def _world_size() -> int:
+    """The job's ranks: the default process group's, else the launcher's
+    WORLD_SIZE (torchrun, deepspeed), else 1."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def load(config: Union[str, os.PathLike, dict[str, Any]]) -> Config:
     """Parses a ds_config.json path or dict."""
     if not isinstance(config, dict):
@@ -138,6 +150,7 @@ def load(config: Union[str, os.PathLike, dict[str, Any]]) -> Config:
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"cannot read the config {config}: {e}") from e
     out = Config()
+    out.world = _world_size()
     raw = dict(config)
     _top(raw, out)
     _zero(raw.pop("zero_optimization", None), out)
@@ -197,7 +210,7 @@ def _take(section: Any, where: str, known: set[str],
 
 def _top(raw: dict[str, Any], out: Config) -> None:
     """The batch sizes (DeepSpeed derives a missing one from the other
-    two, on one GPU: train_batch_size = micro x accumulation)."""
+    two: train_batch_size = micro x accumulation x ranks)."""
     sizes = {k: _number(raw.pop(k), k, int) for k in (
         "train_batch_size", "train_micro_batch_size_per_gpu",
         "gradient_accumulation_steps") if k in raw}
@@ -205,18 +218,19 @@ def _top(raw: dict[str, Any], out: Config) -> None:
     micro = sizes.get("train_micro_batch_size_per_gpu")
     steps = sizes.get("gradient_accumulation_steps")
     if total is not None and micro is None:
-        micro = total // (steps or 1)
+        micro = total // ((steps or 1) * out.world)
     if total is not None and steps is None:
-        steps = total // (micro or 1)
+        steps = total // ((micro or 1) * out.world)
     out.micro_batch, out.accumulation = micro or 1, steps or 1
     if out.micro_batch < 1 or out.accumulation < 1:
         raise ConfigError("train_micro_batch_size_per_gpu and "
                           "gradient_accumulation_steps must be >= 1")
-    if total is not None and total != out.micro_batch * out.accumulation:
+    if total is not None and \
+            total != out.micro_batch * out.accumulation * out.world:
         raise ConfigError(
             f"train_batch_size {total} != train_micro_batch_size_per_gpu "
             f"{out.micro_batch} x gradient_accumulation_steps "
-            f"{out.accumulation} on one GPU; fix one of them")
+            f"{out.accumulation} x {out.world} ranks; fix one of them")
     out.clip_norm = _number(raw.pop("gradient_clipping", 0.0),
                             "gradient_clipping")
 
@@ -232,10 +246,12 @@ def _zero(zero: Optional[dict[str, Any]], out: Config) -> None:
         if key in zero:
             out.gather_16bit_on_save = _bool(zero[key],
                                              f"zero_optimization.{key}")
-    if zero.get("stage", 3) != 3:
+    out.stage = zero.get("stage", 3)
+    if out.stage not in (1, 2, 3):
         raise ConfigError(
-            f"zero_optimization.stage {zero.get('stage')}: strata offloads "
-            f"parameters and optimizer state, which is stage 3; set it to 3")
+            f"zero_optimization.stage {out.stage!r}: strata partitions the "
+            f"optimizer state (1), also the gradients (2) or also the "
+            f"parameters (3) across ranks; set it to 1, 2 or 3")
     for key, attr in (("offload_param", "param_tier"),
                       ("offload_optimizer", "state_tier")):
         section = _take(zero.get(key) or {}, f"zero_optimization.{key}",
@@ -350,7 +366,7 @@ def _strata(block: dict[str, Any], out: Config) -> None:
     block = _take(block, "strata",
                   {"device", "device_budget", "host_budget", "nvme_budget",
                    "mode", "groups", "threads", "io_threads", "grad_buffers",
-                   "prefetch", "max_consecutive_skips"},
+                   "prefetch", "max_consecutive_skips", "rank_timeout"},
                   set(), out)
     out.device = str(block.get("device", out.device))
     if out.device not in ("auto", "cuda", "host"):
@@ -374,5 +390,10 @@ def _strata(block: dict[str, Any], out: Config) -> None:
         "strata.max_consecutive_skips", int)
     if out.max_consecutive_skips < 1:
         raise ConfigError("strata.max_consecutive_skips must be >= 1")
+    out.rank_timeout = _number(block.get("rank_timeout", out.rank_timeout),
+                               "strata.rank_timeout")
+    if out.rank_timeout <= 0:
+        raise ConfigError("strata.rank_timeout must be > 0 (seconds a "
+                          "collective waits for the other ranks)")
     if block.get("io_threads") is not None:
         out.io_threads = int(block["io_threads"])

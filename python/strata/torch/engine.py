@@ -139,7 +139,7 @@ class StrataEngine:
             return None
         assert self.rt.optimizer is not None
         with self._recovering("engine.step()", abandon_step=True):
-            report = self.rt.optimizer.finish_step()
+            report = self.rt.finish_step()
             self.store.end_step()
         self.rt.phase = Phase.IDLE
         self.rt.end_step()
@@ -259,7 +259,8 @@ class StrataEngine:
         return self.ds_config.micro_batch
 
     def train_batch_size(self) -> int:
-        return self.ds_config.micro_batch * self.ds_config.accumulation
+        return (self.ds_config.micro_batch * self.ds_config.accumulation
+                * self.rt.ranks.world)
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the micro-batch in progress (whose step() comes next)
@@ -296,6 +297,7 @@ class StrataEngine:
         names it in save_dir/latest. Between steps only."""
         self._check_open()
         self._require_idle("save_checkpoint")
+        self.rt.require_whole("save_checkpoint")
         if self._mixed:
             raise _error(
                 f"a failed step had updated {self._mixed} groups before it "
@@ -318,6 +320,7 @@ class StrataEngine:
         load_optimizer_states) starts the optimizer's state afresh."""
         self._check_open()
         self._require_idle("load_checkpoint")
+        self.rt.require_whole("load_checkpoint")
         out = checkpoint.load(
             self, load_dir, tag,
             load_optimizer_states and not load_module_only,
@@ -394,6 +397,7 @@ class StrataEngine:
         files."""
         self._check_open()
         self._require_idle("export")
+        self.rt.require_whole("export")
         return _export.export(self, out_dir, dtype, max_shard_bytes)
 
     # ---- checks and teardown --------------------------------------------

@@ -81,6 +81,7 @@ from torch import nn
 import strata
 from strata._native import StrataError
 from strata.torch.groups import GroupPlan, UnitPlan
+from strata.torch.ranks import SHARD, Flat, Ranks
 
 
 class Phase(enum.Enum):
@@ -116,8 +117,12 @@ class Group:
     gathered: int = 0                   # GatheredParameters contexts
     deferred: list[strata.View] = field(default_factory=list)
     grads: Optional[strata.Gradients] = None
+    # What each parameter's .grad accumulates into (the views of grads, or
+    # of the flat buffer that is reduce-scattered into it).
+    grad_targets: list[torch.Tensor] = field(default_factory=list)
     final: set[int] = field(default_factory=set)  # params accumulated
     handed: bool = False                # handed off this micro-batch
+    flat: Optional[Flat] = None         # across ranks: Note [Partitions]
 
     @property
     def name(self) -> str:
@@ -170,7 +175,8 @@ class Runtime:
         self.phase = Phase.IDLE
         self.busy = 0  # inside strata's own code: every use passes
         self.saving = 0  # model.state_dict() calls in progress
-        self.live_storage: dict[int, nn.Parameter] = {}
+        # storage -> the parameters in it (one, or a gathered group's)
+        self.live_storage: dict[int, list[nn.Parameter]] = {}
         self.group_of: dict[int, Group] = {}
         self.name_of: dict[int, str] = {}
         self.index_of: dict[int, int] = {}
@@ -180,6 +186,7 @@ class Runtime:
                 self.name_of[id(p)] = name
                 self.index_of[id(p)] = index
         self.handles: list[Any] = []
+        self.ranks = Ranks()  # Note [Partitions] in ranks.py
         # Note [Prefetch of the updated weights]
         self.prefetch = prefetch
         self.order: dict[int, Unit] = {}  # this step's forward, in order
@@ -195,9 +202,15 @@ class Runtime:
         return None
 
     def _point(self, group: Group, view: strata.View) -> None:
-        for name, p in group.plan.params:
-            p.data = torch.from_dlpack(view.export(name))
-            self.live_storage[p.untyped_storage().data_ptr()] = p
+        if group.flat is None:
+            memory = [torch.from_dlpack(view.export(name))
+                      for name, _ in group.plan.params]
+        else:
+            memory = group.flat.gather(torch.from_dlpack(view.export(SHARD)))
+        for (_, p), data in zip(group.plan.params, memory):
+            p.data = data
+            self.live_storage.setdefault(
+                p.untyped_storage().data_ptr(), []).append(p)
 
     def fetch(self, group: Group) -> strata.View:
         view = self.engine.fetch(group.id, "device", roles="compute",
@@ -220,6 +233,8 @@ class Runtime:
                     self.live_storage.pop(p.untyped_storage().data_ptr(),
                                           None)
                     p.data = empty
+                if group.flat is not None:
+                    group.flat.release()
             view.release(stream)
 
     def _views(self, unit: Unit) -> list[strata.View]:
@@ -248,11 +263,31 @@ class Runtime:
         next one's, whose first unit is prefetched now."""
         if not self.order:
             return
+        for group in self.groups:
+            if group.flat is not None:
+                group.flat.stepped()
         units = list(self.order.values())
         self.after = {id(a): b for a, b in zip(units, units[1:])}
         first, self.order = units[0], {}
         if self.prefetch:
             self._prefetch(first)
+
+    def finish_step(self) -> strata.StepReport:
+        """The optimizer's FinishStep, deciding clipping and skipping from
+        every rank's gradient checks."""
+        assert self.optimizer is not None
+        if not self.ranks.sharded():
+            return self.optimizer.finish_step()
+        local = self.optimizer.local_checks()
+        return self.optimizer.finish_step(self.ranks.global_checks(local))
+
+    def require_whole(self, what: str) -> None:
+        """`what` does not work on partitioned groups yet: a clear error."""
+        if self.ranks.sharded():
+            raise StrataError(9, "failed precondition", (
+                f"strata.torch: {what} across ranks (world size "
+                f"{self.ranks.world}) is not supported yet; run it in a "
+                f"single-process job"))
 
     @contextlib.contextmanager
     def inside(self) -> Iterator[None]:
@@ -325,6 +360,9 @@ class Runtime:
                 pairs += [(group, v) for v in group.deferred]
                 group.deferred = []
                 group.grads = None
+                group.grad_targets = []
+                if group.flat is not None:
+                    group.flat.grads = None
                 group.handed = False
                 group.final.clear()
                 for _, p in group.plan.params:
@@ -402,8 +440,15 @@ class Runtime:
     def _acquire(self, group: Group, point: bool) -> None:
         assert self.optimizer is not None
         group.grads = self.optimizer.acquire_gradients(group.id)
-        for name, p in group.plan.params if point else ():
-            p.grad = torch.from_dlpack(group.grads.export(name))
+        if group.flat is None:
+            group.grad_targets = [torch.from_dlpack(group.grads.export(name))
+                                  for name, _ in group.plan.params]
+        else:
+            group.grad_targets = group.flat.gradients(
+                group.placeholders[0])
+        for (_, p), target in zip(group.plan.params, group.grad_targets):
+            if point:
+                p.grad = target
 
     def _backward_done(self, unit: Unit) -> None:
         with self.inside():
@@ -423,9 +468,9 @@ class Runtime:
                 f"group {group.name!r} was handed off, or outside "
                 f"engine.backward; call engine.backward(loss), and do not "
                 f"use a parameter outside the modules that hold it"))
-        tensor = group.grads.tensors[self.index_of[id(p)]]
-        if p.grad is not None and p.grad.data_ptr() != tensor.data:
-            torch.from_dlpack(group.grads.export(name)).copy_(p.grad)
+        target = group.grad_targets[self.index_of[id(p)]]
+        if p.grad is not None and p.grad.data_ptr() != target.data_ptr():
+            target.copy_(p.grad)
         group.final.add(id(p))
         if len(group.final) == len(group.plan.params):
             self.hand_off(group)
@@ -435,7 +480,10 @@ class Runtime:
         for _, p in group.plan.params:
             p.grad = None
         grads, group.grads = group.grads, None
+        group.grad_targets = []
         group.handed = True
+        if group.flat is not None:
+            group.flat.reduce(torch.from_dlpack(grads.export(SHARD)))
         self.optimizer.hand_off(grads, self.stream())
         deferred, group.deferred = group.deferred, []
         self.release([(group, view) for view in deferred])
@@ -466,9 +514,10 @@ class Runtime:
 
     def pack(self, t: torch.Tensor) -> Any:
         try:
-            p = self.live_storage.get(t.untyped_storage().data_ptr())
+            params = self.live_storage.get(t.untyped_storage().data_ptr())
         except (RuntimeError, NotImplementedError):
             return t  # a tensor without storage (sparse, nested)
+        p = _owner(params, t) if params else None
         if p is None or t.dtype != p.dtype:
             return t
         if t is p:
@@ -488,6 +537,19 @@ class Runtime:
         if saved.view is None:
             return saved.param
         return saved.param.data.as_strided(*saved.view)
+
+
+def _owner(params: list[nn.Parameter], t: torch.Tensor
+           ) -> Optional[nn.Parameter]:
+    """The parameter whose memory `t` starts in (params share a storage
+    when they are ranges of a gathered group)."""
+    if len(params) == 1:
+        return params[0]
+    at = t.data_ptr()
+    for p in params:
+        if p.data_ptr() <= at < p.data_ptr() + max(1, p.nbytes):
+            return p
+    return None
 
 
 def _wrap(args: tuple, kwargs: dict, hook: Callable[[], None]) -> Any:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from strata._native import StrataError
+from strata.torch.ranks import SHARD
 
 if TYPE_CHECKING:
     from strata.torch.hooks import Group, Runtime
@@ -132,15 +133,22 @@ def read_group(runtime: "Runtime", group: "Group",
     copy, which then is exact), or from `role`."""
     role = role or ("master" if group.has_master else "compute")
     with runtime.engine.fetch(group.id, "host", roles=role) as view:
-        return [torch.from_dlpack(view.export(name, role)).to(dtype,
-                                                              copy=True)
-                for (name, _), dtype in zip(group.plan.params, group.dtypes)]
+        if group.flat is None:
+            values = [torch.from_dlpack(view.export(name, role))
+                      for name, _ in group.plan.params]
+        else:  # a collective: every rank reads the group
+            values = group.flat.collect(
+                torch.from_dlpack(view.export(SHARD, role)), runtime.device)
+        return [value.to("cpu", dtype, copy=True)
+                for value, dtype in zip(values, group.dtypes)]
 
 
 def write_group(runtime: "Runtime", group: "Group",
                 values: dict[int, torch.Tensor]) -> None:
     """Writes `values` (by parameter index) into the group's master and
     compute copy (rounded); the other parameters keep theirs."""
+    runtime.require_whole("writing parameters (GatheredParameters, "
+                          "load_state_dict)")
     roles = ["compute", "master"] if group.has_master else ["compute"]
     with runtime.engine.fetch(group.id, "host", roles=roles,
                               write=True) as view:
@@ -198,6 +206,7 @@ def save_16bit(engine: Any, save_dir: str, filename: str,
     """engine.save_16bit_model's file: compute copies (exact in their
     dtype) and buffers, under model.state_dict()'s keys."""
     runtime = engine.rt
+    runtime.require_whole("save_16bit_model")
     engine.store.drain()
     values: dict[int, torch.Tensor] = {}
     for group in runtime.groups:

@@ -25,6 +25,18 @@ def test_an_unknown_key_is_named() -> None:
         st.initialize(model(), config(strata={"prefetch": "no"}))
 
 
+def test_ranks_keys_are_checked() -> None:
+    with pytest.raises(st.ConfigError, match="stage 0: strata partitions"
+                       ".*set it to 1, 2 or 3"):
+        st.initialize(model(), config(zero_optimization={"stage": 0}))
+    with pytest.raises(st.ConfigError, match="strata.rank_timeout must be"):
+        st.initialize(model(), config(strata={"rank_timeout": 0}))
+    with pytest.raises(st.ConfigError, match="train_batch_size 12 != .* "
+                       "gradient_accumulation_steps 2 x 1 ranks"):
+        st.initialize(model(), config(train_batch_size=12,
+                                      gradient_accumulation_steps=2))
+
+
 def test_keys_that_change_nothing_are_listed_once() -> None:
     with pytest.warns(UserWarning, match="steps_per_print, "
                       "zero_optimization.overlap_comm"):
