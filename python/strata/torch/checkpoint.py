@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import torch
 
 from strata._native import StrataError
+from strata.torch import reshard
 from strata.torch.export import model_config
 
 if TYPE_CHECKING:
@@ -46,9 +47,16 @@ def save(engine: "StrataEngine", save_dir: str, tag: Union[None, str, int],
              "state_buffers": _state_buffers(engine),
              "model_config": model_config(engine.module),
              "client_state": _pickled(client_state)}
-    engine.rt.optimizer.save(str(path), json.dumps(state))
-    if save_latest:
+    ranks = engine.rt.ranks
+    if ranks.sharded():
+        path.mkdir(exist_ok=True)
+        reshard.save(engine, path, json.dumps(state))
+    else:
+        engine.rt.optimizer.save(str(path), json.dumps(state))
+    if save_latest and ranks.rank == 0:
         (Path(save_dir) / "latest").write_text(tag)
+    if ranks.sharded():
+        ranks.barrier()  # every rank sees the new latest
     return str(path)
 
 
@@ -93,7 +101,7 @@ def load(engine: "StrataEngine", load_dir: str, tag: Union[None, str, int],
 
 def _read(engine: "StrataEngine", path: str) -> dict[str, Any]:
     try:
-        state = json.loads(engine.rt.optimizer.load(path) or "{}")
+        state = json.loads(reshard.load(engine, Path(path)) or "{}")
     except StrataError as e:
         if "does not fit this engine" not in e.message:
             raise

@@ -297,7 +297,6 @@ class StrataEngine:
         names it in save_dir/latest. Between steps only."""
         self._check_open()
         self._require_idle("save_checkpoint")
-        self.rt.require_whole("save_checkpoint")
         if self._mixed:
             raise _error(
                 f"a failed step had updated {self._mixed} groups before it "
@@ -320,7 +319,6 @@ class StrataEngine:
         load_optimizer_states) starts the optimizer's state afresh."""
         self._check_open()
         self._require_idle("load_checkpoint")
-        self.rt.require_whole("load_checkpoint")
         out = checkpoint.load(
             self, load_dir, tag,
             load_optimizer_states and not load_module_only,

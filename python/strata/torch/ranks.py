@@ -26,6 +26,11 @@ The padding is zeros, gets zero gradients and stays zero.
 - The step: the global norm and the overflow flag are one all-reduce of
   every rank's Optimizer.local_checks(), so every rank clips and skips
   alike (finish_step(global_checks)).
+strata's memory never enters a collective: the shard is copied into its
+slot of the flat buffer, which is gathered in place, and gradients are
+reduce-scattered in place and then copied into strata's buffer, because
+a backend may hold its tensors after the call returns (gloo's worker
+thread does), which would keep strata's views pinned past a release.
 Collectives are issued in module order in forward and in autograd's order
 in backward, the same on every rank; a rank that fails makes the others
 fail in the process group's timeout (strata.rank_timeout) naming the
@@ -57,17 +62,24 @@ class Ranks:
     def sharded(self) -> bool:
         return self.world > 1
 
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
     def all_gather(self, shard: torch.Tensor, flat: torch.Tensor) -> None:
-        dist.all_gather_into_tensor(flat, shard, group=self.group)
+        """Every rank's `shard` into `flat`, in place."""
+        mine = flat.view(self.world, -1)[self.rank]
+        mine.copy_(shard)
+        dist.all_gather_into_tensor(flat, mine, group=self.group)
 
     def reduce_scatter(self, flat: torch.Tensor, shard: torch.Tensor) -> None:
         """`flat`'s average over the ranks; this rank's part into `shard`."""
+        mine = flat.view(self.world, -1)[self.rank]
         if self.stage == 1:
             dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.group)
-            shard.copy_(flat.view(self.world, -1)[self.rank])
         else:
-            dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG,
+            dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.AVG,
                                        group=self.group)
+        shard.copy_(mine)
 
     def global_checks(self, local: strata.StepChecks) -> strata.StepChecks:
         """Every rank's checks: sum_squares added, overflow or-ed."""

@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
+from strata.torch.export import export_checkpoint
 
 from conftest import DEVICE, data, model, train_torch
 
@@ -23,9 +26,9 @@ pytestmark = pytest.mark.skipif(DEVICE != "host", reason=(
     "the ranks' tests run on gloo and the host-emulated device"))
 
 
-def launch(out: Path, settings: dict[str, Any], world: int = 2,
-           timeout: float = 240) -> dict[str, dict[str, Any]]:
-    """Runs ranks_worker.py as `world` ranks; each setting's results."""
+def launch(job: dict[str, Any], world: int = 2, timeout: float = 240
+           ) -> None:
+    """Runs ranks_worker.py's `job` as `world` ranks, as torchrun would."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -34,13 +37,20 @@ def launch(out: Path, settings: dict[str, Any], world: int = 2,
                PYTHONPATH=os.pathsep.join(
                    [str(WORKER.parent), os.environ.get("PYTHONPATH", "")]))
     procs = [subprocess.Popen(
-        [sys.executable, str(WORKER), str(out), json.dumps(settings)],
+        [sys.executable, str(WORKER), json.dumps(job)],
         env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)]
     logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r}:\n{log}"
+    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    assert not failed, "\n".join(f"rank {r} of {world} (exit "
+                                  f"{procs[r].returncode}):\n{logs[r]}"
+                                  for r in failed)
+
+
+def trained(out: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """Each setting's losses and final weights, trained by two ranks."""
+    launch({"train": settings, "out": str(out)})
     return {name: torch.load(out / f"{name}.pt") for name in settings}
 
 
@@ -50,7 +60,7 @@ def test_two_ranks_train_like_one_with_both_batches(scratch: Path) -> None:
     nvme = {"zero_optimization": {"offload_optimizer": {
         "device": "nvme", "nvme_path": str(swap)}}}
     clip = {"gradient_clipping": 0.5}
-    runs = launch(scratch, {
+    runs = trained(scratch, {
         "stage3": clip,
         "stage3_nvme": dict(clip, **nvme),
         "stage2": dict(clip, zero_optimization={"stage": 2}),
@@ -74,3 +84,50 @@ def test_two_ranks_train_like_one_with_both_batches(scratch: Path) -> None:
             assert torch.equal(run["state"][key], value), (name, key)
     assert sorted(p.name for p in (scratch / "swap").iterdir()) == [
         "rank-0", "rank-1"]
+
+
+def test_a_checkpoint_loads_at_any_world_size(scratch: Path) -> None:
+    """Saved at 4 ranks, loaded at 2 and at 1; saved at 1, loaded at 4:
+    every role and the step as saved, bit for bit; and a resume at the
+    same world size goes on exactly."""
+    swap = scratch / "swap"
+    swap.mkdir()
+    over = {"bf16": {"enabled": True}, "gradient_clipping": 0.5,
+            "zero_optimization": {"offload_optimizer": {
+                "device": "nvme", "nvme_path": str(swap)}}}
+    ckpt = {n: str(scratch / f"ckpt{n}") for n in ("4", "2", "1")}
+    dump = {n: scratch / f"dump{n}.pt" for n in ("4", "2", "1", "1to4",
+                                                  "resumed")}
+    launch({"save": over, "steps": 3, "ckpt": ckpt["4"],
+            "dump": str(dump["4"])}, world=4)
+    launch({"load": over, "ckpt": ckpt["4"], "dump": str(dump["2"]),
+            "save_to": ckpt["2"], "then": 2})
+    launch({"load": over, "ckpt": ckpt["4"], "dump": str(dump["1"]),
+            "save_to": ckpt["1"]}, world=1)
+    launch({"load": over, "ckpt": ckpt["2"], "dump": str(dump["resumed"]),
+            "then": 2})
+    launch({"load": over, "ckpt": ckpt["1"], "dump": str(dump["1to4"])},
+           world=4)
+    saved = torch.load(dump["4"])
+    assert saved["step"] == 3 and len(saved) > 8
+    for name in ("2", "1", "1to4"):
+        loaded = torch.load(dump[name])
+        for key, value in saved.items():
+            if key == "step":
+                assert loaded[key] == value, name
+            elif key != "losses":
+                assert torch.equal(loaded[key], value), (name, key)
+    assert torch.load(dump["resumed"])["losses"] == \
+        torch.load(dump["2"])["losses"]
+    tag = Path(ckpt["4"]) / (Path(ckpt["4"]) / "latest").read_text()
+    assert sorted(p.name for p in tag.iterdir()) == [
+        "rank-0", "rank-1", "rank-2", "rank-3", "ranks.json"]
+    # The offline export reads the parts of several ranks as one.
+    exported = {}
+    for name in ("4", "1"):
+        export_checkpoint(ckpt[name], scratch / f"hf{name}", dtype="fp32")
+        exported[name] = {k: v for f in (scratch / f"hf{name}").glob(
+            "*.safetensors") for k, v in load_file(f).items()}
+    assert exported["4"].keys() == exported["1"].keys()
+    for key, value in exported["1"].items():
+        assert torch.equal(exported["4"][key], value), key

@@ -91,12 +91,19 @@ def _write_config(out_dir: Union[str, Path], config: dict[str, Any]) -> None:
         json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def _is_checkpoint(path: Path) -> bool:
+    """One rank's checkpoint (manifest.json), or several ranks' (Note
+    [Checkpoints across ranks] in reshard.py)."""
+    return (path / "manifest.json").is_file() or \
+        (path / "ranks.json").is_file()
+
+
 def checkpoint_dir(path: Union[str, Path]) -> Path:
     """A checkpoint directory, or the one a save_dir's "latest" names."""
     path = Path(path)
-    if not (path / "manifest.json").is_file() and (path / "latest").is_file():
+    if not _is_checkpoint(path) and (path / "latest").is_file():
         path = path / (path / "latest").read_text().strip()
-    if not (path / "manifest.json").is_file():
+    if not _is_checkpoint(path):
         raise ConfigError(
             f"{path} is no strata checkpoint (no manifest.json, nor a "
             f"\"latest\" naming one); pass the directory save_checkpoint "
@@ -104,12 +111,36 @@ def checkpoint_dir(path: Union[str, Path]) -> Path:
     return path
 
 
+def _sharded_tensors(path: Path, dtype: str
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The parameters of a checkpoint of several ranks (verified by
+    Saved), each read from the parts that hold its range."""
+    from strata.torch.ranks import offsets
+    from strata.torch.reshard import RANKS_FILE, Saved
+    meta = json.loads((path / RANKS_FILE).read_text())
+    saved = Saved(path, int(meta["world"]))
+    want = _role(dtype)
+    for group in meta["groups"]:
+        shapes = [torch.Size(s) for _, s in group["params"]]
+        (shard,) = saved.groups[0][group["name"]]["tensors"]
+        role = want if want in shard["roles"] else "compute"
+        kind = shard["dtype"] if role == "compute" else "fp32"
+        for (name, _), shape, at in zip(group["params"], shapes,
+                                        offsets(shapes)):
+            raw = saved.read(group["name"], shapes, role, at, shape.numel())
+            value = torch.from_numpy(raw).view(_NUMPY[kind][1])
+            value = value.reshape(shape)
+            yield name, value.float() if dtype == "fp32" else value
+
+
 def checkpoint_tensors(path: Path, dtype: str
                        ) -> Iterator[tuple[str, torch.Tensor]]:
     """A verified checkpoint's parameters and persistent buffers."""
     want = _role(dtype)
-    manifest = json.loads((path / "manifest.json").read_text())
-    for group in manifest["groups"]:
+    sharded = (path / "ranks.json").is_file()
+    manifest = json.loads(
+        (path / ("rank-0" if sharded else "") / "manifest.json").read_text())
+    for group in manifest["groups"] if not sharded else ():
         file = path / group["file"]
         for t in group["tensors"]:
             role = want if want in t["roles"] else "compute"
@@ -120,6 +151,8 @@ def checkpoint_tensors(path: Path, dtype: str
                               offset=t["roles"][role])
             value = torch.from_numpy(raw).view(torch_type).reshape(t["shape"])
             yield t["name"], value.float() if dtype == "fp32" else value
+    if sharded:
+        yield from _sharded_tensors(path, dtype)
     state = user_state(manifest)
     if "state_buffers" not in state:
         raise ConfigError(
@@ -146,10 +179,13 @@ def export_checkpoint(ckpt: Union[str, Path], out_dir: Union[str, Path],
     """Exports a strata.torch checkpoint (its directory, or a save_dir
     whose "latest" names one) after verifying every file's checksum."""
     path = checkpoint_dir(ckpt)
-    strata.verify_checkpoint(str(path))
+    sharded = (path / "ranks.json").is_file()
+    if not sharded:  # Saved verifies every part of a sharded one
+        strata.verify_checkpoint(str(path))
     files = safetensors_io.write(checkpoint_tensors(path, dtype), out_dir,
                                  max_shard_bytes)
-    state = user_state(json.loads((path / "manifest.json").read_text()))
+    first = path / "rank-0" if sharded else path
+    state = user_state(json.loads((first / "manifest.json").read_text()))
     if state.get("model_config") is not None:
         _write_config(out_dir, state["model_config"])
     return files
