@@ -133,7 +133,7 @@ def _runtime(store: strata.Engine, cfg: Config, plans: list[GroupPlan],
     """The groups registered and written, and the hooks' state over them
     with strata's optimizer (every step skipped exactly on non-finite
     gradients: Note [Recovery] in engine.py)."""
-    flats = [Flat([t.shape for _, t in p.params], ranks)
+    flats = [Flat(p.name, [t.shape for _, t in p.params], ranks)
              if ranks.sharded() else None for p in plans]
     ids = [_register(store, cfg, p, dtype, flat)
            for p, flat in zip(plans, flats)]

@@ -56,7 +56,7 @@ def save(engine: "StrataEngine", save_dir: str, tag: Union[None, str, int],
     if save_latest and ranks.rank == 0:
         (Path(save_dir) / "latest").write_text(tag)
     if ranks.sharded():
-        ranks.barrier()  # every rank sees the new latest
+        ranks.barrier("the checkpoint's save")  # all see the new latest
     return str(path)
 
 

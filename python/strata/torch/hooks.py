@@ -206,7 +206,9 @@ class Runtime:
             memory = [torch.from_dlpack(view.export(name))
                       for name, _ in group.plan.params]
         else:
-            memory = group.flat.gather(torch.from_dlpack(view.export(SHARD)))
+            memory = group.flat.gather(
+                lambda mine: mine.copy_(torch.from_dlpack(view.export(SHARD))),
+                group.placeholders[0].dtype, self.device)
         for (_, p), data in zip(group.plan.params, memory):
             p.data = data
             self.live_storage.setdefault(
@@ -216,7 +218,11 @@ class Runtime:
         view = self.engine.fetch(group.id, "device", roles="compute",
                                  stream=self.stream())
         if group.live == 0 and group.gathered == 0:
-            self._point(group, view)
+            try:
+                self._point(group, view)  # across ranks, a collective
+            except BaseException:
+                view.release(self.stream())
+                raise
         group.live += 1
         return view
 
@@ -483,7 +489,8 @@ class Runtime:
         group.grad_targets = []
         group.handed = True
         if group.flat is not None:
-            group.flat.reduce(torch.from_dlpack(grads.export(SHARD)))
+            mine = group.flat.reduce()
+            torch.from_dlpack(grads.export(SHARD)).copy_(mine)
         self.optimizer.hand_off(grads, self.stream())
         deferred, group.deferred = group.deferred, []
         self.release([(group, view) for view in deferred])

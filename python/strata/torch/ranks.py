@@ -32,23 +32,35 @@ reduce-scattered in place and then copied into strata's buffer, because
 a backend may hold its tensors after the call returns (gloo's worker
 thread does), which would keep strata's views pinned past a release.
 Collectives are issued in module order in forward and in autograd's order
-in backward, the same on every rank; a rank that fails makes the others
-fail in the process group's timeout (strata.rank_timeout) naming the
-collective, instead of waiting forever."""
+in backward, the same on every rank.
+
+Note [Waiting for the other ranks]
+Every collective is issued async and waited for by polling, so the wait
+returns to Python every few milliseconds (Ctrl-C, and torchrun's SIGINT
+to every rank, stop it) and ends after strata.rank_timeout seconds even
+under a process group made with a longer timeout. A rank that exits or
+fails makes the others' collectives fail (gloo and NCCL see the peer
+go); either way the error is a StrataError naming the collective, the
+group and the cause, and the engine recovers as from any error in a pass
+(Note [Recovery] in engine.py): the job cannot go on, and the last
+checkpoint loads."""
 from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 import strata
+from strata._native import StrataError
 
 ALIGN = 64  # elements: 256 B of fp32, each parameter and shard starts there
 SHARD = "shard"
+Fill = Callable[[torch.Tensor], Any]  # copies a shard into the tensor given
 
 
 @dataclass
@@ -58,34 +70,70 @@ class Ranks:
     world: int = 1
     stage: int = 3
     group: Any = None  # the torch process group; None: the default one
+    timeout: float = 300.0  # s: Note [Waiting for the other ranks]
+    # gloo's reduce_scatter_tensor runs only inside Work.wait(), which a
+    # poll cannot end (torch 2.11): on gloo gradients are all-reduced.
+    gloo: bool = False
 
     def sharded(self) -> bool:
         return self.world > 1
 
-    def barrier(self) -> None:
-        dist.barrier(group=self.group)
+    def run(self, what: str, issue: Callable[[], Any]) -> None:
+        """Issues a collective (async) and waits for it: Note [Waiting
+        for the other ranks]."""
+        start = time.monotonic()
+        try:
+            work = issue()
+            pause = 5e-5
+            while not work.is_completed():
+                if time.monotonic() - start > self.timeout:
+                    raise StrataError(9, "failed precondition", (
+                        f"strata.torch: rank {self.rank} of {self.world} "
+                        f"waited {self.timeout:g} s for the other ranks in "
+                        f"{what}; one of them is stuck or gone. Stop the "
+                        f"job and load the last checkpoint "
+                        f"(strata.rank_timeout sets the wait)"))
+                time.sleep(pause)
+                pause = min(2 * pause, 0.005)
+            work.wait()
+        except (RuntimeError, dist.DistError) as e:
+            raise StrataError(6, "I/O error", (
+                f"strata.torch: {what} failed on rank {self.rank} of "
+                f"{self.world}: another rank failed or exited ({e}); the "
+                f"job cannot go on: stop it and load the last "
+                f"checkpoint")) from e
 
-    def all_gather(self, shard: torch.Tensor, flat: torch.Tensor) -> None:
-        """Every rank's `shard` into `flat`, in place."""
-        mine = flat.view(self.world, -1)[self.rank]
-        mine.copy_(shard)
-        dist.all_gather_into_tensor(flat, mine, group=self.group)
+    def barrier(self, what: str = "a barrier") -> None:
+        self.run(what, lambda: dist.barrier(group=self.group,
+                                            async_op=True))
 
-    def reduce_scatter(self, flat: torch.Tensor, shard: torch.Tensor) -> None:
-        """`flat`'s average over the ranks; this rank's part into `shard`."""
+    def all_gather(self, flat: torch.Tensor, fill: Fill, what: str) -> None:
+        """Every rank's shard into `flat`, in place; `fill` copies this
+        rank's into its slot (Note [Partitions]: strata's memory stays
+        out of the collective)."""
         mine = flat.view(self.world, -1)[self.rank]
-        if self.stage == 1:
-            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.group)
+        fill(mine)
+        self.run(what, lambda: dist.all_gather_into_tensor(
+            flat, mine, group=self.group, async_op=True))
+
+    def reduce_scatter(self, flat: torch.Tensor, what: str) -> torch.Tensor:
+        """`flat`'s average over the ranks; this rank's part of it."""
+        mine = flat.view(self.world, -1)[self.rank]
+        if self.stage == 1 or self.gloo:
+            self.run(what, lambda: dist.all_reduce(
+                flat, op=dist.ReduceOp.AVG, group=self.group, async_op=True))
         else:
-            dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.AVG,
-                                       group=self.group)
-        shard.copy_(mine)
+            self.run(what, lambda: dist.reduce_scatter_tensor(
+                mine, flat, op=dist.ReduceOp.AVG, group=self.group,
+                async_op=True))
+        return mine
 
     def global_checks(self, local: strata.StepChecks) -> strata.StepChecks:
         """Every rank's checks: sum_squares added, overflow or-ed."""
         both = torch.tensor([local.sum_squares, float(local.overflow)],
                             dtype=torch.float64)
-        dist.all_reduce(both, group=self.group)
+        self.run("the step's gradient checks", lambda: dist.all_reduce(
+            both, group=self.group, async_op=True))
         return strata.StepChecks(float(both[0]), bool(both[1] > 0))
 
 
@@ -103,7 +151,8 @@ def discover(process_group: Any = None, stage: int = 3,
     world = dist.get_world_size(process_group)
     if world <= 1:
         return Ranks(stage=stage)
-    return Ranks(dist.get_rank(process_group), world, stage, process_group)
+    return Ranks(dist.get_rank(process_group), world, stage, process_group,
+                 timeout_s, dist.get_backend(process_group) == "gloo")
 
 
 def aligned(n: int) -> int:
@@ -128,7 +177,9 @@ def shard_size(shapes: list[torch.Size], world: int) -> int:
 class Flat:
     """One group's flat layout at a world size, and its buffers."""
 
-    def __init__(self, shapes: list[torch.Size], ranks: Ranks) -> None:
+    def __init__(self, name: str, shapes: list[torch.Size], ranks: Ranks
+                 ) -> None:
+        self.name = name
         self.shapes = shapes
         self.offsets = offsets(shapes)
         self.ranks = ranks
@@ -150,24 +201,27 @@ class Flat:
         r = self.ranks.rank
         return flat[r * self.shard:(r + 1) * self.shard]
 
-    def gather(self, shard: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's compute shard gathered; the parameters' views."""
+    def gather(self, fill: Fill, dtype: torch.dtype, device: torch.device
+               ) -> list[torch.Tensor]:
+        """Every rank's compute shard gathered (kept, stages 1 and 2);
+        the parameters' views."""
         if self.weights is None:
-            flat = torch.empty(self.shard * self.ranks.world,
-                               dtype=shard.dtype, device=shard.device)
-            self.ranks.all_gather(shard, flat)
-            self.weights = flat
+            self.weights = self._gathered(fill, dtype, device)
         return self.views(self.weights)
 
-    def collect(self, shard: torch.Tensor, device: torch.device
+    def collect(self, fill: Fill, dtype: torch.dtype, device: torch.device
                 ) -> list[torch.Tensor]:
-        """Every rank's `shard` of one role gathered afresh (on `device`,
+        """Every rank's shard of one role gathered afresh (on `device`,
         where the backend can reach it); the parameters' views."""
-        shard = shard.to(device)
-        flat = torch.empty(self.shard * self.ranks.world, dtype=shard.dtype,
+        return self.views(self._gathered(fill, dtype, device))
+
+    def _gathered(self, fill: Fill, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+        flat = torch.empty(self.shard * self.ranks.world, dtype=dtype,
                            device=device)
-        self.ranks.all_gather(shard, flat)
-        return self.views(flat)
+        self.ranks.all_gather(flat, fill,
+                              f"the all-gather of group {self.name!r}")
+        return flat
 
     def release(self) -> None:
         """After the group's last use: stage 3 drops the gathered copy."""
@@ -184,9 +238,10 @@ class Flat:
                                  dtype=like.dtype, device=like.device)
         return self.views(self.grads)
 
-    def reduce(self, shard: torch.Tensor) -> None:
-        """The accumulated gradients, averaged over the ranks, into this
-        rank's `shard` (its strata gradient buffer)."""
+    def reduce(self) -> torch.Tensor:
+        """The accumulated gradients averaged over the ranks: this rank's
+        part, for its strata gradient buffer."""
         assert self.grads is not None
         grads, self.grads = self.grads, None
-        self.ranks.reduce_scatter(grads, shard)
+        return self.ranks.reduce_scatter(
+            grads, f"the gradients' reduce-scatter of group {self.name!r}")

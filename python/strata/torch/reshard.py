@@ -49,13 +49,13 @@ def _error(message: str) -> StrataError:
 def save(engine: "StrataEngine", path: Path, state: str) -> None:
     """Every rank's part of save_dir/tag, then ranks.json (rank 0)."""
     ranks = engine.rt.ranks
-    ranks.barrier()
+    ranks.barrier("the checkpoint's save")
     if ranks.rank == 0 and (path / RANKS_FILE).exists():
         (path / RANKS_FILE).unlink()  # the tag is incomplete until the end
         _sync_dir(path)
-    ranks.barrier()
+    ranks.barrier("the checkpoint's save")
     engine.rt.optimizer.save(str(path / f"rank-{ranks.rank}"), state)
-    ranks.barrier()
+    ranks.barrier("the checkpoint's save")
     if ranks.rank == 0:
         groups = [{"name": g.name, "shard": g.flat.shard,
                    "params": [[name, list(t.shape)]
@@ -63,7 +63,7 @@ def save(engine: "StrataEngine", path: Path, state: str) -> None:
                   for g in engine.rt.groups if g.flat is not None]
         _write_atomically(path / RANKS_FILE, json.dumps(
             {"format": _FORMAT, "world": ranks.world, "groups": groups}))
-    ranks.barrier()
+    ranks.barrier("the checkpoint's save")
 
 
 def load(engine: "StrataEngine", path: Path) -> str:

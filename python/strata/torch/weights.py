@@ -138,7 +138,10 @@ def read_group(runtime: "Runtime", group: "Group",
                       for name, _ in group.plan.params]
         else:  # a collective: every rank reads the group
             values = group.flat.collect(
-                torch.from_dlpack(view.export(SHARD, role)), runtime.device)
+                lambda mine: mine.copy_(
+                    torch.from_dlpack(view.export(SHARD, role))),
+                group.placeholders[0].dtype if role == "compute"
+                else torch.float32, runtime.device)
         return [value.to("cpu", dtype, copy=True)
                 for value, dtype in zip(values, group.dtypes)]
 

@@ -11,6 +11,8 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with a job as JSON in argv[1]:
   "then": K}: loads DIR at this world size, dumps every role, saves it
   again to DIR2 (optional), then trains K more steps (optional), whose
   losses go into the dump.
+- {"die": overrides, "ckpt": DIR}: trains a step, saves a checkpoint to
+  DIR, and in the next step's forward the last rank exits (code 3).
 
 A dump holds, per group and role, the group's parameters laid end to end
 (without the padding of Note [Partitions]) and the optimizer's step: the
@@ -68,8 +70,11 @@ def dump(engine: st.StrataEngine) -> dict[str, Any]:
                     values = [torch.from_dlpack(view.export(name, role))
                               for name, _ in group.plan.params]
                 else:
-                    values = group.flat.collect(torch.from_dlpack(
-                        view.export(SHARD, role)), torch.device("cpu"))
+                    values = group.flat.collect(
+                        lambda mine: mine.copy_(torch.from_dlpack(
+                            view.export(SHARD, role))),
+                        group.placeholders[0].dtype if role == "compute"
+                        else torch.float32, torch.device("cpu"))
                 out[f"{group.name}/{role}"] = torch.cat(
                     [v.reshape(-1) for v in values]).clone()
     return out
@@ -90,6 +95,17 @@ def main() -> None:
         engine = engine_for(job["save"], world)
         train(engine, job["steps"])
         engine.save_checkpoint(job["ckpt"])
+    if "die" in job:
+        engine = engine_for(job["die"], world)
+        train(engine, 1)
+        engine.save_checkpoint(job["ckpt"])
+        x, y = data(2)[1]
+        loss = loss_of(forward(engine, x[:1], y[:1]))
+        if rank == world - 1:
+            os._exit(3)
+        engine.backward(loss)  # its reduce-scatters wait for the dead rank
+        engine.step()
+        raise AssertionError("the step went on without the last rank")
     if "load" in job:
         engine = engine_for(job["load"], world)
         assert engine.load_checkpoint(job["ckpt"])[0] is not None

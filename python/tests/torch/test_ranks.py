@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -26,9 +26,10 @@ pytestmark = pytest.mark.skipif(DEVICE != "host", reason=(
     "the ranks' tests run on gloo and the host-emulated device"))
 
 
-def launch(job: dict[str, Any], world: int = 2, timeout: float = 240
-           ) -> None:
-    """Runs ranks_worker.py's `job` as `world` ranks, as torchrun would."""
+def launch(job: dict[str, Any], world: int = 2, timeout: float = 240,
+           exits: Optional[list[int]] = None) -> list[str]:
+    """Runs ranks_worker.py's `job` as `world` ranks, as torchrun would,
+    and checks their exit codes (`exits`, default all 0); their logs."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -42,10 +43,12 @@ def launch(job: dict[str, Any], world: int = 2, timeout: float = 240
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)]
     logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    want = exits or [0] * world
+    failed = [r for r, p in enumerate(procs) if p.returncode != want[r]]
     assert not failed, "\n".join(f"rank {r} of {world} (exit "
                                   f"{procs[r].returncode}):\n{logs[r]}"
                                   for r in failed)
+    return logs
 
 
 def trained(out: Path, settings: dict[str, Any]) -> dict[str, Any]:
@@ -131,3 +134,17 @@ def test_a_checkpoint_loads_at_any_world_size(scratch: Path) -> None:
     assert exported["4"].keys() == exported["1"].keys()
     for key, value in exported["1"].items():
         assert torch.equal(exported["4"][key], value), key
+
+
+def test_a_rank_that_dies_mid_step_stops_the_others(scratch: Path) -> None:
+    """The survivor's collective fails naming the cause, within the
+    timeout (communicate's), and the last checkpoint loads."""
+    over = {"strata": {"rank_timeout": 60}}
+    ckpt = str(scratch / "ckpt")
+    logs = launch({"die": over, "ckpt": ckpt}, exits=[1, 3], timeout=120)
+    assert "failed on rank 0 of 2: another rank failed or exited" in \
+        logs[0], logs[0]
+    assert "Exception ignored" not in logs[0], logs[0]  # closed cleanly
+    launch({"load": over, "ckpt": ckpt, "dump": str(scratch / "d.pt")},
+           world=1)
+    assert torch.load(scratch / "d.pt")["step"] == 1
