@@ -7,6 +7,7 @@ It runs through strata with one line changed: the deepspeed import.
 
     python examples/ds_train_gpt2.py --deepspeed \
         --deepspeed_config examples/ds_config_gpt2.json --steps 8
+    torchrun --nproc-per-node 2 examples/ds_train_gpt2.py ...  # 2 ranks
 
 Each step prints one JSON line: {"step": n, "loss": ..., "lr": ...}.
 """
@@ -50,9 +51,11 @@ def text() -> torch.Tensor:
 
 
 def micro_batch(tokens: torch.Tensor, step: int, micro: int, size: int,
-                seed: int) -> torch.Tensor:
-    """The same windows of the text for the same (step, micro-batch)."""
-    g = torch.Generator().manual_seed(seed * 100003 + step * 101 + micro)
+                seed: int, rank: int = 0) -> torch.Tensor:
+    """The same windows of the text for the same (step, micro-batch,
+    rank): each rank of a data-parallel run trains its own."""
+    g = torch.Generator().manual_seed(
+        seed * 100003 + step * 101 + micro + rank * 1000003)
     starts = torch.randint(0, len(tokens) - SEQ, (size,), generator=g)
     return torch.stack([tokens[s:s + SEQ] for s in starts])
 
@@ -75,7 +78,8 @@ def main() -> None:
     for step in range(start, args.steps):
         total = 0.0
         for micro in range(engine.gradient_accumulation_steps()):
-            ids = micro_batch(tokens, step, micro, size, args.seed)
+            ids = micro_batch(tokens, step, micro, size, args.seed,
+                              engine.global_rank)
             loss = engine(input_ids=ids.to(engine.device),
                           labels=ids.to(engine.device)).loss
             engine.backward(loss)

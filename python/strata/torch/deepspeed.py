@@ -14,7 +14,9 @@ script runs with one line changed:
 
 initialize() takes DeepSpeed's arguments and returns its 4-tuple; the
 engine is a StrataEngine (engine.py), which has DeepSpeed's engine methods.
-One rank only for now: a world size above 1 is refused naming it.
+Under torchrun (or the deepspeed launcher) init_distributed makes the
+process group and initialize partitions the model across the ranks
+(strata.torch.ranks).
 zero.Init is strata.torch.init: the model's parameters wait on the meta
 device and initialize() builds them group by group into strata's tiers.
 docs/torch.md, "Coming from DeepSpeed", lists what differs and why."""
@@ -25,6 +27,7 @@ import os
 from typing import Any, Callable, Iterable, Optional
 
 import torch
+import torch.distributed as dist
 
 from strata.torch import init, initialize as _initialize
 from strata.torch.config import ConfigError
@@ -55,7 +58,6 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None,
     if mpu is not None or mesh_param is not None:
         raise ConfigError("mpu / mesh_param: strata runs data parallelism "
                           "only; remove them")
-    _one_rank()
     config = config if config is not None else config_params
     if config is None:
         config = getattr(args, "deepspeed_config", None)
@@ -71,11 +73,14 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None,
                          model_parameters=model_parameters,
                          lr_scheduler=lr_scheduler)
     loader = None
-    if training_data is not None:
+    if training_data is not None:  # each rank its part, as DeepSpeed's
+        sampler = torch.utils.data.DistributedSampler(
+            training_data, num_replicas=engine.world_size,
+            rank=engine.global_rank) if engine.world_size > 1 else None
         loader = torch.utils.data.DataLoader(
             training_data,
             batch_size=engine.train_micro_batch_size_per_gpu(),
-            shuffle=True, collate_fn=collate_fn)
+            shuffle=sampler is None, sampler=sampler, collate_fn=collate_fn)
     return engine, engine.optimizer, loader, engine.lr_scheduler
 
 
@@ -97,17 +102,20 @@ def init_distributed(dist_backend: Optional[str] = None,
                      dist_init_required: Optional[bool] = None,
                      config: Any = None, rank: int = -1,
                      world_size: int = -1) -> None:
-    """One rank: nothing to set up (a larger world is refused)."""
-    _one_rank(world_size)
-
-
-def _one_rank(world_size: int = -1) -> None:
+    """DeepSpeed's: the default process group from the launcher's
+    environment (torchrun's or deepspeed's), NCCL with a GPU and gloo
+    without unless dist_backend says; nothing at one rank or when it is
+    made already."""
     world = world_size if world_size > 0 else \
         int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        raise ConfigError(
-            f"WORLD_SIZE {world}: strata.torch trains one rank today (ZeRO "
-            f"across ranks is the next issue); run one process")
+    if world <= 1 or dist.is_initialized():
+        return
+    backend = dist_backend or ("nccl" if torch.cuda.is_available()
+                               else "gloo")
+    dist.init_process_group(
+        backend, init_method=init_method, timeout=timeout,
+        rank=rank if rank >= 0 else int(os.environ["RANK"]),
+        world_size=world)
 
 
 class _Init(init):

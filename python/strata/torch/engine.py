@@ -21,6 +21,7 @@ names the group; strata.max_consecutive_skips skips in a row stop the run
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
@@ -257,6 +258,24 @@ class StrataEngine:
 
     def train_micro_batch_size_per_gpu(self) -> int:
         return self.ds_config.micro_batch
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank (0 at one rank), as DeepSpeed's engine."""
+        return self.rt.ranks.rank
+
+    @property
+    def world_size(self) -> int:
+        """The data-parallel ranks (DeepSpeed's world_size and
+        dp_world_size)."""
+        return self.rt.ranks.world
+
+    dp_world_size = world_size
+
+    @property
+    def local_rank(self) -> int:
+        """The rank on this machine (the launcher's LOCAL_RANK)."""
+        return int(os.environ.get("LOCAL_RANK", "0"))
 
     def train_batch_size(self) -> int:
         return (self.ds_config.micro_batch * self.ds_config.accumulation

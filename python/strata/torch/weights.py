@@ -132,18 +132,25 @@ def read_group(runtime: "Runtime", group: "Group",
     initialize: from the fp32 master where there is one (else the compute
     copy, which then is exact), or from `role`."""
     role = role or ("master" if group.has_master else "compute")
+    return role_values(runtime, group, role, group.dtypes)
+
+
+def role_values(runtime: "Runtime", group: "Group", role: str,
+                dtypes: list[torch.dtype]) -> list[torch.Tensor]:
+    """Each parameter's values of `role`, as copies on the CPU in `dtypes`
+    (across ranks gathered: a collective, every rank reads the group)."""
     with runtime.engine.fetch(group.id, "host", roles=role) as view:
         if group.flat is None:
             values = [torch.from_dlpack(view.export(name, role))
                       for name, _ in group.plan.params]
-        else:  # a collective: every rank reads the group
+        else:
             values = group.flat.collect(
                 lambda mine: mine.copy_(
                     torch.from_dlpack(view.export(SHARD, role))),
                 group.placeholders[0].dtype if role == "compute"
                 else torch.float32, runtime.device)
         return [value.to("cpu", dtype, copy=True)
-                for value, dtype in zip(values, group.dtypes)]
+                for value, dtype in zip(values, dtypes)]
 
 
 def write_group(runtime: "Runtime", group: "Group",
@@ -207,18 +214,21 @@ def install_state_dict_hooks(runtime: "Runtime", engine: Any) -> list[Any]:
 def save_16bit(engine: Any, save_dir: str, filename: str,
                exclude_frozen: bool) -> None:
     """engine.save_16bit_model's file: compute copies (exact in their
-    dtype) and buffers, under model.state_dict()'s keys."""
+    dtype) and buffers, under model.state_dict()'s keys; across ranks
+    gathered by every rank and written by rank 0."""
     runtime = engine.rt
-    runtime.require_whole("save_16bit_model")
     engine.store.drain()
     values: dict[int, torch.Tensor] = {}
     for group in runtime.groups:
         if exclude_frozen and not group.plan.trainable:
             continue
-        with runtime.engine.fetch(group.id, "host", roles="compute") as view:
-            for name, p in group.plan.params:
-                values[id(p)] = torch.from_dlpack(
-                    view.export(name, "compute")).clone()
+        compute = [group.placeholders[0].dtype] * len(group.plan.params)
+        for (_, p), value in zip(group.plan.params,
+                                 role_values(runtime, group, "compute",
+                                             compute)):
+            values[id(p)] = value
+    if runtime.ranks.rank != 0:
+        return
     state: dict[str, torch.Tensor] = {}
     with runtime.inside():
         named = engine.module.state_dict(keep_vars=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -27,14 +28,29 @@ import ds_train_gpt2 as script  # noqa: E402
 CONFIG = json.loads((EXAMPLES / "ds_config_gpt2.json").read_text())
 
 
-def run(cwd: Path, *args: str) -> list[dict]:
+def run(cwd: Path, *args: str, ranks: int = 1) -> list[dict]:
+    """The script's step lines; with `ranks`, under torchrun."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    logs = cwd / f"logs-{len(list(cwd.glob('logs-*')))}"
+    launcher = [sys.executable] if ranks == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+        str(ranks), "--master-port", str(free_port()), "--redirects", "1",
+        "--log-dir", str(logs)]  # each rank's stdout a file of its own
     out = subprocess.run(
-        [sys.executable, str(EXAMPLES / "ds_train_gpt2.py"), "--deepspeed",
+        [*launcher, str(EXAMPLES / "ds_train_gpt2.py"), "--deepspeed",
          "--deepspeed_config", str(EXAMPLES / "ds_config_gpt2.json"), *args],
-        cwd=cwd, env=env, check=True, capture_output=True, text=True)
-    return [json.loads(line) for line in out.stdout.splitlines()
-            if line.startswith("{")]
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    texts = [out.stdout] if ranks == 1 else [
+        f.read_text() for f in sorted(logs.rglob("stdout.log"))]
+    return [json.loads(line) for text in texts
+            for line in text.splitlines() if line.startswith("{")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def plain_pytorch(steps: int) -> list[float]:
@@ -90,3 +106,19 @@ def test_the_deepspeed_script_runs_resumes_and_matches_pytorch(
                          "pytorch_model.bin")
     model = script.build_model(1)
     model.load_state_dict(weights)
+
+
+def test_the_script_runs_unchanged_under_torchrun(scratch: Path) -> None:
+    """Two ranks, each on its own batches; a resume from the checkpoint
+    of step 2 goes on exactly as the run that saved it."""
+    full = run(scratch, "--steps", "4", "--save-every", "2", ranks=2)
+    assert sorted(r["step"] for r in full) == [1, 1, 2, 2, 3, 3, 4, 4]
+    by_step = {r["step"]: r for r in full}
+    assert len({r["loss"] for r in full if r["step"] == 1}) == 2
+    (scratch / "checkpoints" / "latest").write_text("2")
+    resumed = run(scratch, "--steps", "4", "--resume", ranks=2)
+    assert sorted(map(json.dumps, resumed)) == sorted(
+        json.dumps(r) for r in full if r["step"] > 2)
+    assert by_step[4]["grad_norm"] > 0
+    assert (scratch / "checkpoints" / "4" / "ranks.json").is_file()
+    assert (scratch / "gpt2-16bit" / "pytorch_model.bin").is_file()
