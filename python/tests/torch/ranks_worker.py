@@ -5,25 +5,26 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with a job as JSON in argv[1]:
   data-parallel under each setting on its part of the global batches;
   rank 0 saves each one's losses (the ranks' mean) and final weights to
   DIR/<name>.pt.
-- {"save": overrides, "steps": K, "ckpt": DIR, "dump": FILE}: trains K
-  steps, saves a checkpoint to DIR and dumps every role (below) to FILE.
-- {"load": overrides, "ckpt": DIR, "dump": FILE, "save_to": DIR2,
-  "then": K}: loads DIR at this world size, dumps every role, saves it
-  again to DIR2 (optional), then trains K more steps (optional), whose
-  losses go into the dump.
+- {"reshard": overrides, "out": DIR} at 4 ranks: trains 3 steps and saves
+  a checkpoint; ranks 0-1 (a process group of their own) load it, save
+  it again and train 2 steps; rank 0 alone loads it and saves it as one
+  rank's; ranks 0-1 load their own checkpoint and train the same 2 steps;
+  all 4 load the one-rank checkpoint. Each load dumps (below) to
+  DIR/<phase>.pt.
 - {"die": overrides, "ckpt": DIR}: trains a step, saves a checkpoint to
   DIR, and in the next step's forward the last rank exits (code 3).
 
 A dump holds, per group and role, the group's parameters laid end to end
-(without the padding of Note [Partitions]) and the optimizer's step: the
-same for every world size when a checkpoint is resharded exactly."""
+(without the padding of Note [Partitions]), the optimizer's step and the
+losses of the steps trained after it: the roles and step are the same at
+every world size when a checkpoint is resharded exactly."""
 from __future__ import annotations
 
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,17 +37,17 @@ from strata.torch.ranks import SHARD
 ROLES = ("compute", "master", "state1", "state2")
 
 
-def engine_for(over: dict[str, Any], world: int) -> st.StrataEngine:
+def engine_for(over: dict[str, Any], world: int,
+               group: Any = None) -> st.StrataEngine:
     cfg = config(**over)
     cfg["train_micro_batch_size_per_gpu"] = 8 // world
-    return st.initialize(model(), cfg)
+    return st.initialize(model(), cfg, process_group=group)
 
 
 def train(engine: st.StrataEngine, steps: int, first: int = 0
           ) -> list[float]:
-    ranked = dist.is_initialized()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if ranked \
-        else (0, 1)
+    """Steps on each rank's part of the batches; the ranks' mean losses."""
+    rank, world = engine.global_rank, engine.world_size
     mine = slice(rank * 8 // world, (rank + 1) * 8 // world)
     losses = []
     for x, y in data(first + steps)[first:]:
@@ -54,8 +55,9 @@ def train(engine: st.StrataEngine, steps: int, first: int = 0
         engine.backward(loss)
         engine.step()
         mean = loss.detach().clone()
-        if ranked:
-            dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+        if world > 1:
+            dist.all_reduce(mean, op=dist.ReduceOp.AVG,
+                            group=engine.rt.ranks.group)
         losses.append(mean.item())
     return losses
 
@@ -80,46 +82,71 @@ def dump(engine: st.StrataEngine) -> dict[str, Any]:
     return out
 
 
+def phase(over: dict[str, Any], out: Path, name: str, world: int,
+          group: Any, load: Optional[str], save: Optional[str] = None,
+          then: int = 0) -> None:
+    """A fresh engine over `world` ranks: loads `load` (or trains 3
+    steps), dumps to out/<name>.pt, saves to `save`, trains `then`."""
+    engine = engine_for(over, world, group)
+    if load is None:
+        train(engine, 3)
+    else:
+        assert engine.load_checkpoint(load)[0] is not None
+    values = dump(engine)
+    if save is not None:
+        engine.save_checkpoint(save)
+    values["losses"] = train(engine, then, engine.global_steps)
+    engine.close()
+    if engine.global_rank == 0:
+        torch.save(values, out / f"{name}.pt")
+
+
+def reshard(over: dict[str, Any], out: Path) -> None:
+    """The "reshard" job (module docstring), at 4 ranks."""
+    rank = dist.get_rank()
+    pair, alone = dist.new_group([0, 1]), dist.new_group([0])
+    ckpt = {n: str(out / f"ckpt{n}") for n in (4, 2, 1)}
+    phase(over, out, "saved", 4, None, None, ckpt[4])
+    if rank < 2:
+        phase(over, out, "at2", 2, pair, ckpt[4], ckpt[2], then=2)
+    if rank == 0:
+        phase(over, out, "at1", 1, alone, ckpt[4], ckpt[1])
+    if rank < 2:
+        phase(over, out, "resumed", 2, pair, ckpt[2], then=2)
+    dist.barrier()
+    phase(over, out, "1to4", 4, None, ckpt[1])
+
+
+def die(over: dict[str, Any], ckpt: str) -> None:
+    """The "die" job (module docstring)."""
+    engine = engine_for(over, dist.get_world_size())
+    train(engine, 1)
+    engine.save_checkpoint(ckpt)
+    x, y = data(2)[1]
+    loss = loss_of(forward(engine, x[:1], y[:1]))
+    if engine.global_rank == engine.world_size - 1:
+        os._exit(3)
+    engine.backward(loss)  # its reduce-scatters wait for the dead rank
+    engine.step()
+    raise AssertionError("the step went on without the last rank")
+
+
 def main() -> None:
     job = json.loads(sys.argv[1])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
     for name, over in job.get("train", {}).items():
-        engine = engine_for(over, world)
+        engine = engine_for(over, dist.get_world_size())
         losses = train(engine, int(os.environ.get("STEPS", "6")))
         state = {k: v.cpu() for k, v in engine.state_dict().items()}
         engine.close()
-        if rank == 0:
+        if dist.get_rank() == 0:
             torch.save({"losses": losses, "state": state},
                        Path(job["out"]) / f"{name}.pt")
-    if "save" in job:
-        engine = engine_for(job["save"], world)
-        train(engine, job["steps"])
-        engine.save_checkpoint(job["ckpt"])
+    if "reshard" in job:
+        reshard(job["reshard"], Path(job["out"]))
     if "die" in job:
-        engine = engine_for(job["die"], world)
-        train(engine, 1)
-        engine.save_checkpoint(job["ckpt"])
-        x, y = data(2)[1]
-        loss = loss_of(forward(engine, x[:1], y[:1]))
-        if rank == world - 1:
-            os._exit(3)
-        engine.backward(loss)  # its reduce-scatters wait for the dead rank
-        engine.step()
-        raise AssertionError("the step went on without the last rank")
-    if "load" in job:
-        engine = engine_for(job["load"], world)
-        assert engine.load_checkpoint(job["ckpt"])[0] is not None
-    if "dump" in job:
-        values = dump(engine)
-        if "save_to" in job:
-            engine.save_checkpoint(job["save_to"])
-        first = engine.global_steps
-        values["losses"] = train(engine, job.get("then", 0), first)
-        engine.close()
-        if rank == 0:
-            torch.save(values, job["dump"])
-    if dist.is_initialized():
-        dist.destroy_process_group()
+        die(job["die"], job["ckpt"])
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

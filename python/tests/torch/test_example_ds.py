@@ -109,16 +109,15 @@ def test_the_deepspeed_script_runs_resumes_and_matches_pytorch(
 
 
 def test_the_script_runs_unchanged_under_torchrun(scratch: Path) -> None:
-    """Two ranks, each on its own batches; a resume from the checkpoint
-    of step 2 goes on exactly as the run that saved it."""
-    full = run(scratch, "--steps", "4", "--save-every", "2", ranks=2)
-    assert sorted(r["step"] for r in full) == [1, 1, 2, 2, 3, 3, 4, 4]
-    by_step = {r["step"]: r for r in full}
-    assert len({r["loss"] for r in full if r["step"] == 1}) == 2
-    (scratch / "checkpoints" / "latest").write_text("2")
-    resumed = run(scratch, "--steps", "4", "--resume", ranks=2)
-    assert sorted(map(json.dumps, resumed)) == sorted(
-        json.dumps(r) for r in full if r["step"] > 2)
-    assert by_step[4]["grad_norm"] > 0
-    assert (scratch / "checkpoints" / "4" / "ranks.json").is_file()
-    assert (scratch / "gpt2-16bit" / "pytorch_model.bin").is_file()
+    """Two ranks, each on its own batches, one global norm; a checkpoint
+    of both ranks' parts and the 16-bit weights (resuming across ranks:
+    test_ranks.py)."""
+    lines = run(scratch, "--steps", "3", "--save-every", "3", ranks=2)
+    assert sorted(r["step"] for r in lines) == [1, 1, 2, 2, 3, 3]
+    first = [r for r in lines if r["step"] == 1]
+    assert first[0]["loss"] != first[1]["loss"]
+    assert first[0]["grad_norm"] == first[1]["grad_norm"] > 0
+    assert (scratch / "checkpoints" / "3" / "ranks.json").is_file()
+    weights = torch.load(scratch / "gpt2-16bit" / "pytorch_model.bin")
+    model = script.build_model(0)
+    model.load_state_dict(weights)
