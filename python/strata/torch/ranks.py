@@ -35,10 +35,14 @@ Collectives are issued in module order in forward and in autograd's order
 in backward, the same on every rank.
 
 Note [Waiting for the other ranks]
-Every collective is issued async and waited for by polling, so the wait
-returns to Python every few milliseconds (Ctrl-C, and torchrun's SIGINT
-to every rank, stop it) and ends after strata.rank_timeout seconds even
-under a process group made with a longer timeout. A rank that exits or
+On gloo, whose collectives block the host, every collective is issued
+async and waited for by polling, so the wait returns to Python every few
+milliseconds (Ctrl-C, and torchrun's SIGINT to every rank, stop it) and
+ends after strata.rank_timeout seconds even under a process group made
+with a longer timeout. On NCCL Work.wait() only queues the wait on the
+current stream and returns; NCCL's own watchdog (the process group's
+timeout, strata.rank_timeout when strata makes the group) ends a stuck
+collective. A rank that exits or
 fails makes the others' collectives fail (gloo and NCCL see the peer
 go); either way the error is a StrataError naming the collective, the
 group and the cause, and the engine recovers as from any error in a pass
@@ -71,6 +75,7 @@ class Ranks:
     stage: int = 3
     group: Any = None  # the torch process group; None: the default one
     timeout: float = 300.0  # s: Note [Waiting for the other ranks]
+    # Host-blocking collectives: Note [Waiting for the other ranks]. And
     # gloo's reduce_scatter_tensor runs only inside Work.wait(), which a
     # poll cannot end (torch 2.11): on gloo gradients are all-reduced.
     gloo: bool = False
@@ -85,7 +90,7 @@ class Ranks:
         try:
             work = issue()
             pause = 5e-5
-            while not work.is_completed():
+            while self.gloo and not work.is_completed():
                 if time.monotonic() - start > self.timeout:
                     raise StrataError(9, "failed precondition", (
                         f"strata.torch: rank {self.rank} of {self.world} "

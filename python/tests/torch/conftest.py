@@ -46,6 +46,16 @@ def gpt2(seed: int = 0) -> nn.Module:
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
 
 
+def llama(seed: int = 0) -> nn.Module:
+    """A 2-layer transformers Llama from a config (untied head, GQA)."""
+    import transformers
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=32))
+
+
 def data(steps: int = STEPS, cfg: GPTConfig = TINY
          ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x.to(TORCH_DEVICE), y.to(TORCH_DEVICE))

@@ -2,9 +2,10 @@
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with a job as JSON in argv[1]:
 
 - {"train": {name: config overrides}, "out": DIR}: trains the tests' GPT
-  data-parallel under each setting on its part of the global batches;
-  rank 0 saves each one's losses (the ranks' mean) and final weights to
-  DIR/<name>.pt.
+  (their Llama with "_model": "llama") data-parallel under each setting
+  on its part of the global batches;
+  rank 0 saves each one's losses (the ranks' mean), final weights and
+  tier use to DIR/<name>.pt.
 - {"reshard": overrides, "out": DIR} at 4 ranks: trains 3 steps and saves
   a checkpoint; ranks 0-1 (a process group of their own) load it, save
   it again and train 2 steps; rank 0 alone loads it and saves it as one
@@ -29,7 +30,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from conftest import config, data, forward, loss_of, model
+from conftest import config, data, forward, llama, loss_of, model
 
 import strata.torch as st
 from strata.torch.ranks import SHARD
@@ -39,9 +40,13 @@ ROLES = ("compute", "master", "state1", "state2")
 
 def engine_for(over: dict[str, Any], world: int,
                group: Any = None) -> st.StrataEngine:
+    """The tests' GPT (or with "_model": "llama", their Llama) through
+    strata, each rank's micro-batch its part of 8."""
+    over = dict(over)
+    make = llama if over.pop("_model", "gpt") == "llama" else model
     cfg = config(**over)
     cfg["train_micro_batch_size_per_gpu"] = 8 // world
-    return st.initialize(model(), cfg, process_group=group)
+    return st.initialize(make(), cfg, process_group=group)
 
 
 def train(engine: st.StrataEngine, steps: int, first: int = 0
@@ -138,9 +143,10 @@ def main() -> None:
         engine = engine_for(over, dist.get_world_size())
         losses = train(engine, int(os.environ.get("STEPS", "6")))
         state = {k: v.cpu() for k, v in engine.state_dict().items()}
+        tiers = engine.store.stats()["tiers"]
         engine.close()
         if dist.get_rank() == 0:
-            torch.save({"losses": losses, "state": state},
+            torch.save({"losses": losses, "state": state, "tiers": tiers},
                        Path(job["out"]) / f"{name}.pt")
     if "reshard" in job:
         reshard(job["reshard"], Path(job["out"]))

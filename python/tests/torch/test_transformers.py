@@ -7,17 +7,11 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import config, data, gpt2, train_strata, train_torch, twin
+from conftest import (config, data, gpt2, llama, train_strata, train_torch,
+                      twin)
 from test_exact import LOSS_RTOL, PARAM_ATOL
 
 transformers = pytest.importorskip("transformers")
-
-
-def llama() -> Any:
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=256, hidden_size=32, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=32))
 
 
 @pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
