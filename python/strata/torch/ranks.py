@@ -42,12 +42,11 @@ ends after strata.rank_timeout seconds even under a process group made
 with a longer timeout. On NCCL Work.wait() only queues the wait on the
 current stream and returns; NCCL's own watchdog (the process group's
 timeout, strata.rank_timeout when strata makes the group) ends a stuck
-collective. A rank that exits or
-fails makes the others' collectives fail (gloo and NCCL see the peer
-go); either way the error is a StrataError naming the collective, the
-group and the cause, and the engine recovers as from any error in a pass
-(Note [Recovery] in engine.py): the job cannot go on, and the last
-checkpoint loads."""
+collective. A rank that exits or fails makes the others' collectives
+fail (gloo and NCCL see the peer go); either way the error is a
+StrataError naming the collective, the group and the cause, and the
+engine recovers as from any error in a pass (Note [Recovery] in
+engine.py): the job cannot go on, and the last checkpoint loads."""
 from __future__ import annotations
 
 import datetime
@@ -136,7 +135,8 @@ class Ranks:
     def global_checks(self, local: strata.StepChecks) -> strata.StepChecks:
         """Every rank's checks: sum_squares added, overflow or-ed."""
         both = torch.tensor([local.sum_squares, float(local.overflow)],
-                            dtype=torch.float64)
+                            dtype=torch.float64,  # NCCL reduces on the GPU
+                            device="cpu" if self.gloo else "cuda")
         self.run("the step's gradient checks", lambda: dist.all_reduce(
             both, group=self.group, async_op=True))
         return strata.StepChecks(float(both[0]), bool(both[1] > 0))
