@@ -33,7 +33,7 @@ import torch.distributed as dist
 from conftest import config, data, forward, llama, loss_of, model
 
 import strata.torch as st
-from strata.torch.ranks import SHARD
+from strata.torch.weights import role_values
 
 ROLES = ("compute", "master", "state1", "state2")
 
@@ -72,18 +72,12 @@ def dump(engine: st.StrataEngine) -> dict[str, Any]:
     out: dict[str, Any] = {"step": engine.rt.optimizer.step}
     for group in engine.rt.groups:
         for role in (r for r in ROLES if r in group.roles):
-            with engine.store.fetch(group.id, "host", roles=role) as view:
-                if group.flat is None:
-                    values = [torch.from_dlpack(view.export(name, role))
-                              for name, _ in group.plan.params]
-                else:
-                    values = group.flat.collect(
-                        lambda mine: mine.copy_(torch.from_dlpack(
-                            view.export(SHARD, role))),
-                        group.placeholders[0].dtype if role == "compute"
-                        else torch.float32, torch.device("cpu"))
-                out[f"{group.name}/{role}"] = torch.cat(
-                    [v.reshape(-1) for v in values]).clone()
+            dtype = group.placeholders[0].dtype if role == "compute" \
+                else torch.float32
+            values = role_values(engine.rt, group, role,
+                                 [dtype] * len(group.plan.params))
+            out[f"{group.name}/{role}"] = torch.cat(
+                [v.reshape(-1) for v in values])
     return out
 
 
