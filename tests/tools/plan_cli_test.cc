@@ -124,6 +124,33 @@ TEST(PlanCliTest, TableShowsPlacementTrafficFloorAndCapacity) {
             std::string::npos);
 }
 
+// --gpus 4: every figure is one rank's quarter, plus the collectives at
+// --net-gbps; the JSON says so.
+TEST(PlanCliTest, RanksPlanTheirShareAndTheNetwork) {
+  const Outcome run =
+      Plan("--params 8B --dtype fp32 --gpus 4 --net-gbps 10 --json");
+  ASSERT_EQ(run.status, 0) << run.err;
+  const nlohmann::json doc = Json(run);
+  ASSERT_FALSE(doc.is_discarded()) << run.out;
+  EXPECT_EQ(doc["ranks"]["gpus"], 4);
+  EXPECT_EQ(doc["ranks"]["params_per_rank"], 2'000'000'000u);
+  EXPECT_EQ(doc["placement"]["roles"][2]["bytes"], 8'000'000'000u);
+  const nlohmann::json& net = doc["traffic"]["network"];
+  EXPECT_EQ(net["bytes"], 72'000'000'000u);  // 3 x 3 x 4 B x 2e9
+  EXPECT_EQ(net["rate"]["source"], "given");
+  EXPECT_DOUBLE_EQ(net["seconds"].get<double>(), 7.2);
+  EXPECT_EQ(doc["floor"]["binding"], "network");
+  EXPECT_EQ(doc["optimizer"]["params"], 2'000'000'000u);
+
+  const Outcome text = Plan("--params 8B --gpus 4");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("4 ranks, ZeRO-3"), std::string::npos) << text.out;
+  EXPECT_NE(LineStartingWith(Section(text.out, "per-step traffic"), "  network")
+                .find("36.00 GB"),
+            std::string::npos)
+      << text.out;
+}
+
 TEST(PlanCliTest, JsonCarriesTheSamePlan) {
   const Outcome run = Plan(
       "--params 7.5B --device-budget 24GiB --host-budget 64GiB "

@@ -231,7 +231,7 @@ TEST(StepTrafficTest, ZeroByteRolesMoveNothing) {
 
 TEST(StepFloorTest, SlowestResourceBinds) {
   Bandwidths bw;
-  bw.gbps = {10, 20, 1, 2, 100};
+  bw.gbps = {10, 20, 1, 2, 100, 10};
   bw.adam_gparams = 1;
   const std::array<uint64_t, kNumLinks> bytes = {
       20'000'000'000, 20'000'000'000, 3'000'000'000, 2'000'000'000, 0};
@@ -260,7 +260,7 @@ TEST(StepFloorTest, SlowestResourceBinds) {
 
 TEST(StepFloorTest, FullDuplexLinksDoNotAdd) {
   Bandwidths bw;
-  bw.gbps = {10, 20, 1, 2, 100};
+  bw.gbps = {10, 20, 1, 2, 100, 10};
   bw.adam_gparams = 1;
   // PCIe both ways: 2 s and 1 s overlap; reads alone leave the drive's
   // time equal to the read link's.
@@ -363,23 +363,59 @@ TEST(ZeroTest, FormulasNameTheDtypeBytes) {
   EXPECT_EQ(ZeroFormula(DType::kFloat32, 2), "4Ψ+(4+K)Ψ/N");
 }
 
-TEST(MakePlanTest, CombinesEveryEstimate) {
+// 7.5B bf16 parameters on 24 GiB of device, 64 GiB of host and 50 GiB of
+// NVMe per rank, at the default rates.
+Plan Plan7B(uint64_t gpus) {
   Bandwidths bw;
-  bw.gbps = {25, 25, 6, 4, 50};
+  bw.gbps = {25, 25, 6, 4, 50, 25};
   bw.adam_gparams = 1.8;
-  const Model m = Bf16(7'500'000'000);
-  const Budgets b = MakeBudgets(24 * kGiB, 64 * kGiB, 50 * kGiB);
-  const Plan plan = MakePlan(m, b, bw, 8);
+  return MakePlan(Bf16(7'500'000'000),
+                  MakeBudgets(24 * kGiB, 64 * kGiB, 50 * kGiB), bw, gpus);
+}
+
+TEST(MakePlanTest, CombinesEveryEstimate) {
+  const Plan plan = Plan7B(1);
+  const Model& m = plan.model;
+  const Budgets& b = plan.budgets;
+  EXPECT_EQ(plan.rank_model.params, m.params);
   EXPECT_FALSE(plan.placement.fits());
   ASSERT_EQ(plan.shortfalls.size(), 1u);
   EXPECT_EQ(plan.shortfalls[0].needs, 60'000'000'000u);
   EXPECT_EQ(plan.link_bytes, LinkBytes(plan.traffic));
+  EXPECT_EQ(plan.link_bytes[static_cast<int>(Link::kNetwork)], 0u);
   // 60 GB read at 6 GB/s, then written at 4 GB/s, by one drive.
   EXPECT_DOUBLE_EQ(plan.floor.seconds, 25.0);
   EXPECT_TRUE(plan.floor.nvme_binds);
   EXPECT_EQ(plan.floor.transfer_binding, Link::kHostToNvme);
   EXPECT_EQ(plan.largest_model, LargestModel(m, b));
-  EXPECT_EQ(plan.zero_bytes[3], ZeroBytesPerGpu(m, 3, 8));
+  EXPECT_EQ(plan.zero_bytes[3], ZeroBytesPerGpu(m, 3, 1));
+}
+
+// 8 ranks: each places, moves and steps its 1/8 (budgets per rank), and the
+// gathers and the reduce-scatter cross the network.
+TEST(MakePlanTest, RanksPlanTheirShareAndAddTheCollectives) {
+  const Plan plan = Plan7B(8);
+  const Model& m = plan.model;
+  EXPECT_EQ(plan.rank_model.params, 937'500'000u);
+  EXPECT_TRUE(plan.shortfalls.empty());
+  EXPECT_EQ(plan.placement.TierOf(Role::kOptimState), Tier::kHost);
+  EXPECT_EQ(plan.placement.roles[static_cast<int>(Role::kMaster)].bytes,
+            3'750'000'000u);
+  // All-gather twice and reduce-scatter once, (N-1) * 2 B * Ψ/N each.
+  const std::vector<Transfer> net = CollectiveTraffic(plan.rank_model, 8);
+  ASSERT_EQ(net.size(), 3u);
+  for (const Transfer& t : net) EXPECT_EQ(t.bytes, 13'125'000'000u);
+  EXPECT_EQ(plan.link_bytes[static_cast<int>(Link::kNetwork)], 39'375'000'000u);
+  // Collectives stay off host memory (NCCL: device to device).
+  const auto alone = LinkBytes(StepTraffic(plan.rank_model, plan.placement));
+  EXPECT_EQ(plan.link_bytes[static_cast<int>(Link::kHostMemory)],
+            alone[static_cast<int>(Link::kHostMemory)]);
+  EXPECT_EQ(plan.floor.transfer_binding, Link::kNetwork);
+  EXPECT_DOUBLE_EQ(plan.floor.seconds, 39.375 / 25);
+  EXPECT_DOUBLE_EQ(plan.floor.optimizer_seconds, 0.9375 / 1.8);
+  EXPECT_EQ(plan.largest_model, *LargestModel(m, plan.budgets) * 8);
+  EXPECT_TRUE(CollectiveTraffic(m, 1).empty());
+  EXPECT_EQ(RankModel(Bf16(10), 3).params, 4u);
 }
 
 }  // namespace

@@ -58,6 +58,7 @@ struct RawOptions {
   double nvme_read = kDefaultNvmeReadGbps;
   double nvme_write = kDefaultNvmeWriteGbps;
   double host_mem = kDefaultHostMemGbps;
+  double net = kDefaultNetGbps;
   double adam = kDefaultAdamGparams;
 };
 
@@ -76,7 +77,10 @@ void AddModelOptions(CLI::App& app, RawOptions* raw, PlanOptions* o) {
                  "(Adam: 4 master + 4 m + 4 v)")
       ->capture_default_str()
       ->check(CLI::Range(kMinK, kMaxK));
-  app.add_option("--gpus", o->gpus, "Data-parallel GPUs N for the ZeRO table")
+  app.add_option("--gpus", o->gpus,
+                 "Data-parallel ranks N: placement, traffic and floor are "
+                 "each rank's (its 1/N of the model; budgets per rank), "
+                 "and the ZeRO table's N")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, kMaxGpus));
 }
@@ -103,6 +107,9 @@ void AddRateOptions(CLI::App& app, RawOptions* raw, PlanOptions* o) {
        "NVMe write GB/s, sustained (default: one PCIe 4.0 x4 drive)");
   rate("--host-mem-gbps", &raw->host_mem,
        "Host DRAM GB/s, bytes read + written (default: a few DDR4 channels)");
+  rate("--net-gbps", &raw->net,
+       "Collectives GB/s per rank, each direction (default: a 200 Gb/s "
+       "NIC; NVLink is about 10x)");
   rate("--adam-gparams", &raw->adam,
        "CPU optimizer rate, 1e9 params/s (default: DeepSpeed's CPU Adam on 2 "
        "vCPUs)");
@@ -188,6 +195,7 @@ Status ResolveRates(const CLI::App& app, const RawOptions& raw,
   set(link(Link::kNvmeToHost), "--nvme-read-gbps", raw.nvme_read);
   set(link(Link::kHostToNvme), "--nvme-write-gbps", raw.nvme_write);
   set(link(Link::kHostMemory), "--host-mem-gbps", raw.host_mem);
+  set(link(Link::kNetwork), "--net-gbps", raw.net);
   set(&o->adam, "--adam-gparams", raw.adam);
   return st;
 }

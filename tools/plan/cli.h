@@ -31,6 +31,7 @@ inline constexpr double kDefaultPcieGbps = 25;      // PCIe 4.0 x16, pinned
 inline constexpr double kDefaultNvmeReadGbps = 6;   // one PCIe 4.0 x4 drive
 inline constexpr double kDefaultNvmeWriteGbps = 4;  // sustained
 inline constexpr double kDefaultHostMemGbps = 50;   // DRAM read + write
+inline constexpr double kDefaultNetGbps = 25;       // a 200 Gb/s NIC a rank
 inline constexpr double kDefaultAdamGparams = 1.8;  // CPU Adam, DESIGN.md §5
 
 // The budget flags, in kTiers order.
@@ -56,9 +57,9 @@ struct PlanOptions {
   uint64_t gpus = 1;
   // In kLinks order; the assumed defaults until given or measured.
   std::array<Rate, kNumLinks> links = {
-      Assumed(kDefaultPcieGbps), Assumed(kDefaultPcieGbps),
+      Assumed(kDefaultPcieGbps),     Assumed(kDefaultPcieGbps),
       Assumed(kDefaultNvmeReadGbps), Assumed(kDefaultNvmeWriteGbps),
-      Assumed(kDefaultHostMemGbps)};
+      Assumed(kDefaultHostMemGbps),  Assumed(kDefaultNetGbps)};
   Rate adam = Assumed(kDefaultAdamGparams);
   bool measure = false;
   std::string swap_dir;  // empty: a temporary directory under the cwd

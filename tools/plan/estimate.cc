@@ -247,6 +247,8 @@ std::string_view LinkName(Link link) {
       return "host->NVMe";
     case Link::kHostMemory:
       return "host memory";
+    case Link::kNetwork:
+      return "network";
   }
   return "?";
 }
@@ -263,6 +265,8 @@ std::string_view LinkKey(Link link) {
       return "nvme_write";
     case Link::kHostMemory:
       return "host_memory";
+    case Link::kNetwork:
+      return "network";
   }
   return "?";
 }
@@ -360,11 +364,48 @@ std::array<uint64_t, kNumLinks> LinkBytes(
   std::array<uint64_t, kNumLinks> out = {};
   for (const Transfer& t : traffic) {
     out[Index(t.link)] += t.bytes;
-    // Every transfer reads or writes its bytes in host DRAM once.
-    if (t.link != Link::kHostMemory) {
+    // Every transfer but a collective (device to device under NCCL) reads
+    // or writes its bytes in host DRAM once.
+    if (t.link != Link::kHostMemory && t.link != Link::kNetwork) {
       out[Index(Link::kHostMemory)] += t.bytes;
     }
   }
+  return out;
+}
+
+Model RankModel(const Model& model, uint64_t gpus) {
+  CheckModel(model);
+  STRATA_CHECK(gpus >= 1 && gpus <= kMaxGpus);
+  Model rank = model;
+  rank.params = (model.params + gpus - 1) / gpus;
+  return rank;
+}
+
+// Note [Collectives]
+// Why: with N ranks a step also moves bytes between them, and on a slow
+// network those bytes, not PCIe or the drive, can set the step time.
+// How: strata.torch shards every role (ZeRO-3; Note [Partitions] in
+// python/strata/torch/ranks.py): each rank all-gathers the compute copy of a
+// group before forward and again before backward, and reduce-scatters the
+// group's gradients once they are final. Ring algorithms (NCCL's) move
+// (N-1)/N of the gathered or reduced buffer through each rank's link, that
+// is (N-1) times the rank's share of b*Ψ, in each direction at once; the
+// network is counted full duplex like PCIe.
+// Limits: stages 1 and 2 instead all-gather the updated shard once after the
+// step and keep the compute copy whole; gloo all-reduces the gradients
+// (twice the bytes); padding to aligned shards is ignored.
+std::vector<Transfer> CollectiveTraffic(const Model& rank_model,
+                                        uint64_t gpus) {
+  CheckModel(rank_model);
+  STRATA_CHECK(gpus >= 1 && gpus <= kMaxGpus);
+  std::vector<Transfer> out;
+  const uint64_t params =
+      (gpus - 1) * rank_model.params * BytesPerParam(rank_model, Role::kParams);
+  const uint64_t grads =
+      (gpus - 1) * rank_model.params * BytesPerParam(rank_model, Role::kGrads);
+  Add(&out, Link::kNetwork, Role::kParams, "all-gather, forward", params);
+  Add(&out, Link::kNetwork, Role::kParams, "all-gather, backward", params);
+  Add(&out, Link::kNetwork, Role::kGrads, "reduce-scatter", grads);
   return out;
 }
 
@@ -490,12 +531,21 @@ Plan MakePlan(const Model& model, const Budgets& budgets,
   plan.budgets = budgets;
   plan.bandwidths = bandwidths;
   plan.gpus = gpus;
-  plan.placement = Place(model, budgets);
+  plan.rank_model = RankModel(model, gpus);
+  plan.placement = Place(plan.rank_model, budgets);
   plan.shortfalls = Shortfalls(plan.placement, budgets);
-  plan.traffic = StepTraffic(model, plan.placement);
+  plan.traffic = StepTraffic(plan.rank_model, plan.placement);
+  for (const Transfer& t : CollectiveTraffic(plan.rank_model, gpus)) {
+    plan.traffic.push_back(t);
+  }
   plan.link_bytes = LinkBytes(plan.traffic);
-  plan.floor = StepFloor(model, plan.link_bytes, bandwidths);
+  plan.floor = StepFloor(plan.rank_model, plan.link_bytes, bandwidths);
   plan.largest_model = LargestModel(model, budgets);
+  if (plan.largest_model) {  // every rank's budgets hold a share
+    plan.largest_model = *plan.largest_model > kMaxParams / gpus
+                             ? kMaxParams
+                             : *plan.largest_model * gpus;
+  }
   for (int stage = 0; stage < kNumZeroStages; ++stage) {
     plan.zero_bytes[stage] = ZeroBytesPerGpu(model, stage, gpus);
   }

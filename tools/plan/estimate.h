@@ -24,6 +24,10 @@
 //   in estimate.cc.
 // - The optimizer runs on the CPU, so gradients always cross device->host
 //   and updated parameters always reach the compute copy's home.
+// - With N ranks (--gpus), each rank holds and steps ceil(Ψ/N) parameters
+//   of every role, in its own tiers with the budgets given (budgets are per
+//   rank), and takes part in the collectives of CollectiveTraffic(): Note
+//   [Partitions] in python/strata/torch/ranks.py.
 #ifndef STRATA_TOOLS_PLAN_ESTIMATE_H_
 #define STRATA_TOOLS_PLAN_ESTIMATE_H_
 
@@ -117,22 +121,25 @@ std::vector<Shortfall> Shortfalls(const Placement& placement,
 std::string DescribeShortfalls(const std::vector<Shortfall>& shortfalls);
 
 // The links a step's bytes cross. Host memory counts every byte read or
-// written in host DRAM: each transfer on the other links plus the CPU
-// optimizer's fused pass over its state.
+// written in host DRAM: each transfer on the other links but the network,
+// plus the CPU optimizer's fused pass over its state.
 enum class Link {
   kHostToDevice,
   kDeviceToHost,
   kNvmeToHost,
   kHostToNvme,
-  kHostMemory
+  kHostMemory,
+  kNetwork  // collectives between ranks, per rank (device memory to device
+            // memory under NCCL, so not counted in host memory)
 };
-inline constexpr int kNumLinks = 5;
+inline constexpr int kNumLinks = 6;
 inline constexpr std::array<Link, kNumLinks> kLinks = {
     Link::kHostToDevice, Link::kDeviceToHost, Link::kNvmeToHost,
-    Link::kHostToNvme, Link::kHostMemory};
-// "host->device", "device->host", "NVMe->host", "host->NVMe", "host memory".
+    Link::kHostToNvme,   Link::kHostMemory,   Link::kNetwork};
+// "host->device", "device->host", "NVMe->host", "host->NVMe", "host memory",
+// "network".
 std::string_view LinkName(Link link);
-// "h2d", "d2h", "nvme_read", "nvme_write", "host_memory" (JSON).
+// "h2d", "d2h", "nvme_read", "nvme_write", "host_memory", "network" (JSON).
 std::string_view LinkKey(Link link);
 
 struct Transfer {
@@ -149,6 +156,15 @@ struct Transfer {
 std::vector<Transfer> StepTraffic(const Model& model,
                                   const Placement& placement);
 std::array<uint64_t, kNumLinks> LinkBytes(const std::vector<Transfer>& traffic);
+
+// The part of `model` one of `gpus` ranks holds: ceil(Ψ/N) parameters.
+Model RankModel(const Model& model, uint64_t gpus);
+// The collectives one of `gpus` ranks takes part in per step, on the
+// network link, for a rank holding `rank_model`: the compute copy
+// all-gathered for forward and again for backward (stage 3), and the
+// gradients reduce-scattered; see Note [Collectives] in estimate.cc.
+// Empty for one rank.
+std::vector<Transfer> CollectiveTraffic(const Model& rank_model, uint64_t gpus);
 
 struct Bandwidths {
   std::array<double, kNumLinks> gbps = {};  // 1e9 bytes/s, each > 0
@@ -205,12 +221,14 @@ struct Plan {
   Budgets budgets;
   Bandwidths bandwidths;
   uint64_t gpus = 1;
+  Model rank_model;  // RankModel(model, gpus): the placement's, traffic's
+                     // and floor's model (each rank's own)
   Placement placement;
   std::vector<Shortfall> shortfalls;
   std::vector<Transfer> traffic;
   std::array<uint64_t, kNumLinks> link_bytes = {};
   Floor floor;
-  std::optional<uint64_t> largest_model;
+  std::optional<uint64_t> largest_model;  // whole model, over the N ranks
   std::array<uint64_t, kNumZeroStages> zero_bytes = {};
 };
 Plan MakePlan(const Model& model, const Budgets& budgets,

@@ -33,15 +33,26 @@ double Gb(uint64_t bytes) { return bytes / 1e9; }
 // share this rounding so they always agree.
 double ZeroGb(uint64_t bytes) { return std::round(bytes / 1e8) / 10; }
 
+// With N ranks every figure up to the ZeRO table is one rank's.
+std::string RanksLine(const Plan& plan) {
+  if (plan.gpus == 1) return "";
+  return fmt::format(
+      "  {} ranks, ZeRO-3: each holds and steps {} parameters (Ψ/N) in its "
+      "own tiers, budgets per rank; placement, traffic and floor below are "
+      "one rank's\n",
+      plan.gpus, ParamText(plan.rank_model.params));
+}
+
 std::string TextModel(const Plan& plan, const PlanOptions& o) {
   const Model& m = plan.model;
   std::string out = fmt::format(
       "strata-plan: {} parameters ({}), {} compute, K = {} optimizer "
       "bytes/param\n  sizes in GiB = 2^30 B; traffic in GB = 1e9 B, rates "
-      "in GB/s\n\nplacement (offload mode: the optimizer runs on the "
-      "CPU)\n  {:<24}{:>8}  {:<8}{:>12}\n",
-      ParamText(m.params), o.model_source, DTypeName(m.dtype), m.k, "role",
-      "B/param", "tier", "bytes");
+      "in GB/s\n{}\nplacement (offload mode: the optimizer runs on the "
+      "CPU){}\n  {:<24}{:>8}  {:<8}{:>12}\n",
+      ParamText(m.params), o.model_source, DTypeName(m.dtype), m.k,
+      RanksLine(plan), plan.gpus > 1 ? ", per rank" : "", "role", "B/param",
+      "tier", "bytes");
   for (const RolePlacement& r : plan.placement.roles) {
     out += fmt::format("  {:<24}{:>8}  {:<8}{:>12}{}\n",
                        RoleLabel(r.role, m.dtype), BytesPerParam(m, r.role),
@@ -113,8 +124,8 @@ std::string TextFloor(const Plan& plan, const PlanOptions& o) {
                      "read + write", "takes turns", "", f.nvme_seconds);
   out +=
       fmt::format("  {:<16}{:>9} params{:>9.2f} Gparam/s  {:<9}{:>10.3f}\n",
-                  "CPU optimizer", ParamText(plan.model.params), o.adam.value,
-                  SourceName(o.adam.source), f.optimizer_seconds);
+                  "CPU optimizer", ParamText(plan.rank_model.params),
+                  o.adam.value, SourceName(o.adam.source), f.optimizer_seconds);
   out += FloorLine(f);
   for (Link link : kLinks) {
     const Rate& r = o.links[static_cast<int>(link)];
@@ -127,7 +138,9 @@ std::string TextFloor(const Plan& plan, const PlanOptions& o) {
 }
 
 std::string TextCapacity(const Plan& plan) {
-  std::string out = "\nlargest model these budgets hold with this placement: ";
+  std::string out =
+      fmt::format("\nlargest model these budgets hold with this placement{}: ",
+                  plan.gpus > 1 ? fmt::format(" on {} ranks", plan.gpus) : "");
   if (!plan.largest_model) {
     out += "any (host or NVMe is unlimited; give both budgets to bound it)\n";
   } else if (*plan.largest_model == 0) {
@@ -211,7 +224,7 @@ nlohmann::ordered_json JsonTraffic(const Plan& plan, const PlanOptions& o) {
   const Floor& f = plan.floor;
   return {{"links", links},
           {"optimizer",
-           {{"params", plan.model.params},
+           {{"params", plan.rank_model.params},
             {"rate", JsonRate(o.adam, "gparams")},
             {"seconds", f.optimizer_seconds}}},
           {"floor",
@@ -267,6 +280,8 @@ nlohmann::ordered_json JsonReport(const Plan& plan,
             {"dtype_bytes", DTypeSize(m.dtype)},
             {"k", m.k}}},
           {"budgets", budgets},
+          {"ranks",
+           {{"gpus", plan.gpus}, {"params_per_rank", plan.rank_model.params}}},
           {"placement", JsonPlacement(plan)},
           {"traffic", traffic["links"]},
           {"optimizer", traffic["optimizer"]},
