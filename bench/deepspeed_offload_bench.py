@@ -58,7 +58,6 @@ import math
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -168,7 +167,7 @@ def ds_config(args: argparse.Namespace, setting: str, framework: str
 
 def timed(args: argparse.Namespace, forward: Callable[[Any, Any], Any],
           backward: Callable[[Any], None], update: Callable[[], Any],
-          extra: Callable[[Any], dict[str, float]] = lambda r: {}
+          extra: Callable[[Any], dict[str, Any]] = lambda r: {}
           ) -> Stepper:
     """One training step split into forward, backward and update, with
     the worker's block-device bytes (/proc/self/io) and `extra(update's
@@ -259,14 +258,33 @@ def strata_step(args: argparse.Namespace, model: Any, cfg: dict[str, Any],
     device = "cuda" if args.device == "cuda" else "host"
     engine = st.initialize(model, dict(cfg, strata={
         "device": device, "threads": args.threads}))
+    before = [(engine.collective_stats(), tier_bytes(engine))]
+
+    def extra(report: Any) -> dict[str, Any]:
+        """The report's optimizer figures, the step's collectives and its
+        bytes between tiers ("nvme->host": ...)."""
+        (net, moved), before[0] = before[0], (engine.collective_stats(),
+                                              tier_bytes(engine))
+        return {"hidden": report.hidden_seconds,
+                "optimizer": report.step_seconds,
+                "collective_s": before[0][0].seconds - net.seconds,
+                "collective_bytes": before[0][0].bytes - net.bytes,
+                "tier_bytes": {k: v - moved.get(k, 0)
+                               for k, v in before[0][1].items()}}
     step = timed(args, lambda x, y: loss_of(args, engine, x, y),
-                 engine.backward, engine.step, lambda r: {
-                     "hidden": r.hidden_seconds, "optimizer": r.step_seconds})
+                 engine.backward, engine.step, extra)
 
     def close() -> dict[str, Any]:
         engine.close()
         return {"versions": versions}
     return step, close
+
+
+def tier_bytes(engine: Any) -> dict[str, int]:
+    """strata's bytes moved so far between each pair of tiers."""
+    moved = engine.store.stats()["bytes"]
+    return {f"{a}->{b}": n for a, row in moved.items()
+            for b, n in row.items() if n}
 
 
 # ---- the coordinator -------------------------------------------------------
@@ -297,21 +315,9 @@ def worker_command(args: argparse.Namespace, name: str, ds_python: str
 
 def run_setting(args: argparse.Namespace, names: list[str], ds_python: str
                 ) -> dict[str, dict[str, Any]]:
-    """The workers `names` started together, then tob.run_rounds."""
-    procs: dict[str, subprocess.Popen] = {}
-    try:
-        for name in names:
-            cmd, env = worker_command(args, name, ds_python)
-            procs[name] = subprocess.Popen(
-                cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                text=True)
-        group = argparse.Namespace(variants=tuple(names), warmup=args.warmup,
-                                   rounds=args.rounds, block=args.block)
-        return tob.run_rounds(group, procs)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
+    """The workers `names` started together, in rounds."""
+    return tob.run_workers(args, {
+        name: [worker_command(args, name, ds_python)] for name in names})
 
 
 def plan(args: argparse.Namespace) -> tuple[list[list[str]], list[str]]:

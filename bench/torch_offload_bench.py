@@ -210,17 +210,21 @@ def strata_stepper(args: argparse.Namespace, variant: str, model: Any
 
 
 def worker(args: argparse.Namespace,
-           build: Callable[[argparse.Namespace, str], Any] = build_stepper
-           ) -> None:
+           build: Callable[[argparse.Namespace, str], Any] = build_stepper,
+           rank: int = 0, world: int = 1) -> None:
     """Answers "run N" on stdin with N steps (one JSON line on stdout), and
     "end" with the peak RSS; the batches follow one another across runs.
     `build` makes the variant's step and close functions (build_stepper's
-    contract; bench/deepspeed_offload_bench.py passes its own)."""
+    contract; bench/deepspeed_offload_bench.py passes its own). With
+    ranks, each batch is `world` times --batch rows and rank `rank`
+    trains on its --batch of them."""
     import torch
 
     from gpt import batches, text_bytes
     total = args.warmup + args.rounds * args.block
-    data = batches(text_bytes(), args.batch, args.seq, total)
+    mine = slice(rank * args.batch, (rank + 1) * args.batch)
+    data = [(x[mine], y[mine]) for x, y in batches(
+        text_bytes(), args.batch * world, args.seq, total)]
     step, close = build(args, args.variant)
     done = 0
     for line in sys.stdin:
@@ -243,70 +247,108 @@ def worker(args: argparse.Namespace,
 # ---- the coordinator -------------------------------------------------------
 
 
-def start_workers(args: argparse.Namespace) -> dict[str, subprocess.Popen]:
+Worker = list[subprocess.Popen]  # a variant's processes: one, or its ranks
+Command = tuple[list[str], Optional[dict[str, str]]]  # argv, environment
+
+
+def commands(args: argparse.Namespace) -> dict[str, list[Command]]:
     """One worker process per variant, with the same model arguments."""
     forward = ["--swap", args.swap, "--rounds", str(args.rounds),
                "--block", str(args.block), "--warmup", str(args.warmup),
                "--batch", str(args.batch), "--seq", str(args.seq),
                "--width", str(args.width), "--layers", str(args.layers)]
-    return {v: subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), *forward,
-         "--variant", v], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True) for v in args.variants}
+    return {v: [([sys.executable, os.path.abspath(__file__), *forward,
+                  "--variant", v], None)] for v in args.variants}
 
 
-def ask(proc: subprocess.Popen, command: str) -> dict[str, Any]:
-    """Sends one command to a worker and reads its JSON answer; lines
-    before it that are not JSON (a library logging to stdout, as
-    DeepSpeed does) are passed on to stderr."""
-    assert proc.stdin is not None and proc.stdout is not None
+def run_workers(args: argparse.Namespace,
+                variants: dict[str, list[Command]]
+                ) -> dict[str, dict[str, Any]]:
+    """Starts every variant's processes together, runs the rounds
+    (run_rounds over args.warmup, args.rounds, args.block and the
+    variants in this order), and kills whatever is left at the end."""
+    procs: dict[str, Worker] = {}
     try:
-        proc.stdin.write(command + "\n")
-        proc.stdin.flush()
+        for name, cmds in variants.items():
+            procs[name] = [subprocess.Popen(
+                argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True) for argv, env in cmds]
+        group = argparse.Namespace(variants=tuple(variants),
+                                   warmup=args.warmup, rounds=args.rounds,
+                                   block=args.block)
+        return run_rounds(group, procs)
+    finally:
+        for worker in procs.values():
+            for proc in worker:
+                if proc.poll() is None:
+                    proc.kill()
+
+
+def ask(worker: Worker, command: str) -> list[dict[str, Any]]:
+    """Sends one command to every process of a worker (all before any
+    answer: ranks wait for one another), then reads each one's JSON
+    answer; lines before it that are not JSON (a library logging to
+    stdout, as DeepSpeed does) are passed on to stderr."""
+    for proc in worker:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(command + "\n")
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # reported below, with its exit status
+    answers = []
+    for proc in worker:
+        assert proc.stdout is not None
         line = proc.stdout.readline()
         while line and not line.startswith("{"):
             sys.stderr.write(line)
             line = proc.stdout.readline()
-    except BrokenPipeError:
-        line = ""
-    if not line:
-        raise SystemExit(f"torch_offload_bench: a worker died (exit "
-                         f"{proc.wait()}); its error is above")
-    return json.loads(line)
+        if not line:
+            raise SystemExit(f"torch_offload_bench: a worker died (exit "
+                             f"{proc.wait()}); its error is above")
+        answers.append(json.loads(line))
+    return answers
 
 
-def cpu_ticks(pid: int) -> dict[str, int]:
+def cpu_ticks(pids: list[int]) -> dict[str, int]:
     """Clock ticks so far: the machine's busy and stolen time (every CPU,
-    /proc/stat) and the time of process `pid` (every thread)."""
+    /proc/stat) and the time of processes `pids` (every thread)."""
     with open("/proc/stat") as f:
         t = [int(x) for x in f.readline().split()[1:9]]
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    own = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        own += int(fields[11]) + int(fields[12])
     return {"busy": t[0] + t[1] + t[2] + t[5] + t[6], "steal": t[7],
-            "own": int(fields[11]) + int(fields[12])}
+            "own": own}
 
 
-def run_block(proc: subprocess.Popen, steps: int, load: dict[str, float]
+def run_block(worker: Worker, steps: int, load: dict[str, float]
               ) -> list[dict[str, Any]]:
-    """`steps` steps of one worker; adds the block's wall time and CPU
-    ticks (its own, everything else's, stolen) to `load`."""
-    before, start = cpu_ticks(proc.pid), time.perf_counter()
-    out = ask(proc, f"run {steps}")["steps"]
-    after = cpu_ticks(proc.pid)
+    """`steps` steps of one worker (its first process's figures); adds
+    the block's wall time and CPU ticks (its own, everything else's,
+    stolen) to `load`."""
+    pids = [proc.pid for proc in worker]
+    before, start = cpu_ticks(pids), time.perf_counter()
+    out = ask(worker, f"run {steps}")[0]["steps"]
+    after = cpu_ticks(pids)
     load["wall"] += time.perf_counter() - start
     for key in before:
         load[key] += (after[key] - before[key]) / os.sysconf("SC_CLK_TCK")
     return out
 
 
-def run_rounds(args: argparse.Namespace, procs: dict[str, subprocess.Popen]
+def run_rounds(args: argparse.Namespace, procs: dict[str, Worker]
                ) -> dict[str, dict[str, Any]]:
     """Warm-up, then the interleaved rounds; every step of every variant,
-    each marked measured or not, and the machine's load in its rounds."""
+    each marked measured or not, and the machine's load in its rounds.
+    A worker of several processes reports its first one's steps and end
+    figures, and every one's end figures as "processes"."""
     variants = args.variants
     runs: dict[str, dict[str, Any]] = {v: {"steps": []} for v in variants}
     for v in variants:
-        for s in ask(procs[v], f"run {args.warmup}")["steps"]:
+        for s in ask(procs[v], f"run {args.warmup}")[0]["steps"]:
             runs[v]["steps"].append(dict(s, measured=False, round=-1))
         runs[v]["load"] = dict.fromkeys(("wall", "busy", "steal", "own"),
                                         0.0)
@@ -318,8 +360,10 @@ def run_rounds(args: argparse.Namespace, procs: dict[str, subprocess.Popen]
             for s in block:
                 runs[v]["steps"].append(dict(s, measured=True, round=r))
     for v in variants:
-        runs[v].update(ask(procs[v], "end"))
-        procs[v].wait()
+        ends = ask(procs[v], "end")
+        runs[v].update(ends[0], processes=ends)
+        for proc in procs[v]:
+            proc.wait()
     return runs
 
 
@@ -444,13 +488,7 @@ def main() -> None:
         worker(args)
         return
     started = time.perf_counter()
-    procs = start_workers(args)
-    try:
-        runs = run_rounds(args, procs)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
+    runs = run_workers(args, commands(args))
     drift = loss_drift(runs)
     if max(drift.values()) > args.loss_rtol:
         raise SystemExit(f"torch_offload_bench: the losses differ from "

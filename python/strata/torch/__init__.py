@@ -39,12 +39,14 @@ from strata.torch.engine import StrataEngine
 from strata.torch.groups import GroupPlan, UnitPlan, dtype_name, plan
 from strata.torch.hooks import Group, Runtime
 from strata.torch.optim import StrataOptimizer
-from strata.torch.ranks import SHARD, Flat, Ranks, discover, shard_size
+from strata.torch.ranks import (SHARD, CollectiveStats, Flat, Ranks,
+                                discover, shard_size)
 from strata.torch.schedule import ConfigScheduler, Scheduler
 from strata.torch.weights import GatheredParameters
 
 __all__ = ["initialize", "init", "StrataEngine", "StrataOptimizer",
-           "GatheredParameters", "Config", "ConfigError", "load"]
+           "GatheredParameters", "Config", "ConfigError", "load",
+           "CollectiveStats"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16,
            "fp16": torch.float16}

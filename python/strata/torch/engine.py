@@ -21,6 +21,7 @@ names the group; strata.max_consecutive_skips skips in a row stop the run
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import warnings
 from pathlib import Path
@@ -35,6 +36,7 @@ from strata.torch import checkpoint, export as _export, weights
 from strata.torch.config import Config
 from strata.torch.hooks import Phase, Runtime
 from strata.torch.optim import StrataOptimizer
+from strata.torch.ranks import CollectiveStats
 from strata.torch.schedule import LossScaler
 
 
@@ -276,6 +278,12 @@ class StrataEngine:
     def local_rank(self) -> int:
         """The rank on this machine (the launcher's LOCAL_RANK)."""
         return int(os.environ.get("LOCAL_RANK", "0"))
+
+    def collective_stats(self) -> CollectiveStats:
+        """The collectives this rank has taken part in so far (a copy;
+        all zero at world size 1): count, bytes across its link, and the
+        seconds spent in them."""
+        return dataclasses.replace(self.rt.ranks.stats)
 
     def train_batch_size(self) -> int:
         return (self.ds_config.micro_batch * self.ds_config.accumulation

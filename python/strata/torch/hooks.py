@@ -20,22 +20,22 @@ a non-reentrant checkpoint stops its recomputation early, inside the
 module, so that its post-hook never runs.
 
 Note [Backward fetch and hand-off]
-The forward post-hook wraps the unit's outputs in _BackwardFetch: its
-backward runs once the gradient of every output is there, before the
-unit's own backward, and fetches the unit's groups again. A parameter's
-gradient hook (a pre-hook of its AccumulateGrad) acquires its group's
-gradient buffer when the first of the group's gradients is complete, and
-points every parameter's .grad at its tensor slice, so AccumulateGrad adds
-into strata's buffer in place. A parameter's post-accumulate-grad hook
-marks it final; when every trainable parameter of a group is final the
-buffer is handed off, fenced on the current stream, and the CPU steps the
-group under the rest of backward. The pre-hook wraps the unit's inputs in
-a _BackwardFetch too, whose backward runs when the unit's backward is
-done and releases its views (after the hand-off, for a group whose buffer
-is acquired: AccumulateGrad needs the parameter's real shape). What
-neither reaches (a unit whose inputs need no gradient, a group whose
-parameters got no gradient) is released or handed off (zeros) by
-Runtime.end_backward.
+The forward post-hook wraps the unit's outputs in a BackwardFetch
+(wrap.py): its backward runs once the gradient of every output is there,
+before the unit's own backward, and fetches the unit's groups again. A
+parameter's gradient hook (a pre-hook of its AccumulateGrad) acquires its
+group's gradient buffer when the first of the group's gradients is
+complete, and points every parameter's .grad at its tensor slice, so
+AccumulateGrad adds into strata's buffer in place. A parameter's
+post-accumulate-grad hook marks it final; when every trainable parameter
+of a group is final the buffer is handed off, fenced on the current
+stream, and the CPU steps the group under the rest of backward. The
+pre-hook wraps the unit's inputs in a BackwardFetch too, whose backward
+runs when the unit's backward is done and releases its views (after the
+hand-off, for a group whose buffer is acquired: AccumulateGrad needs the
+parameter's real shape). What neither reaches (a unit whose inputs need no
+gradient, a group whose parameters got no gradient) is released or handed
+off (zeros) by Runtime.end_backward.
 
 A buffer is acquired only when a gradient is complete, not when the
 unit's backward starts: a parameter used by several forwards before one
@@ -82,6 +82,7 @@ import strata
 from strata._native import StrataError
 from strata.torch.groups import GroupPlan, UnitPlan
 from strata.torch.ranks import SHARD, Flat, Ranks
+from strata.torch.wrap import wrap
 
 
 class Phase(enum.Enum):
@@ -146,21 +147,6 @@ class _ParamRef:
         self.view = view
 
 
-class _BackwardFetch(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, hook: Callable[[], None], *xs: torch.Tensor
-                ) -> Any:
-        ctx.hook = hook
-        # Not views of the inputs: the model may change them in place
-        # (ReLU(inplace=True) after a unit).
-        return tuple(x.detach() for x in xs)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
-        ctx.hook()
-        return (None,) + grads
-
-
 class Runtime:
     """The hooks' state over one model (owned by StrataEngine)."""
 
@@ -191,6 +177,7 @@ class Runtime:
         self.prefetch = prefetch
         self.order: dict[int, Unit] = {}  # this step's forward, in order
         self.after: dict[int, Unit] = {}  # id(unit) -> the next, last step
+        self.before: dict[int, Unit] = {}  # id(unit) -> the one before
 
     # ---- streams and fetches -------------------------------------------
 
@@ -206,9 +193,9 @@ class Runtime:
             memory = [torch.from_dlpack(view.export(name))
                       for name, _ in group.plan.params]
         else:
-            memory = group.flat.gather(
-                lambda mine: mine.copy_(torch.from_dlpack(view.export(SHARD))),
-                group.placeholders[0].dtype, self.device)
+            memory = group.flat.gather(_fill(view),
+                                       group.placeholders[0].dtype,
+                                       self.device)
         for (_, p), data in zip(group.plan.params, memory):
             p.data = data
             self.live_storage.setdefault(
@@ -258,11 +245,29 @@ class Runtime:
 
     def _forward_started(self, unit: Unit) -> None:
         """Records `unit` in this step's forward order and prefetches the
-        unit that followed it in the last step's."""
+        unit that followed it in the last step's (across ranks: gathers
+        it, and prefetches the one after, Note [Gathering ahead])."""
         self.order.setdefault(id(unit), unit)
         following = self.after.get(id(unit))
         if self.prefetch and following is not None:
+            if self.ranks.sharded():
+                self._gather_ahead(following)
+                following = self.after.get(id(following), following)
             self._prefetch(following)
+
+    def _gather_ahead(self, unit: Optional[Unit]) -> None:
+        """Starts the all-gathers of `unit`'s groups: Note [Gathering
+        ahead] in ranks.py."""
+        for group in unit.groups if unit and self.prefetch else []:
+            if group.flat is not None and group.flat.idle():
+                view = self.engine.fetch(group.id, "device", roles="compute",
+                                         stream=self.stream())
+                try:
+                    group.flat.gather_ahead(_fill(view),
+                                            group.placeholders[0].dtype,
+                                            self.device)
+                finally:
+                    view.release(self.stream())
 
     def end_step(self) -> None:
         """After the optimizer step: the forward order of this step is the
@@ -274,6 +279,7 @@ class Runtime:
                 group.flat.stepped()
         units = list(self.order.values())
         self.after = {id(a): b for a, b in zip(units, units[1:])}
+        self.before = {id(b): a for a, b in zip(units, units[1:])}
         first, self.order = units[0], {}
         if self.prefetch:
             self._prefetch(first)
@@ -369,6 +375,7 @@ class Runtime:
                 group.grad_targets = []
                 if group.flat is not None:
                     group.flat.grads = None
+                    group.flat.forget()
                 group.handed = False
                 group.final.clear()
                 for _, p in group.plan.params:
@@ -415,7 +422,7 @@ class Runtime:
                     unit.forward.append(views)
                 if not torch.is_grad_enabled():
                     return None
-                return _wrap(args, kwargs, lambda: self._backward_done(unit))
+                return wrap(args, kwargs, lambda: self._backward_done(unit))
         return hook
 
     def _post_hook(self, unit: Unit) -> Callable[..., Any]:
@@ -425,7 +432,7 @@ class Runtime:
                     self._release_unit(unit, unit.forward.pop())
                 if not torch.is_grad_enabled():
                     return None
-                wrapped = _wrap((output,), {},
+                wrapped = wrap((output,), {},
                                 lambda: self._backward_fetch(unit))
                 return None if wrapped is None else wrapped[0][0]
         return hook
@@ -435,6 +442,8 @@ class Runtime:
     def _backward_fetch(self, unit: Unit) -> None:
         with self.inside():
             unit.held += self._views(unit)
+            if self.ranks.sharded():
+                self._gather_ahead(self.before.get(id(unit)))
 
     def _complete(self, group: Group) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
@@ -516,6 +525,14 @@ class Runtime:
         for group in trained:
             group.handed = False
             group.final.clear()
+        self._settle()
+
+    def _settle(self) -> None:
+        """Note [Gathering ahead]: no gather started ahead outlives a
+        pass."""
+        for group in self.groups:
+            if group.flat is not None:
+                group.flat.settle()
 
     # ---- saved tensors -------------------------------------------------
 
@@ -559,39 +576,6 @@ def _owner(params: list[nn.Parameter], t: torch.Tensor
     return None
 
 
-def _wrap(args: tuple, kwargs: dict, hook: Callable[[], None]) -> Any:
-    """Routes the tensors needing gradients among args and kwargs (also in
-    tuples, lists and dicts, HF's ModelOutput included) through one
-    _BackwardFetch whose backward calls `hook`."""
-    found: list[torch.Tensor] = []
-
-    def collect(x: Any) -> None:
-        if isinstance(x, torch.Tensor):
-            if x.requires_grad:
-                found.append(x)
-        elif isinstance(x, (tuple, list)):
-            for y in x:
-                collect(y)
-        elif isinstance(x, dict):
-            for y in x.values():
-                collect(y)
-
-    collect((args, kwargs))
-    if not found:
-        return None
-    out = iter(_BackwardFetch.apply(hook, *found))
-
-    def rebuild(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return next(out) if x.requires_grad else x
-        if isinstance(x, tuple) and hasattr(x, "_fields"):
-            return type(x)(*[rebuild(y) for y in x])
-        if isinstance(x, (tuple, list)):
-            return type(x)(rebuild(y) for y in x)
-        if isinstance(x, dict):
-            for key in list(x.keys()):
-                x[key] = rebuild(x[key])
-            return x
-        return x
-
-    return rebuild(args), rebuild(kwargs)
+def _fill(view: strata.View) -> Callable[[torch.Tensor], Any]:
+    """Copies the shard `view` holds into the tensor given (Flat's fill)."""
+    return lambda mine: mine.copy_(torch.from_dlpack(view.export(SHARD)))

@@ -34,6 +34,33 @@ thread does), which would keep strata's views pinned past a release.
 Collectives are issued in module order in forward and in autograd's order
 in backward, the same on every rank.
 
+Note [Gathering ahead]
+A fetch's all-gather stalls the rank for the whole collective. With
+strata.prefetch on, therefore, when a unit starts its forward the hooks
+fetch the shards of the unit that followed it in the last step's forward
+(which the prefetch one unit earlier brought), start their all-gathers
+(async_op) and prefetch the unit after that; when a unit's backward fetch
+runs they start the gathers of the unit before it. The gathers run on
+gloo's thread or NCCL's stream while the current unit computes, and the
+next unit's fetch only waits for their end (Flat.gather). Every rank
+issues the same gathers in the same order, since every rank runs the same
+modules in the same order. A gather started ahead that no fetch took (the
+pass went another way, or failed) is waited for and dropped at the end of
+backward, on reset, and before the step changes the shards
+(Flat.stepped): never used across a step. The cost: one more group's
+gathered buffer at a time.
+
+Note [Abandoned collectives]
+A collective this rank stopped waiting for (Ctrl-C, the timeout, an
+error) may still run on gloo's worker thread, blocked on a peer that
+never comes. ProcessGroupGloo's destructor joins that thread, so the
+process would hang at exit until the group's own timeout (30 minutes by
+default), and the group's abort() and shutdown() do not end it (torch
+2.11). strata therefore leaks one reference to the group: its destructor
+never runs, the process exits at once with Python's status (130 after
+Ctrl-C), and the group, unusable anyway, goes with the process. NCCL's
+watchdog aborts its communicator instead: nothing is leaked there.
+
 Note [Waiting for the other ranks]
 On gloo, whose collectives block the host, every collective is issued
 async and waited for by polling, so the wait returns to Python every few
@@ -49,10 +76,11 @@ engine recovers as from any error in a pass (Note [Recovery] in
 engine.py): the job cannot go on, and the last checkpoint loads."""
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
@@ -67,6 +95,32 @@ Fill = Callable[[torch.Tensor], Any]  # copies a shard into the tensor given
 
 
 @dataclass
+class Pending:
+    """A collective issued and not waited for yet (Ranks.start)."""
+    what: str
+    work: Any  # torch's Work
+    issued: float  # time.monotonic() at the issue
+
+
+@dataclass
+class CollectiveStats:
+    """The collectives this rank took part in since the engine started
+    (engine.collective_stats()). `bytes` counts what crossed this rank's
+    link under ring algorithms (NCCL's; strata-plan's Note
+    [Collectives]): (N-1)/N of an all-gathered or reduce-scattered
+    buffer, twice that for an all-reduce. `seconds` is the wall time the
+    host spent issuing and waiting for them (on NCCL the GPU's stream,
+    not the host, waits for the transfer); `in_flight_seconds` runs from
+    each one's issue to the end of its wait, so what it exceeds
+    `seconds` by ran under the rank's compute (Note [Gathering ahead])."""
+    count: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    in_flight_seconds: float = 0.0
+    ahead: int = 0  # all-gathers started ahead of their fetch
+
+
+@dataclass
 class Ranks:
     """This process's place among the ranks (world 1: no collectives)."""
     rank: int = 0
@@ -78,58 +132,106 @@ class Ranks:
     # gloo's reduce_scatter_tensor runs only inside Work.wait(), which a
     # poll cannot end (torch 2.11): on gloo gradients are all-reduced.
     gloo: bool = False
+    stats: CollectiveStats = field(default_factory=CollectiveStats)
+    leaked: bool = False  # Note [Abandoned collectives]
 
     def sharded(self) -> bool:
         return self.world > 1
 
-    def run(self, what: str, issue: Callable[[], Any]) -> None:
+    def run(self, what: str, issue: Callable[[], Any], moved: int = 0
+            ) -> None:
         """Issues a collective (async) and waits for it: Note [Waiting
-        for the other ranks]."""
-        start = time.monotonic()
+        for the other ranks]. `moved`: the bytes it puts through this
+        rank's link (CollectiveStats)."""
+        self.finish(self.start(what, issue, moved))
+
+    def start(self, what: str, issue: Callable[[], Any], moved: int = 0
+              ) -> Pending:
+        """Issues a collective (async); finish() waits for it."""
+        begin = time.monotonic()
         try:
-            work = issue()
-            pause = 5e-5
-            while self.gloo and not work.is_completed():
-                if time.monotonic() - start > self.timeout:
-                    raise StrataError(9, "failed precondition", (
-                        f"strata.torch: rank {self.rank} of {self.world} "
-                        f"waited {self.timeout:g} s for the other ranks in "
-                        f"{what}; one of them is stuck or gone. Stop the "
-                        f"job and load the last checkpoint "
-                        f"(strata.rank_timeout sets the wait)"))
-                time.sleep(pause)
-                pause = min(2 * pause, 0.005)
-            work.wait()
+            return Pending(what, issue(), begin)
         except (RuntimeError, dist.DistError) as e:
-            raise StrataError(6, "I/O error", (
-                f"strata.torch: {what} failed on rank {self.rank} of "
-                f"{self.world}: another rank failed or exited ({e}); the "
-                f"job cannot go on: stop it and load the last "
-                f"checkpoint")) from e
+            raise self._failed(what, e) from e
+        finally:
+            self.stats.count += 1
+            self.stats.bytes += moved
+            self.stats.seconds += time.monotonic() - begin
+
+    def finish(self, pending: Pending) -> None:
+        """Waits for a collective start() issued: Note [Waiting for the
+        other ranks]."""
+        begin = time.monotonic()
+        try:
+            self._wait(pending, begin)
+        except BaseException as e:
+            self.abandon(pending)
+            if isinstance(e, (RuntimeError, dist.DistError)):
+                raise self._failed(pending.what, e) from e
+            raise
+        finally:
+            end = time.monotonic()
+            self.stats.seconds += end - begin
+            self.stats.in_flight_seconds += end - pending.issued
+
+    def _ring(self, flat: torch.Tensor) -> int:
+        """Bytes a ring all-gather or reduce-scatter of `flat` moves
+        through each rank's link."""
+        return flat.numel() * flat.element_size() * (self.world - 1) \
+            // self.world
+
+    def abandon(self, pending: Pending) -> None:
+        """Stops waiting for `pending`: Note [Abandoned collectives]."""
+        if self.gloo and not self.leaked and not pending.work.is_completed():
+            group = dist.group.WORLD if self.group is None else self.group
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+            self.leaked = True
+
+    def _wait(self, pending: Pending, begin: float) -> None:
+        pause = 5e-5
+        while self.gloo and not pending.work.is_completed():
+            if time.monotonic() - begin > self.timeout:
+                raise StrataError(9, "failed precondition", (
+                    f"strata.torch: rank {self.rank} of {self.world} "
+                    f"waited {self.timeout:g} s for the other ranks in "
+                    f"{pending.what}; one of them is stuck or gone. Stop "
+                    f"the job and load the last checkpoint "
+                    f"(strata.rank_timeout sets the wait)"))
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)
+        pending.work.wait()
+
+    def _failed(self, what: str, e: BaseException) -> StrataError:
+        return StrataError(6, "I/O error", (
+            f"strata.torch: {what} failed on rank {self.rank} of "
+            f"{self.world}: another rank failed or exited ({e}); the job "
+            f"cannot go on: stop it and load the last checkpoint"))
 
     def barrier(self, what: str = "a barrier") -> None:
         self.run(what, lambda: dist.barrier(group=self.group,
                                             async_op=True))
 
-    def all_gather(self, flat: torch.Tensor, fill: Fill, what: str) -> None:
-        """Every rank's shard into `flat`, in place; `fill` copies this
-        rank's into its slot (Note [Partitions]: strata's memory stays
-        out of the collective)."""
+    def all_gather(self, flat: torch.Tensor, fill: Fill, what: str
+                   ) -> Pending:
+        """Starts gathering every rank's shard into `flat`, in place;
+        `fill` copies this rank's into its slot now (Note [Partitions]:
+        strata's memory stays out of the collective)."""
         mine = flat.view(self.world, -1)[self.rank]
         fill(mine)
-        self.run(what, lambda: dist.all_gather_into_tensor(
-            flat, mine, group=self.group, async_op=True))
+        return self.start(what, lambda: dist.all_gather_into_tensor(
+            flat, mine, group=self.group, async_op=True), self._ring(flat))
 
     def reduce_scatter(self, flat: torch.Tensor, what: str) -> torch.Tensor:
         """`flat`'s average over the ranks; this rank's part of it."""
         mine = flat.view(self.world, -1)[self.rank]
         if self.stage == 1 or self.gloo:
             self.run(what, lambda: dist.all_reduce(
-                flat, op=dist.ReduceOp.AVG, group=self.group, async_op=True))
+                flat, op=dist.ReduceOp.AVG, group=self.group, async_op=True),
+                2 * self._ring(flat))
         else:
             self.run(what, lambda: dist.reduce_scatter_tensor(
                 mine, flat, op=dist.ReduceOp.AVG, group=self.group,
-                async_op=True))
+                async_op=True), self._ring(flat))
         return mine
 
     def global_checks(self, local: strata.StepChecks) -> strata.StepChecks:
@@ -190,6 +292,9 @@ class Flat:
         self.ranks = ranks
         self.shard = shard_size(shapes, ranks.world)
         self.weights: Optional[torch.Tensor] = None  # gathered, if kept
+        # A gather started ahead: its buffer and collective.
+        self.ahead: Optional[tuple[torch.Tensor, Pending]] = None
+        self.what = f"the all-gather of group {name!r}"
         self.grads: Optional[torch.Tensor] = None    # being accumulated
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -208,25 +313,62 @@ class Flat:
 
     def gather(self, fill: Fill, dtype: torch.dtype, device: torch.device
                ) -> list[torch.Tensor]:
-        """Every rank's compute shard gathered (kept, stages 1 and 2);
-        the parameters' views."""
+        """Every rank's compute shard gathered (kept, stages 1 and 2;
+        started ahead, Note [Gathering ahead]); the parameters' views."""
         if self.weights is None:
-            self.weights = self._gathered(fill, dtype, device)
+            self.weights = self._landed()
+        if self.weights is None:
+            flat = self._empty(dtype, device)
+            self.ranks.finish(self.ranks.all_gather(flat, fill, self.what))
+            self.weights = flat
         return self.views(self.weights)
+
+    def gather_ahead(self, fill: Fill, dtype: torch.dtype,
+                     device: torch.device) -> None:
+        """Starts the gather the next gather() needs, unless a gathered
+        copy is kept or one is under way: Note [Gathering ahead]."""
+        if self.weights is None and self.ahead is None:
+            flat = self._empty(dtype, device)
+            self.ahead = (flat, self.ranks.all_gather(flat, fill, self.what))
+            self.ranks.stats.ahead += 1
+
+    def idle(self) -> bool:
+        """Neither a gathered copy nor a gather under way."""
+        return self.weights is None and self.ahead is None
+
+    def _landed(self) -> Optional[torch.Tensor]:
+        """The buffer of the gather started ahead, once it is done."""
+        if self.ahead is None:
+            return None
+        (flat, pending), self.ahead = self.ahead, None
+        self.ranks.finish(pending)
+        return flat
+
+    def settle(self) -> None:
+        """Ends a gather started ahead that no gather() took (the pass
+        went another way, or failed): waits for it, drops its buffer."""
+        self._landed()
+
+    def forget(self) -> None:
+        """After an error (its rank may be gone): drops a gather started
+        ahead without waiting (Note [Abandoned collectives]); the backend
+        keeps the buffer until the collective ends."""
+        if self.ahead is not None:
+            self.ranks.abandon(self.ahead[1])
+            self.ahead = None
 
     def collect(self, fill: Fill, dtype: torch.dtype, device: torch.device
                 ) -> list[torch.Tensor]:
         """Every rank's shard of one role gathered afresh (on `device`,
         where the backend can reach it); the parameters' views."""
-        return self.views(self._gathered(fill, dtype, device))
+        flat = self._empty(dtype, device)
+        self.ranks.finish(self.ranks.all_gather(flat, fill, self.what))
+        return self.views(flat)
 
-    def _gathered(self, fill: Fill, dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor:
-        flat = torch.empty(self.shard * self.ranks.world, dtype=dtype,
+    def _empty(self, dtype: torch.dtype, device: torch.device
+               ) -> torch.Tensor:
+        return torch.empty(self.shard * self.ranks.world, dtype=dtype,
                            device=device)
-        self.ranks.all_gather(flat, fill,
-                              f"the all-gather of group {self.name!r}")
-        return flat
 
     def release(self) -> None:
         """After the group's last use: stage 3 drops the gathered copy."""
@@ -234,7 +376,9 @@ class Flat:
             self.weights = None
 
     def stepped(self) -> None:
-        """The optimizer changed the shards: no kept copy is current."""
+        """The optimizer changed the shards: no kept copy is current, nor
+        one gathered ahead before the step."""
+        self.settle()
         self.weights = None
 
     def gradients(self, like: torch.Tensor) -> list[torch.Tensor]:

@@ -4,16 +4,21 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with a job as JSON in argv[1]:
 - {"train": {name: config overrides}, "out": DIR}: trains the tests' GPT
   (their Llama with "_model": "llama") data-parallel under each setting
   on its part of the global batches;
-  rank 0 saves each one's losses (the ranks' mean), final weights and
-  tier use to DIR/<name>.pt.
+  rank 0 saves each one's losses (the ranks' mean), final weights, tier
+  use, collective stats and flat fp32 bytes to DIR/<name>.pt.
 - {"reshard": overrides, "out": DIR} at 4 ranks: trains 3 steps and saves
   a checkpoint; ranks 0-1 (a process group of their own) load it, save
   it again and train 2 steps; rank 0 alone loads it and saves it as one
   rank's; ranks 0-1 load their own checkpoint and train the same 2 steps;
   all 4 load the one-rank checkpoint. Each load dumps (below) to
   DIR/<phase>.pt.
-- {"die": overrides, "ckpt": DIR}: trains a step, saves a checkpoint to
-  DIR, and in the next step's forward the last rank exits (code 3).
+- {"die": overrides, "ckpt": DIR, "when": "step" | "save"}: trains a
+  step and saves a checkpoint to DIR; then the last rank exits (code 3)
+  in the next step's forward, or after writing its part of the next
+  step's checkpoint.
+- {"interrupt": overrides}: rank 1 sleeps; rank 0 prints "waiting" and
+  runs a forward, whose first all-gather waits for rank 1 (the test
+  stops it with SIGINT).
 
 A dump holds, per group and role, the group's parameters laid end to end
 (without the padding of Note [Partitions]), the optimizer's step and the
@@ -21,9 +26,11 @@ losses of the steps trained after it: the roles and step are the same at
 every world size when a checkpoint is resharded exactly."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -116,18 +123,37 @@ def reshard(over: dict[str, Any], out: Path) -> None:
     phase(over, out, "1to4", 4, None, ckpt[1])
 
 
-def die(over: dict[str, Any], ckpt: str) -> None:
+def die(over: dict[str, Any], ckpt: str, when: str) -> None:
     """The "die" job (module docstring)."""
     engine = engine_for(over, dist.get_world_size())
+    last = engine.global_rank == engine.world_size - 1
     train(engine, 1)
     engine.save_checkpoint(ckpt)
+    if when == "save":
+        train(engine, 1, 1)
+        if last:  # its part written, not the checkpoint's ranks.json
+            save = engine.rt.optimizer.save
+            engine.rt.optimizer.save = lambda *a: (save(*a), os._exit(3))
+        engine.save_checkpoint(ckpt)
+        raise AssertionError("the save went on without the last rank")
     x, y = data(2)[1]
     loss = loss_of(forward(engine, x[:1], y[:1]))
-    if engine.global_rank == engine.world_size - 1:
+    if last:
         os._exit(3)
     engine.backward(loss)  # its reduce-scatters wait for the dead rank
     engine.step()
     raise AssertionError("the step went on without the last rank")
+
+
+def interrupt(over: dict[str, Any]) -> None:
+    """The "interrupt" job (module docstring)."""
+    engine = engine_for(over, dist.get_world_size())
+    if engine.global_rank == 1:
+        time.sleep(600)
+    x, y = data(1)[0]
+    print("waiting", flush=True)
+    forward(engine, x[:1], y[:1])
+    raise AssertionError("the gather went on without rank 1")
 
 
 def main() -> None:
@@ -136,16 +162,22 @@ def main() -> None:
     for name, over in job.get("train", {}).items():
         engine = engine_for(over, dist.get_world_size())
         losses = train(engine, int(os.environ.get("STEPS", "6")))
+        moved = dataclasses.asdict(engine.collective_stats())
+        flat = sum(g.flat.shard * g.flat.ranks.world * 4
+                   for g in engine.rt.groups if g.flat is not None)
         state = {k: v.cpu() for k, v in engine.state_dict().items()}
         tiers = engine.store.stats()["tiers"]
         engine.close()
         if dist.get_rank() == 0:
-            torch.save({"losses": losses, "state": state, "tiers": tiers},
+            torch.save({"losses": losses, "state": state, "tiers": tiers,
+                        "collectives": moved, "flat_bytes": flat},
                        Path(job["out"]) / f"{name}.pt")
     if "reshard" in job:
         reshard(job["reshard"], Path(job["out"]))
     if "die" in job:
-        die(job["die"], job["ckpt"])
+        die(job["die"], job["ckpt"], job["when"])
+    if "interrupt" in job:
+        interrupt(job["interrupt"])
     dist.destroy_process_group()
 
 

@@ -1,6 +1,7 @@
-"""bench/deepspeed_offload_bench.py end to end on a tiny GPT: its workers
-start, train the same batches, agree with torch and report every figure
-(the timings are the benchmark's business, not a test's). DeepSpeed's side
+"""bench/deepspeed_offload_bench.py and bench/ranks_bench.py end to end on
+a tiny GPT: their workers start, train the same batches, agree with torch
+and report every figure (the timings are the benchmark's business, not a
+test's). DeepSpeed's side
 runs only where bench/ds_venv.py's venv and its JIT-built ops already are:
 building them takes minutes, which a test must not."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 BENCH_DIR = Path(__file__).resolve().parents[3] / "bench"
 BENCH = BENCH_DIR / "deepspeed_offload_bench.py"
+RANKS = BENCH_DIR / "ranks_bench.py"
 TINY = ["--width", "64", "--layers", "2", "--seq", "32", "--batch", "2",
         "--rounds", "2", "--block", "1", "--warmup", "1", "--threads", "1"]
 
@@ -78,3 +80,32 @@ def test_deepspeed_side_runs_and_reports(scratch: Path) -> None:
     check_rows(summary, {"torch", "ds-host", "strata-host"})
     assert summary["versions"]["deepspeed"]
     assert summary["loss_drift"]["ds-host"] < 0.1
+
+
+def test_the_ranks_bench_runs_and_reports(scratch: Path) -> None:
+    """strata at 1 and 2 ranks, with DeepSpeed at 2 where it is ready."""
+    out = scratch / "ranks.json"
+    ds = [] if ds_ready() else ["--no-deepspeed"]
+    done = subprocess.run(
+        [sys.executable, str(RANKS), "--nvme", str(scratch / "swap"),
+         "--json", str(out), "--worlds", "1,2", *TINY[:-2], *ds],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(out.read_text())
+    rows, plans = summary["variants"], summary["plans"]
+    names = {"strata-1", "strata-2"} | (
+        set() if ds else {"ds-2", "strata-2 (vs ds)"})
+    assert set(rows) == names
+    for name, row in rows.items():
+        assert row["median_step_s"] > 0, name
+        assert len(row["peak_rss_bytes"]) == row["world"], name
+        assert len(row["losses"]) == 3, name
+    one, two = rows["strata-1"], rows["strata-2"]
+    assert one["collective_bytes"] == 0 < two["collective_bytes"]
+    # Each of two ranks reads and writes about half the swap bytes of one.
+    for pair in ("nvme->host", "host->nvme"):
+        assert 0.3 < two["tier_bytes"][pair] / one["tier_bytes"][pair] < 0.7
+    assert plans["1"]["network"] == 0 < plans["2"]["network"]
+    assert plans["2"]["params_per_rank"] * 2 >= plans["1"]["params_per_rank"]
+    if not ds:
+        assert summary["target_met"] in (True, False)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,6 +19,7 @@ from safetensors.torch import load_file
 
 from strata.torch.export import export_checkpoint
 
+import strata
 import strata.torch as st
 from conftest import DEVICE, config, data, llama, model, train_torch
 
@@ -27,10 +30,9 @@ pytestmark = pytest.mark.skipif(DEVICE != "host", reason=(
     "the ranks' tests run on gloo and the host-emulated device"))
 
 
-def launch(job: dict[str, Any], world: int = 2, timeout: float = 240,
-           exits: Optional[list[int]] = None) -> list[str]:
-    """Runs ranks_worker.py's `job` as `world` ranks, as torchrun would,
-    and checks their exit codes (`exits`, default all 0); their logs."""
+def start(job: dict[str, Any], world: int) -> list[subprocess.Popen]:
+    """Starts ranks_worker.py's `job` as `world` ranks, as torchrun
+    would."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -38,11 +40,18 @@ def launch(job: dict[str, Any], world: int = 2, timeout: float = 240,
                MASTER_PORT=str(port), STEPS=str(STEPS),
                PYTHONPATH=os.pathsep.join(
                    [str(WORKER.parent), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen(
+    return [subprocess.Popen(
         [sys.executable, str(WORKER), json.dumps(job)],
         env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)]
+
+
+def launch(job: dict[str, Any], world: int = 2, timeout: float = 240,
+           exits: Optional[list[int]] = None) -> list[str]:
+    """Runs ranks_worker.py's `job` as `world` ranks and checks their
+    exit codes (`exits`, default all 0); their logs."""
+    procs = start(job, world)
     logs = [p.communicate(timeout=timeout)[0] for p in procs]
     want = exits or [0] * world
     failed = [r for r, p in enumerate(procs) if p.returncode != want[r]]
@@ -70,6 +79,7 @@ def test_two_ranks_train_like_one_with_both_batches(scratch: Path) -> None:
         # Stage 1 differs from 2 in its all-reduce, which gloo makes for
         # both (Note [Waiting for the other ranks]).
         "stage2": dict(clip, zero_optimization={"stage": 2}),
+        "no_ahead": dict(clip, strata={"prefetch": False}),
         "llama": dict(clip, _model="llama"),
     })
     ref = train_torch(model(), data(STEPS), clip=0.5)
@@ -100,6 +110,22 @@ def test_two_ranks_train_like_one_with_both_batches(scratch: Path) -> None:
     one.close()
     half = runs["stage3_nvme"]["tiers"]["nvme"]["used"]
     assert 0.4 * whole < half < 0.6 * whole, (half, whole)
+    # Per step and group of F flat bytes, on gloo at 2 ranks: stage 2
+    # gathers the stepped shards once (F/2 across the link) and
+    # all-reduces the gradients (F); stage 3 gathers for forward and
+    # backward, and the tied embedding once more for the head.
+    flat = STEPS * runs["stage3"]["flat_bytes"]
+    for name, low, high in (("stage2", 1.5, 1.5), ("stage3", 2.0, 2.5)):
+        moved = runs[name]["collectives"]
+        assert low * flat <= moved["bytes"] <= high * flat, (name, moved)
+        assert moved["count"] > 0 and moved["seconds"] > 0, moved
+    # Note [Gathering ahead]: from the second step on stage 3 starts its
+    # gathers a unit ahead, and each one is taken (none is repeated).
+    ahead, alone = runs["stage3"]["collectives"], runs["no_ahead"][
+        "collectives"]
+    assert alone["ahead"] == 0 < ahead["ahead"], (ahead, alone)
+    assert (ahead["count"], ahead["bytes"]) == (alone["count"],
+                                                alone["bytes"])
 
 
 def test_a_checkpoint_loads_at_any_world_size(scratch: Path) -> None:
@@ -140,17 +166,47 @@ def test_a_checkpoint_loads_at_any_world_size(scratch: Path) -> None:
         assert torch.equal(exported["4"][key], value), key
 
 
-def test_a_rank_that_dies_mid_step_stops_the_others(scratch: Path) -> None:
-    """The survivor's collective fails naming the cause, within the
-    timeout (communicate's), it closes cleanly, and the last checkpoint
-    loads (here, at one rank)."""
+@pytest.mark.parametrize("when", ["step", "save"])
+def test_a_rank_that_dies_stops_the_others(scratch: Path, when: str
+                                           ) -> None:
+    """A rank that exits mid-step or mid-save: the survivor's collective
+    fails naming the cause, within the timeout (communicate's), it closes
+    cleanly, and the last complete checkpoint loads (here, at one rank);
+    the save cut short is refused as incomplete."""
     over = {"strata": {"rank_timeout": 60}}
-    ckpt = str(scratch / "ckpt")
-    logs = launch({"die": over, "ckpt": ckpt}, exits=[1, 3], timeout=120)
+    ckpt = scratch / "ckpt"
+    logs = launch({"die": over, "ckpt": str(ckpt), "when": when},
+                  exits=[1, 3], timeout=120)
     assert "failed on rank 0 of 2: another rank failed or exited" in \
         logs[0], logs[0]
     assert "Exception ignored" not in logs[0], logs[0]
     engine = st.initialize(model(), config(**over))
-    assert engine.load_checkpoint(ckpt)[0] is not None
+    assert engine.load_checkpoint(str(ckpt))[0] is not None
     assert engine.rt.optimizer.step == 1
+    if when == "save":
+        assert (ckpt / "latest").read_text() == "global_step1"
+        with pytest.raises(strata.StrataError, match="incomplete: a save "
+                           "across ranks that did not finish"):
+            engine.load_checkpoint(str(ckpt), tag="global_step2")
     engine.close()
+
+
+def test_ctrl_c_stops_a_rank_waiting_for_the_others(scratch: Path) -> None:
+    """A rank whose all-gather waits for a rank that never comes returns
+    to Python often enough that SIGINT (Ctrl-C, torchrun's stop) ends it
+    (Note [Waiting for the other ranks])."""
+    procs = start({"interrupt": {}}, world=2)
+    try:
+        assert procs[0].stdout is not None
+        line = procs[0].stdout.readline()
+        while line and line.strip() != "waiting":
+            line = procs[0].stdout.readline()
+        assert line, procs[0].communicate()[0]
+        time.sleep(1)  # inside the all-gather's wait
+        procs[0].send_signal(signal.SIGINT)
+        log = procs[0].communicate(timeout=60)[0]
+        assert procs[0].returncode != 0 and "KeyboardInterrupt" in log, log
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
