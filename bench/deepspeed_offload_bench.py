@@ -268,6 +268,8 @@ def strata_step(args: argparse.Namespace, model: Any, cfg: dict[str, Any],
         return {"hidden": report.hidden_seconds,
                 "optimizer": report.step_seconds,
                 "collective_s": before[0][0].seconds - net.seconds,
+                "collective_in_flight_s": before[0][0].in_flight_seconds
+                - net.in_flight_seconds,
                 "collective_bytes": before[0][0].bytes - net.bytes,
                 "tier_bytes": {k: v - moved.get(k, 0)
                                for k, v in before[0][1].items()}}

@@ -27,7 +27,9 @@ in rounds whose order rotates (torch_offload_bench.run_rounds).
 Per variant, from rank 0 (the ranks are alike): median step, tokens/s,
 median forward, backward and update; strata's collectives per step
 (engine.collective_stats(): bytes across the rank's link under ring
-algorithms, and the seconds waited, none hidden under compute on gloo);
+algorithms, the seconds the rank waited in them, and the seconds from
+each one's issue to the end of its wait: what that exceeds the wait by
+ran under compute, Note [Gathering ahead]);
 strata's bytes between tiers per step (engine.store.stats()); block-
 device bytes read and written per step (/proc/self/io); peak RSS per
 rank and over the ranks. Beside each strata world, strata-plan --gpus
@@ -174,6 +176,7 @@ def summarize(args: argparse.Namespace, name: str, run: dict[str, Any]
     if name.startswith("strata-"):
         pairs = {k for s in measured for k in s["tier_bytes"]}
         row.update(collective_s=median("collective_s"),
+                   collective_in_flight_s=median("collective_in_flight_s"),
                    collective_bytes=median("collective_bytes"),
                    hidden_s=median("hidden"), optimizer_s=median("optimizer"),
                    tier_bytes={k: statistics.median(
@@ -210,14 +213,15 @@ def print_table(rows: dict[str, dict[str, Any]],
                 plans: dict[int, dict[str, Any]]) -> None:
     """One line per variant (phase 2's strata line is its second run)."""
     print("| variant | ranks | step (s) | tokens/s | forward / backward / "
-          "update (s) | collectives per step: MB, s | block device per "
-          "rank per step: read / written MB | peak RSS per rank, sum "
-          "(GiB) |")
+          "update (s) | collectives per step: MB, s waited, s in flight | "
+          "block device per rank per step: read / written MB | peak RSS "
+          "per rank, sum (GiB) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         ph = " / ".join(f"{v:.2f}" for v in r["phases_s"].values())
         net = (f"{r['collective_bytes'] / 1e6:.0f}, "
-               f"{r['collective_s']:.2f}" if "collective_s" in r else "-")
+               f"{r['collective_s']:.2f}, {r['collective_in_flight_s']:.2f}"
+               if "collective_s" in r else "-")
         rss = r["peak_rss_bytes"]
         print(f"| {name} | {r['world']} | {r['median_step_s']:.2f} | "
               f"{r['tokens_per_s']:.0f} | {ph} | {net} | "

@@ -419,10 +419,10 @@ class StrataEngine:
         a transformers model), group by group: dtype "fp32" the master
         weights, "compute" the compute copies. transformers'
         from_pretrained(out_dir) loads it. Between steps; returns the
-        files."""
+        files. Across ranks every rank calls it (collectives), rank 0
+        writes, and the others return []."""
         self._check_open()
         self._require_idle("export")
-        self.rt.require_whole("export")
         return _export.export(self, out_dir, dtype, max_shard_bytes)
 
     # ---- checks and teardown --------------------------------------------

@@ -81,7 +81,7 @@ from torch import nn
 import strata
 from strata._native import StrataError
 from strata.torch.groups import GroupPlan, UnitPlan
-from strata.torch.ranks import SHARD, Flat, Ranks
+from strata.torch.ranks import SHARD, Flat, Pending, Ranks
 from strata.torch.wrap import wrap
 
 
@@ -178,6 +178,10 @@ class Runtime:
         self.order: dict[int, Unit] = {}  # this step's forward, in order
         self.after: dict[int, Unit] = {}  # id(unit) -> the next, last step
         self.before: dict[int, Unit] = {}  # id(unit) -> the one before
+        # Note [Reducing behind] in ranks.py: the group whose gradients
+        # are being reduced, its strata buffer, its part and collective.
+        self.reducing: Optional[tuple[Group, strata.Gradients,
+                                      torch.Tensor, Pending]] = None
 
     # ---- streams and fetches -------------------------------------------
 
@@ -293,14 +297,6 @@ class Runtime:
         local = self.optimizer.local_checks()
         return self.optimizer.finish_step(self.ranks.global_checks(local))
 
-    def require_whole(self, what: str) -> None:
-        """`what` does not work on partitioned groups yet: a clear error."""
-        if self.ranks.sharded():
-            raise StrataError(9, "failed precondition", (
-                f"strata.torch: {what} across ranks (world size "
-                f"{self.ranks.world}) is not supported yet; run it in a "
-                f"single-process job"))
-
     @contextlib.contextmanager
     def inside(self) -> Iterator[None]:
         """strata.torch's own code: managed parameters may be used."""
@@ -368,6 +364,9 @@ class Runtime:
                 pairs += [(unit.groups[i % n], v)
                           for i, v in enumerate(unit.held)]
                 unit.forward, unit.held = [], []
+            if self.reducing is not None:  # its buffer ends unhanded
+                self.ranks.abandon(self.reducing[3])
+                self.reducing = None
             for group in self.groups:
                 pairs += [(group, v) for v in group.deferred]
                 group.deferred = []
@@ -497,12 +496,27 @@ class Runtime:
         grads, group.grads = group.grads, None
         group.grad_targets = []
         group.handed = True
-        if group.flat is not None:
-            mine = group.flat.reduce()
-            torch.from_dlpack(grads.export(SHARD)).copy_(mine)
+        if group.flat is None:
+            self._handed(group, grads)
+            return
+        self._land_reduce()
+        self.reducing = (group, grads, *group.flat.reduce())
+
+    def _handed(self, group: Group, grads: strata.Gradients) -> None:
+        assert self.optimizer is not None
         self.optimizer.hand_off(grads, self.stream())
         deferred, group.deferred = group.deferred, []
         self.release([(group, view) for view in deferred])
+
+    def _land_reduce(self) -> None:
+        """Note [Reducing behind] in ranks.py: waits for the reduction in
+        flight, copies this rank's part into its group's strata buffer
+        and hands that off."""
+        if self.reducing is not None:
+            (group, grads, mine, pending), self.reducing = self.reducing, None
+            self.ranks.finish(pending)
+            torch.from_dlpack(grads.export(SHARD)).copy_(mine)
+            self._handed(group, grads)
 
     def end_backward(self) -> None:
         """After loss.backward(): releases what backward still holds and
@@ -522,6 +536,7 @@ class Runtime:
                 if group.grads is None:
                     self._acquire(group, point=False)
                 self.hand_off(group)
+        self._land_reduce()
         for group in trained:
             group.handed = False
             group.final.clear()

@@ -48,7 +48,20 @@ modules in the same order. A gather started ahead that no fetch took (the
 pass went another way, or failed) is waited for and dropped at the end of
 backward, on reset, and before the step changes the shards
 (Flat.stepped): never used across a step. The cost: one more group's
-gathered buffer at a time.
+gathered buffer at a time; and since the first step has no order to go
+by, the second fetches in another order and the engine records its trace
+again, once (its message says so).
+
+Note [Reducing behind]
+A group's gradients are final in backward when the rank is about to run
+the units before it. Their reduction (gloo: an all-reduce, NCCL: a
+reduce-scatter) is therefore started async and left running under the
+next group's backward; the next group's hand-off, or the end of
+backward, waits for it, copies this rank's part into the strata buffer
+and hands that to the CPU optimizer. The cost: one more flat gradient
+buffer at a time, and the optimizer starts each group one hand-off
+later. On reset a reduction in flight is abandoned (Note [Abandoned
+collectives]) and its strata buffer ends with the step's abort.
 
 Note [Abandoned collectives]
 A collective this rank stopped waiting for (Ctrl-C, the timeout, an
@@ -221,18 +234,42 @@ class Ranks:
         return self.start(what, lambda: dist.all_gather_into_tensor(
             flat, mine, group=self.group, async_op=True), self._ring(flat))
 
-    def reduce_scatter(self, flat: torch.Tensor, what: str) -> torch.Tensor:
-        """`flat`'s average over the ranks; this rank's part of it."""
+    def reduce_scatter(self, flat: torch.Tensor, what: str
+                       ) -> tuple[torch.Tensor, Pending]:
+        """Starts averaging `flat` over the ranks; this rank's part of it,
+        valid once finish() waited for the collective."""
         mine = flat.view(self.world, -1)[self.rank]
         if self.stage == 1 or self.gloo:
-            self.run(what, lambda: dist.all_reduce(
+            return mine, self.start(what, lambda: dist.all_reduce(
                 flat, op=dist.ReduceOp.AVG, group=self.group, async_op=True),
                 2 * self._ring(flat))
-        else:
-            self.run(what, lambda: dist.reduce_scatter_tensor(
-                mine, flat, op=dist.ReduceOp.AVG, group=self.group,
-                async_op=True), self._ring(flat))
-        return mine
+        return mine, self.start(what, lambda: dist.reduce_scatter_tensor(
+            mine, flat, op=dist.ReduceOp.AVG, group=self.group,
+            async_op=True), self._ring(flat))
+
+    def broadcast_changed(self, changed: dict[int, torch.Tensor],
+                          shapes: list[tuple[torch.Size, torch.dtype]],
+                          root: int) -> dict[int, torch.Tensor]:
+        """Rank `root`'s `changed` (parameter index -> whole value, of the
+        shape and dtype `shapes` gives), on every rank, on the CPU."""
+        device = "cpu" if self.gloo else "cuda"
+        flags = torch.zeros(len(shapes), dtype=torch.uint8, device=device)
+        flags[list(changed)] = 1
+        self._broadcast(flags, root, "the changed parameters' list")
+        out = {}
+        for index in flags.nonzero().flatten().tolist():
+            shape, dtype = shapes[index]
+            value = changed[index].to(device) if self.rank == root else \
+                torch.empty(shape, dtype=dtype, device=device)
+            self._broadcast(value, root, "a changed parameter")
+            out[index] = value.cpu()
+        return out
+
+    def _broadcast(self, tensor: torch.Tensor, root: int, what: str
+                   ) -> None:
+        self.run(what, lambda: dist.broadcast(
+            tensor, group=self.group, group_src=root, async_op=True),
+            tensor.numel() * tensor.element_size())
 
     def global_checks(self, local: strata.StepChecks) -> strata.StepChecks:
         """Every rank's checks: sum_squares added, overflow or-ed."""
@@ -381,15 +418,29 @@ class Flat:
         self.settle()
         self.weights = None
 
+    def write(self, mine: torch.Tensor, values: dict[int, torch.Tensor]
+              ) -> None:
+        """Copies the part of each value (by parameter index, whole) that
+        lies in this rank's shard into `mine`, the shard."""
+        low = self.ranks.rank * self.shard
+        for index, value in values.items():
+            at = self.offsets[index]
+            begin = max(at, low)
+            end = min(at + self.shapes[index].numel(), low + self.shard)
+            if begin < end:
+                mine[begin - low:end - low].copy_(
+                    value.reshape(-1)[begin - at:end - at])
+
     def gradients(self, like: torch.Tensor) -> list[torch.Tensor]:
         """A zeroed flat gradient buffer; the parameters' views of it."""
         self.grads = torch.zeros(self.shard * self.ranks.world,
                                  dtype=like.dtype, device=like.device)
         return self.views(self.grads)
 
-    def reduce(self) -> torch.Tensor:
-        """The accumulated gradients averaged over the ranks: this rank's
-        part, for its strata gradient buffer."""
+    def reduce(self) -> tuple[torch.Tensor, Pending]:
+        """Starts averaging the accumulated gradients over the ranks: this
+        rank's part, for its strata gradient buffer, once the collective
+        is done (Note [Reducing behind])."""
         assert self.grads is not None
         grads, self.grads = self.grads, None
         return self.ranks.reduce_scatter(

@@ -155,18 +155,23 @@ def role_values(runtime: "Runtime", group: "Group", role: str,
 
 def write_group(runtime: "Runtime", group: "Group",
                 values: dict[int, torch.Tensor]) -> None:
-    """Writes `values` (by parameter index) into the group's master and
-    compute copy (rounded); the other parameters keep theirs."""
-    runtime.require_whole("writing parameters (GatheredParameters, "
-                          "load_state_dict)")
+    """Writes `values` (by parameter index, whole) into the group's master
+    and compute copy (rounded); the other parameters keep theirs. Across
+    ranks each rank writes the part in its shard (no collective)."""
     roles = ["compute", "master"] if group.has_master else ["compute"]
     with runtime.engine.fetch(group.id, "host", roles=roles,
                               write=True) as view:
-        for index, value in values.items():
-            name = group.plan.params[index][0]
-            for role in roles:
-                target = torch.from_dlpack(view.export(name, role))
+        for role in roles:
+            if group.flat is not None:
+                group.flat.write(torch.from_dlpack(view.export(SHARD, role)),
+                                 values)
+                continue
+            for index, value in values.items():
+                target = torch.from_dlpack(
+                    view.export(group.plan.params[index][0], role))
                 target.copy_(value.reshape(target.shape))
+    if group.flat is not None:
+        group.flat.stepped()  # a gathered copy kept is out of date
 
 
 def install_state_dict_hooks(runtime: "Runtime", engine: Any) -> list[Any]:
@@ -249,9 +254,11 @@ def save_16bit(engine: Any, save_dir: str, filename: str,
 class GatheredParameters:
     """DeepSpeed's zero.GatheredParameters: inside the context the managed
     parameters among `params` hold their real values (in their dtype
-    before initialize, on the engine's device); with a modifier_rank
-    (this is rank 0 of 1), changed ones are written back into strata when
-    it exits, master and compute copy both. Between optimizer steps."""
+    before initialize, on the engine's device); with a modifier_rank, the
+    ones that rank changed are written back into strata when it exits,
+    master and compute copy both, on every rank (across ranks every rank
+    enters and leaves the context: collectives). Between optimizer
+    steps."""
 
     def __init__(self, params: Any, modifier_rank: Optional[int] = None,
                  fwd_module: Any = None, enabled: bool = True) -> None:
@@ -260,6 +267,7 @@ class GatheredParameters:
         self.params = [p for p in params if isinstance(p, StrataParameter)] \
             if enabled else []
         self.write = modifier_rank is not None
+        self.modifier_rank = modifier_rank or 0
         self.groups: list[Any] = []
         self.before: dict[int, torch.Tensor] = {}
 
@@ -292,16 +300,27 @@ class GatheredParameters:
                 for _, p in group.plan.params:
                     self.before[id(p)] = p.data.clone()
 
+    def _changed(self, runtime: "Runtime", group: "Group"
+                 ) -> dict[int, torch.Tensor]:
+        """The parameters of `group` this context changed, on the CPU;
+        across ranks, those the modifier rank changed (a collective)."""
+        with runtime.inside():
+            changed = {i: p.data.cpu()
+                       for i, (_, p) in enumerate(group.plan.params)
+                       if not torch.equal(p.data, self.before[id(p)])}
+        if group.flat is None:
+            return changed
+        shapes = [(p.shape, p.dtype) for _, p in group.plan.params]
+        return runtime.ranks.broadcast_changed(changed, shapes,
+                                               self.modifier_rank)
+
     def _release(self, write: bool) -> None:
         """Writes the changes back (`write`), then ends this context's
         gathering of each group, whatever fails."""
         groups, self.groups = self.groups, []
         try:
             for runtime, group in groups if write else ():
-                with runtime.inside():
-                    changed = {i: p.data.cpu()
-                               for i, (_, p) in enumerate(group.plan.params)
-                               if not torch.equal(p.data, self.before[id(p)])}
+                changed = self._changed(runtime, group)
                 if changed:
                     write_group(runtime, group, changed)
         finally:

@@ -2,8 +2,10 @@
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with a job as JSON in argv[1]:
 
 - {"train": {name: config overrides}, "out": DIR}: trains the tests' GPT
-  (their Llama with "_model": "llama") data-parallel under each setting
-  on its part of the global batches;
+  (their Llama with "_model": "llama"; with "_scale": s, its wte weight
+  first multiplied by s on rank 0 in a GatheredParameters context)
+  data-parallel under each setting on its part of the global batches;
+  "stage3" is exported live to DIR/export after training;
   rank 0 saves each one's losses (the ranks' mean), final weights, tier
   use, collective stats and flat fp32 bytes to DIR/<name>.pt.
 - {"reshard": overrides, "out": DIR} at 4 ranks: trains 3 steps and saves
@@ -160,9 +162,18 @@ def main() -> None:
     job = json.loads(sys.argv[1])
     dist.init_process_group("gloo")
     for name, over in job.get("train", {}).items():
+        over = dict(over)
+        scale = over.pop("_scale", None)
         engine = engine_for(over, dist.get_world_size())
+        if scale is not None:  # rank 0 scales wte, every rank gets it
+            weight = engine.module.wte.weight
+            with st.GatheredParameters([weight], modifier_rank=0):
+                if dist.get_rank() == 0:
+                    weight.data.mul_(scale)
         losses = train(engine, int(os.environ.get("STEPS", "6")))
         moved = dataclasses.asdict(engine.collective_stats())
+        if name == "stage3":
+            engine.export(str(Path(job["out"]) / "export"))
         flat = sum(g.flat.shard * g.flat.ranks.world * 4
                    for g in engine.rt.groups if g.flat is not None)
         state = {k: v.cpu() for k, v in engine.state_dict().items()}

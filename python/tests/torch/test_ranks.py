@@ -80,6 +80,7 @@ def test_two_ranks_train_like_one_with_both_batches(scratch: Path) -> None:
         # both (Note [Waiting for the other ranks]).
         "stage2": dict(clip, zero_optimization={"stage": 2}),
         "no_ahead": dict(clip, strata={"prefetch": False}),
+        "written": dict(clip, _scale=0.5),
         "llama": dict(clip, _model="llama"),
     })
     ref = train_torch(model(), data(STEPS), clip=0.5)
@@ -95,6 +96,19 @@ def test_two_ranks_train_like_one_with_both_batches(scratch: Path) -> None:
     ref = train_torch(llama(), data(STEPS), clip=0.5)
     for a, b in zip(runs.pop("llama")["losses"], ref.losses):
         assert a == pytest.approx(b, rel=1e-5)
+    # A parameter written by rank 0 inside GatheredParameters reaches
+    # every rank's shard: the ranks train like torch from the new value.
+    scaled = model()
+    with torch.no_grad():
+        scaled.wte.weight.mul_(0.5)
+    ref = train_torch(scaled, data(STEPS), clip=0.5)
+    for a, b in zip(runs.pop("written")["losses"], ref.losses):
+        assert a == pytest.approx(b, rel=1e-5)
+    # The live export across ranks (rank 0 writes) holds the weights.
+    exported = load_file(scratch / "export" / "model.safetensors")
+    assert exported
+    for key, value in exported.items():
+        assert torch.equal(value, base["state"][key]), key
     # The same ranks and batches: every placement bit-identical, every
     # stage too (they differ only in what is kept where).
     for name, run in runs.items():

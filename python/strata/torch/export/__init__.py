@@ -49,17 +49,17 @@ def _role(dtype: str) -> str:
 def engine_tensors(engine: "StrataEngine", dtype: str
                    ) -> Iterator[tuple[str, torch.Tensor]]:
     """The live engine's parameters and persistent buffers."""
-    from strata.torch.weights import StrataParameter
+    from strata.torch.weights import StrataParameter, role_values
     want = _role(dtype)
     rt = engine.rt
     engine.store.drain()
     for group in rt.groups:
         role = want if want in group.roles else "compute"
-        with rt.engine.fetch(group.id, "host", roles=role) as view:
-            values = [torch.from_dlpack(view.export(name, role)).clone()
-                      for name, _ in group.plan.params]
+        dtypes = [torch.float32 if dtype == "fp32" else p.dtype
+                  for p in group.placeholders]
+        values = role_values(rt, group, role, dtypes)  # across ranks too
         for (name, _), value in zip(group.plan.params, values):
-            yield name, value.float() if dtype == "fp32" else value
+            yield name, value
     with rt.inside():
         state = engine.module.state_dict(keep_vars=True)
     for key, value in state.items():
@@ -71,11 +71,19 @@ def export(engine: "StrataEngine", out_dir: Union[str, Path], dtype: str,
            max_shard_bytes: int) -> list[Path]:
     """engine.export: the files written (config.json beside them for a
     transformers model)."""
-    files = safetensors_io.write(engine_tensors(engine, dtype), out_dir,
-                                 max_shard_bytes)
-    config = model_config(engine.module)
-    if config is not None:
-        _write_config(out_dir, config)
+    tensors = engine_tensors(engine, dtype)
+    ranks = engine.rt.ranks
+    files: list[Path] = []
+    if ranks.rank == 0:
+        files = safetensors_io.write(tensors, out_dir, max_shard_bytes)
+        config = model_config(engine.module)
+        if config is not None:
+            _write_config(out_dir, config)
+    else:  # its part of every collective, no files
+        for _ in tensors:
+            pass
+    if ranks.sharded():
+        ranks.barrier("the export")
     return files
 
 
