@@ -16,9 +16,11 @@ machine's cores as the ranks of one GPU machine share its CPUs. Weak
 scaling: each global batch is world x --batch rows, every rank trains
 its --batch of them, and tokens/s counts world x batch x seq a step.
 
-Phase 1 runs strata at every --worlds size; phase 2 runs DeepSpeed and
-strata at --ds-world ranks (DeepSpeed from bench/ds_venv.py's venv, on
-its CPU accelerator). Both frameworks get the same DeepSpeed config dict
+Phase 1 runs strata at every --worlds size; phase 2 runs torch's
+DistributedDataParallel (AdamW in memory: data parallelism that
+offloads and partitions nothing, the ceiling), DeepSpeed and strata at
+--ds-world ranks (DeepSpeed from bench/ds_venv.py's venv, on its CPU
+accelerator). Both frameworks get the same DeepSpeed config dict
 (deepspeed_offload_bench.ds_config: stage 3, AdamW, fp32, the optimizer
 state on --setting, each variant its own swap directory under --nvme).
 Within a phase the variants' processes start together and take turns
@@ -118,6 +120,12 @@ def build(args: argparse.Namespace, name: str) -> Any:
     versions = {"torch": torch.__version__}
     if name.startswith("ds-"):
         return dob.ds_step(args, model, cfg, versions)
+    if name.startswith("ddp-"):
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        step = dob.torch_step(args, "torch", ddp, versions)
+        return step, lambda: {"versions": versions}
     return dob.strata_step(args, model, cfg, versions)
 
 
@@ -151,7 +159,8 @@ def phases(args: argparse.Namespace) -> list[list[str]]:
     """The variants of each phase's rounds."""
     out = [[f"strata-{w}" for w in args.worlds]]
     if not args.no_deepspeed:
-        out.append([f"ds-{args.ds_world}", f"strata-{args.ds_world}"])
+        out.append([f"ddp-{args.ds_world}", f"ds-{args.ds_world}",
+                    f"strata-{args.ds_world}"])
     return out
 
 
@@ -186,15 +195,15 @@ def summarize(args: argparse.Namespace, name: str, run: dict[str, Any]
 
 
 def predicted(args: argparse.Namespace, world: int) -> dict[str, Any]:
-    """strata-plan --gpus `world` for this model and placement (fp32: the
-    compute copy is the master; with --setting nvme a host budget that
-    holds the master and not m and v), with its measured rates."""
-    params = dob.params_of(args)
-    share = -(-params // world)
-    cmd = [str(PLAN), "--params", str(params), "--dtype", "fp32", "--gpus",
-           str(world), "--measure", "--swap-dir", args.nvme, "--json"]
+    """strata-plan --gpus `world` for this model and placement (fp32;
+    with --setting nvme no host budget, so that the master and m and v
+    live on NVMe, where offload_optimizer nvme homes them), with its
+    measured rates."""
+    cmd = [str(PLAN), "--params", str(dob.params_of(args)), "--dtype",
+           "fp32", "--gpus", str(world), "--measure", "--swap-dir",
+           args.nvme, "--json"]
     if args.setting == "nvme":
-        cmd += ["--host-budget", str(6 * share), "--nvme-budget", "1TiB"]
+        cmd += ["--host-budget", "0", "--nvme-budget", "1TiB"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode not in (0, 2):
         raise SystemExit(f"ranks_bench: {' '.join(cmd)} failed:\n"
@@ -254,6 +263,12 @@ def print_comparison(args: argparse.Namespace,
     print("rank 0's losses, DeepSpeed / strata: " + ", ".join(
         f"{a:.4f}/{b:.4f}" for a, b in zip(ds["losses"], st["losses"])) +
         f" (largest relative difference {drift:.1e})")
+    ddp = rows.get(f"ddp-{args.ds_world}")
+    if ddp:
+        base = ddp["median_step_s"]
+        print(f"step over torch DDP's (AdamW in memory, nothing offloaded "
+              f"or partitioned): strata {st['median_step_s'] / base:.2f}, "
+              f"DeepSpeed {ds['median_step_s'] / base:.2f}")
     ratio = ds["median_step_s"] / st["median_step_s"]
     ok = ratio >= TARGET
     print(f"target ({args.setting}, {args.ds_world} ranks): strata/"

@@ -94,7 +94,7 @@ def test_the_ranks_bench_runs_and_reports(scratch: Path) -> None:
     summary = json.loads(out.read_text())
     rows, plans = summary["variants"], summary["plans"]
     names = {"strata-1", "strata-2"} | (
-        set() if ds else {"ds-2", "strata-2 (vs ds)"})
+        set() if ds else {"ddp-2", "ds-2", "strata-2 (vs ds)"})
     assert set(rows) == names
     for name, row in rows.items():
         assert row["median_step_s"] > 0, name
