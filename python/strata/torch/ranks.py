@@ -355,9 +355,7 @@ class Flat:
         if self.weights is None:
             self.weights = self._landed()
         if self.weights is None:
-            flat = self._empty(dtype, device)
-            self.ranks.finish(self.ranks.all_gather(flat, fill, self.what))
-            self.weights = flat
+            self.weights = self._gathered(fill, dtype, device)
         return self.views(self.weights)
 
     def gather_ahead(self, fill: Fill, dtype: torch.dtype,
@@ -398,9 +396,13 @@ class Flat:
                 ) -> list[torch.Tensor]:
         """Every rank's shard of one role gathered afresh (on `device`,
         where the backend can reach it); the parameters' views."""
+        return self.views(self._gathered(fill, dtype, device))
+
+    def _gathered(self, fill: Fill, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
         flat = self._empty(dtype, device)
         self.ranks.finish(self.ranks.all_gather(flat, fill, self.what))
-        return self.views(flat)
+        return flat
 
     def _empty(self, dtype: torch.dtype, device: torch.device
                ) -> torch.Tensor:
