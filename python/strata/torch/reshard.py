@@ -72,15 +72,17 @@ def load(engine: "StrataEngine", path: Path) -> str:
     saved = _saved_world(path)
     if saved == ranks.world:
         part = path / f"rank-{ranks.rank}" if saved > 1 else path
-        return engine.rt.optimizer.load(str(part))
-    source = Saved(path, saved)
-    for group in engine.rt.groups:
-        _fill(engine, group, source)
-    engine.rt.optimizer.step = source.step
+        state = engine.rt.optimizer.load(str(part))
+    else:
+        source = Saved(path, saved)
+        for group in engine.rt.groups:
+            _fill(engine, group, source)
+        engine.rt.optimizer.step = source.step
+        state = source.user_state
     for group in engine.rt.groups:
         if group.flat is not None:
-            group.flat.stepped()
-    return source.user_state
+            group.flat.stepped()  # no gathered copy from before the load
+    return state
 
 
 def _saved_world(path: Path) -> int:

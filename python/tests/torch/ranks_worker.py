@@ -5,7 +5,8 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with a job as JSON in argv[1]:
   (their Llama with "_model": "llama"; with "_scale": s, its wte weight
   first multiplied by s on rank 0 in a GatheredParameters context)
   data-parallel under each setting on its part of the global batches;
-  "stage3" is exported live to DIR/export after training;
+  "stage3" is exported live to DIR/export after training, and "stage2"
+  reloads a checkpoint (reload());
   rank 0 saves each one's losses (the ranks' mean), final weights, tier
   use, collective stats and flat fp32 bytes to DIR/<name>.pt.
 - {"reshard": overrides, "out": DIR} at 4 ranks: trains 3 steps and saves
@@ -147,6 +148,20 @@ def die(over: dict[str, Any], ckpt: str, when: str) -> None:
     raise AssertionError("the step went on without the last rank")
 
 
+def reload(engine: st.StrataEngine, ckpt: str) -> list[float]:
+    """Saves, trains a step, runs an eval forward (stage 2 keeps its
+    gathered copy), loads the checkpoint and trains the same step again:
+    the two losses, equal when the load dropped the kept copy."""
+    at = engine.global_steps
+    engine.save_checkpoint(ckpt)
+    first = train(engine, 1, at)
+    x, y = data(at + 2)[at + 1]
+    with torch.no_grad():
+        forward(engine, x[:1], y[:1])
+    engine.load_checkpoint(ckpt)
+    return first + train(engine, 1, at)
+
+
 def interrupt(over: dict[str, Any]) -> None:
     """The "interrupt" job (module docstring)."""
     engine = engine_for(over, dist.get_world_size())
@@ -178,6 +193,8 @@ def main() -> None:
                    for g in engine.rt.groups if g.flat is not None)
         state = {k: v.cpu() for k, v in engine.state_dict().items()}
         tiers = engine.store.stats()["tiers"]
+        if name == "stage2":
+            moved["reload"] = reload(engine, str(Path(job["out"]) / "ckpt"))
         engine.close()
         if dist.get_rank() == 0:
             torch.save({"losses": losses, "state": state, "tiers": tiers,
