@@ -101,11 +101,11 @@ def initialize(model: nn.Module,
     facade, cfg.algo = optim.build(model, cfg, optimizer, model_parameters)
     plans, units = plan(model, groups or cfg.groups,
                         optim.group_index(facade))
-    _check_grad_buffers(cfg, plans, units)
     scheduler = _scheduler(cfg, facade, lr_scheduler)
     dtype = _DTYPES[cfg.dtype]
     ranks = discover(process_group, cfg.stage, _backend(cfg),
                      cfg.rank_timeout)
+    _check_grad_buffers(cfg, plans, units, ranks.sharded())
     _check_nvme(cfg, ranks)
     source = Materializer(model, plans, init_from, strict)
     store = strata.Engine(**_engine_options(cfg, plans, dtype, ranks))
@@ -187,11 +187,12 @@ def _free_at_exit() -> None:
 
 
 def _check_grad_buffers(cfg: Config, plans: list[GroupPlan],
-                        units: list[UnitPlan]) -> None:
+                        units: list[UnitPlan], sharded: bool) -> None:
     """Backward holds a gradient buffer for each trainable group of the
-    unit running and for each shared group (tied weights) whose gradient
-    is not final until its last user ran: fewer buffers would wait
-    forever."""
+    unit running, for each shared group (tied weights) whose gradient is
+    not final until its last user ran, and across ranks for the group
+    whose gradients are being reduced (Note [Reducing behind]): fewer
+    buffers would wait forever."""
     users: dict[int, int] = {}
     for unit in units:
         for g in unit.groups:
@@ -200,13 +201,14 @@ def _check_grad_buffers(cfg: Config, plans: list[GroupPlan],
                  if n > 1 and plans[g].trainable)
     widest = max((sum(plans[g].trainable for g in u.groups) for u in units),
                  default=0)
-    needed = max(1, shared + widest)
+    needed = max(1, shared + widest) + sharded
     if cfg.grad_buffers < needed:
         raise ConfigError(
             f"strata.grad_buffers {cfg.grad_buffers} is too few for this "
             f"model: backward holds up to {needed} at once ({shared} "
-            f"shared by several modules, {widest} of one module); set it "
-            f"to {needed} or more")
+            f"shared by several modules, {widest} of one module"
+            f"{', 1 being reduced across ranks' if sharded else ''}); set "
+            f"it to {needed} or more")
 
 
 def _backend(cfg: Config) -> str:

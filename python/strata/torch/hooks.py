@@ -276,11 +276,11 @@ class Runtime:
     def end_step(self) -> None:
         """After the optimizer step: the forward order of this step is the
         next one's, whose first unit is prefetched now."""
-        if not self.order:
-            return
         for group in self.groups:
             if group.flat is not None:
                 group.flat.stepped()
+        if not self.order:
+            return
         units = list(self.order.values())
         self.after = {id(a): b for a, b in zip(units, units[1:])}
         self.before = {id(b): a for a, b in zip(units, units[1:])}

@@ -73,6 +73,10 @@ default), and the group's abort() and shutdown() do not end it (torch
 never runs, the process exits at once with Python's status (130 after
 Ctrl-C), and the group, unusable anyway, goes with the process. NCCL's
 watchdog aborts its communicator instead: nothing is leaked there.
+Either way the ranks' collectives are out of step from then on (the
+others may have issued more, or fewer, and a later collective would pair
+with an old one of the same size: wrong bytes, no error), so every
+collective after a wait given up fails naming it (Ranks.broken).
 
 Note [Waiting for the other ranks]
 On gloo, whose collectives block the host, every collective is issued
@@ -147,6 +151,7 @@ class Ranks:
     gloo: bool = False
     stats: CollectiveStats = field(default_factory=CollectiveStats)
     leaked: bool = False  # Note [Abandoned collectives]
+    broken: str = ""  # the collective a wait for was given up: no more
 
     def sharded(self) -> bool:
         return self.world > 1
@@ -161,6 +166,12 @@ class Ranks:
     def start(self, what: str, issue: Callable[[], Any], moved: int = 0
               ) -> Pending:
         """Issues a collective (async); finish() waits for it."""
+        if self.broken:
+            raise StrataError(9, "failed precondition", (
+                f"strata.torch: rank {self.rank} of {self.world} stopped "
+                f"waiting in {self.broken}, so the ranks' collectives are "
+                f"out of step and {what} cannot run; stop the job on "
+                f"every rank and load the last checkpoint"))
         begin = time.monotonic()
         try:
             return Pending(what, issue(), begin)
@@ -179,6 +190,7 @@ class Ranks:
             self._wait(pending, begin)
         except BaseException as e:
             self.abandon(pending)
+            self.broken = pending.what
             if isinstance(e, (RuntimeError, dist.DistError)):
                 raise self._failed(pending.what, e) from e
             raise
@@ -386,11 +398,13 @@ class Flat:
 
     def forget(self) -> None:
         """After an error (its rank may be gone): drops a gather started
-        ahead without waiting (Note [Abandoned collectives]); the backend
-        keeps the buffer until the collective ends."""
+        ahead without waiting (Note [Abandoned collectives]; the backend
+        keeps the buffer until the collective ends), and a kept copy (the
+        step may have stood without end_step)."""
         if self.ahead is not None:
             self.ranks.abandon(self.ahead[1])
             self.ahead = None
+        self.weights = None
 
     def collect(self, fill: Fill, dtype: torch.dtype, device: torch.device
                 ) -> list[torch.Tensor]:

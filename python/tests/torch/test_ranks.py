@@ -198,6 +198,9 @@ def test_a_rank_that_dies_stops_the_others(scratch: Path, when: str
                   exits=[1, 3], timeout=120)
     assert "failed on rank 0 of 2: another rank failed or exited" in \
         logs[0], logs[0]
+    if when == "step":
+        assert "afterwards: " in logs[0] and "out of step" in logs[0], \
+            logs[0]
     assert "Exception ignored" not in logs[0], logs[0]
     engine = st.initialize(model(), config(**over))
     assert engine.load_checkpoint(str(ckpt))[0] is not None
@@ -217,10 +220,12 @@ def test_ctrl_c_stops_a_rank_waiting_for_the_others(scratch: Path) -> None:
     procs = start({"interrupt": {}}, world=2)
     try:
         assert procs[0].stdout is not None
-        line = procs[0].stdout.readline()
-        while line and line.strip() != "waiting":
-            line = procs[0].stdout.readline()
-        assert line, procs[0].communicate()[0]
+        lines = [procs[0].stdout.readline()]
+        while lines[-1] and lines[-1].strip() != "waiting":
+            lines.append(procs[0].stdout.readline())
+        assert lines[-1], procs[0].communicate()[0]
+        assert any("1 being reduced across ranks" in line
+                   for line in lines), lines
         time.sleep(1)  # inside the all-gather's wait
         procs[0].send_signal(signal.SIGINT)
         log = procs[0].communicate(timeout=60)[0]
