@@ -81,7 +81,7 @@ from torch import nn
 import strata
 from strata._native import StrataError
 from strata.torch.groups import GroupPlan, UnitPlan
-from strata.torch.ranks import SHARD, Flat, Pending, Ranks
+from strata.torch.ranks import SHARD, Flat, Pending, Ranks, fill_from
 from strata.torch.wrap import wrap
 
 
@@ -197,7 +197,7 @@ class Runtime:
             memory = [torch.from_dlpack(view.export(name))
                       for name, _ in group.plan.params]
         else:
-            memory = group.flat.gather(_fill(view),
+            memory = group.flat.gather(fill_from(view),
                                        group.placeholders[0].dtype,
                                        self.device)
         for (_, p), data in zip(group.plan.params, memory):
@@ -267,7 +267,7 @@ class Runtime:
                 view = self.engine.fetch(group.id, "device", roles="compute",
                                          stream=self.stream())
                 try:
-                    group.flat.gather_ahead(_fill(view),
+                    group.flat.gather_ahead(fill_from(view),
                                             group.placeholders[0].dtype,
                                             self.device)
                 finally:
@@ -590,7 +590,3 @@ def _owner(params: list[nn.Parameter], t: torch.Tensor
             return p
     return None
 
-
-def _fill(view: strata.View) -> Callable[[torch.Tensor], Any]:
-    """Copies the shard `view` holds into the tensor given (Flat's fill)."""
-    return lambda mine: mine.copy_(torch.from_dlpack(view.export(SHARD)))

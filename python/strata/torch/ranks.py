@@ -111,6 +111,12 @@ SHARD = "shard"
 Fill = Callable[[torch.Tensor], Any]  # copies a shard into the tensor given
 
 
+def fill_from(view: strata.View, role: str = "compute") -> Fill:
+    """The Fill that copies `view`'s shard of `role`."""
+    return lambda mine: mine.copy_(
+        torch.from_dlpack(view.export(SHARD, role)))
+
+
 @dataclass
 class Pending:
     """A collective issued and not waited for yet (Ranks.start)."""
@@ -155,6 +161,11 @@ class Ranks:
 
     def sharded(self) -> bool:
         return self.world > 1
+
+    def device(self) -> str:
+        """Where the collectives' own small tensors go: NCCL reduces on
+        the GPU, gloo on the CPU."""
+        return "cpu" if self.gloo else "cuda"
 
     def run(self, what: str, issue: Callable[[], Any], moved: int = 0
             ) -> None:
@@ -264,7 +275,7 @@ class Ranks:
                           root: int) -> dict[int, torch.Tensor]:
         """Rank `root`'s `changed` (parameter index -> whole value, of the
         shape and dtype `shapes` gives), on every rank, on the CPU."""
-        device = "cpu" if self.gloo else "cuda"
+        device = self.device()
         flags = torch.zeros(len(shapes), dtype=torch.uint8, device=device)
         flags[list(changed)] = 1
         self._broadcast(flags, root, "the changed parameters' list")
@@ -286,8 +297,7 @@ class Ranks:
     def global_checks(self, local: strata.StepChecks) -> strata.StepChecks:
         """Every rank's checks: sum_squares added, overflow or-ed."""
         both = torch.tensor([local.sum_squares, float(local.overflow)],
-                            dtype=torch.float64,  # NCCL reduces on the GPU
-                            device="cpu" if self.gloo else "cuda")
+                            dtype=torch.float64, device=self.device())
         self.run("the step's gradient checks", lambda: dist.all_reduce(
             both, group=self.group, async_op=True))
         return strata.StepChecks(float(both[0]), bool(both[1] > 0))

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from strata._native import StrataError
-from strata.torch.ranks import SHARD
+from strata.torch.ranks import SHARD, fill_from
 
 if TYPE_CHECKING:
     from strata.torch.hooks import Group, Runtime
@@ -145,8 +145,7 @@ def role_values(runtime: "Runtime", group: "Group", role: str,
                       for name, _ in group.plan.params]
         else:
             values = group.flat.collect(
-                lambda mine: mine.copy_(
-                    torch.from_dlpack(view.export(SHARD, role))),
+                fill_from(view, role),
                 group.placeholders[0].dtype if role == "compute"
                 else torch.float32, runtime.device)
         return [value.to("cpu", dtype, copy=True)
