@@ -126,7 +126,8 @@ class Engine(Tracked):
     are the roles that may be fetched to the device (default all): the
     device budget must hold the largest group's fetch of them, so with the
     optimizer on the CPU, device_roles="compute" lets it count the compute
-    copies alone.
+    copies alone. `cuda_device` is the GPU's index (torch's cuda:N) when
+    the device is CUDA.
 
     close() frees it and removes its swap files; it refuses while views
     or optimizers of it are open, unless close(force=True), which releases
@@ -143,10 +144,12 @@ class Engine(Tracked):
                  swap_dir: Optional[str] = None,
                  home: Optional[dict[str, str]] = None,
                  device_roles: Union[None, str, Iterable[str]] = None,
-                 io_threads: Optional[int] = None) -> None:
+                 io_threads: Optional[int] = None,
+                 cuda_device: int = 0) -> None:
         options = _native.EngineOptions()
         lib().call("strata_engine_options_init", C.byref(options))
         options.device = _choice(_DEVICES, device, "device")
+        options.cuda_device = cuda_device
         options.device_budget = device_budget
         options.host_budget = host_budget
         options.nvme_budget = nvme_budget

@@ -36,13 +36,13 @@ from strata.torch import optim, weights
 from strata.torch.build import Materializer, init
 from strata.torch.config import Config, ConfigError, load
 from strata.torch.engine import StrataEngine
+from strata.torch.flat import Flat, shard_size
+from strata.torch.gathered import GatheredParameters
 from strata.torch.groups import GroupPlan, UnitPlan, dtype_name, plan
 from strata.torch.hooks import Group, Runtime
 from strata.torch.optim import StrataOptimizer
-from strata.torch.ranks import (SHARD, CollectiveStats, Flat, Ranks,
-                                discover, shard_size)
+from strata.torch.ranks import SHARD, CollectiveStats, Ranks, discover
 from strata.torch.schedule import ConfigScheduler, Scheduler
-from strata.torch.weights import GatheredParameters
 
 __all__ = ["initialize", "init", "StrataEngine", "StrataOptimizer",
            "GatheredParameters", "Config", "ConfigError", "load",
@@ -188,11 +188,11 @@ def _free_at_exit() -> None:
 
 def _check_grad_buffers(cfg: Config, plans: list[GroupPlan],
                         units: list[UnitPlan], sharded: bool) -> None:
-    """Backward holds a gradient buffer for each trainable group of the
-    unit running, for each shared group (tied weights) whose gradient is
-    not final until its last user ran, and across ranks for the group
-    whose gradients are being reduced (Note [Reducing behind]): fewer
-    buffers would wait forever."""
+    """On one rank backward holds a gradient buffer for each trainable
+    group of the unit running and for each shared group (tied weights)
+    whose gradient is not final until its last user ran: fewer buffers
+    would wait forever. Across ranks one is enough (Note [When gradients
+    get a buffer] in handoff.py)."""
     users: dict[int, int] = {}
     for unit in units:
         for g in unit.groups:
@@ -201,14 +201,13 @@ def _check_grad_buffers(cfg: Config, plans: list[GroupPlan],
                  if n > 1 and plans[g].trainable)
     widest = max((sum(plans[g].trainable for g in u.groups) for u in units),
                  default=0)
-    needed = max(1, shared + widest) + sharded
+    needed = 1 if sharded else max(1, shared + widest)
     if cfg.grad_buffers < needed:
         raise ConfigError(
             f"strata.grad_buffers {cfg.grad_buffers} is too few for this "
             f"model: backward holds up to {needed} at once ({shared} "
-            f"shared by several modules, {widest} of one module"
-            f"{', 1 being reduced across ranks' if sharded else ''}); set "
-            f"it to {needed} or more")
+            f"shared by several modules, {widest} of one module); set it "
+            f"to {needed} or more")
 
 
 def _backend(cfg: Config) -> str:
@@ -298,7 +297,7 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
                               default=0)
     nvme = copies * (homed["nvme"] + slack) + 64 * _MIB \
         if homed["nvme"] else 0
-    return {"device": cfg.device,
+    return {"device": cfg.device, "cuda_device": ranks.cuda,
             "device_budget": _pick(cfg.device_budget, device),
             "host_budget": _pick(cfg.host_budget, host),
             "nvme_budget": _pick(cfg.nvme_budget, nvme),

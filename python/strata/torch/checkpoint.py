@@ -53,11 +53,15 @@ def save(engine: "StrataEngine", save_dir: str, tag: Union[None, str, int],
         reshard.save(engine, path, json.dumps(state))
     else:
         engine.rt.optimizer.save(str(path), json.dumps(state))
-    if save_latest and ranks.rank == 0:
-        (Path(save_dir) / "latest").write_text(tag)
-    if ranks.sharded():
-        ranks.barrier("the checkpoint's save")  # all see the new latest
+    ranks.together(  # every rank sees the new latest, or fails
+        "the checkpoint's save", lambda: _write_latest(save_dir, tag)
+        if save_latest and ranks.rank == 0 else None,
+        f"{save_dir}/latest may not name {tag}")
     return str(path)
+
+
+def _write_latest(save_dir: str, tag: str) -> None:
+    (Path(save_dir) / "latest").write_text(tag)
 
 
 def load(engine: "StrataEngine", load_dir: str, tag: Union[None, str, int],

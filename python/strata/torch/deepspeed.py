@@ -32,7 +32,7 @@ import torch.distributed as dist
 from strata.torch import init, initialize as _initialize
 from strata.torch.config import ConfigError
 from strata.torch.engine import StrataEngine
-from strata.torch.weights import GatheredParameters
+from strata.torch.gathered import GatheredParameters
 
 __all__ = ["initialize", "add_config_arguments", "init_distributed", "zero"]
 

@@ -17,7 +17,12 @@ configs strata.torch builds) the engine says so and refuses to save that
 mixed state. A step whose gradients are not finite is skipped, in every
 precision, changing nothing: was_step_applied() is false and a warning
 names the group; strata.max_consecutive_skips skips in a row stop the run
-(fp16 stops at its minimum loss scale instead)."""
+(fp16 stops at its minimum loss scale instead).
+
+Across ranks an exception out of a pass ends the job: the other ranks
+went on without this one, so from then on every collective fails naming
+the error (Ranks.give_up in ranks.py); stop every rank and load the last
+checkpoint."""
 from __future__ import annotations
 
 import contextlib
@@ -206,6 +211,8 @@ class StrataEngine:
     def _abandon(self, where: str, error: BaseException,
                  abandon_step: bool) -> None:
         """Note [Recovery]."""
+        if self.rt.ranks.sharded():
+            self.rt.ranks.give_up(f"left {where} after an error")
         in_step = abandon_step and self.rt.phase is not Phase.IDLE
         try:
             self.rt.reset()

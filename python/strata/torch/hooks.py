@@ -23,29 +23,20 @@ Note [Backward fetch and hand-off]
 The forward post-hook wraps the unit's outputs in a BackwardFetch
 (wrap.py): its backward runs once the gradient of every output is there,
 before the unit's own backward, and fetches the unit's groups again. A
-parameter's gradient hook (a pre-hook of its AccumulateGrad) acquires its
-group's gradient buffer when the first of the group's gradients is
-complete, and points every parameter's .grad at its tensor slice, so
-AccumulateGrad adds into strata's buffer in place. A parameter's
-post-accumulate-grad hook marks it final; when every trainable parameter
-of a group is final the buffer is handed off, fenced on the current
-stream, and the CPU steps the group under the rest of backward. The
-pre-hook wraps the unit's inputs in a BackwardFetch too, whose backward
-runs when the unit's backward is done and releases its views (after the
-hand-off, for a group whose buffer is acquired: AccumulateGrad needs the
-parameter's real shape). What neither reaches (a unit whose inputs need no
+parameter's gradient hook (a pre-hook of its AccumulateGrad) gives its
+group's gradients a buffer when the first of them is complete (Note
+[When gradients get a buffer] in handoff.py), and points every
+parameter's .grad at its tensor slice, so AccumulateGrad adds into the
+buffer in place. A parameter's post-accumulate-grad hook marks it final;
+when every trainable parameter of a group is final the buffer is handed
+off, fenced on the current stream, and the CPU steps the group under the
+rest of backward. The pre-hook wraps the unit's inputs in a
+BackwardFetch too, whose backward runs when the unit's backward is done
+and releases its views (after the hand-off, for a group whose gradients
+accumulate: AccumulateGrad needs the parameter's real shape). What
+neither reaches (a unit whose inputs need no
 gradient, a group whose parameters got no gradient) is released or handed
 off (zeros) by Runtime.end_backward.
-
-A buffer is acquired only when a gradient is complete, not when the
-unit's backward starts: a parameter used by several forwards before one
-backward (R-drop, contrastive losses: engine(x1), engine(x2), backward of
-the sum) gets its gradient only after the backward of its last use, and
-autograd runs the second forward's backward first, so buffers taken at
-each unit's backward fetch were all held at once, waiting for gradients
-that could not come before a buffer was free (issue #30: it hung). Held
-from the first complete gradient to the hand-off, a group needs its
-buffer only while its own parameters accumulate.
 
 Note [Prefetch of the updated weights]
 The optimizer writes each group's new compute copy at its home (the
@@ -81,7 +72,9 @@ from torch import nn
 import strata
 from strata._native import StrataError
 from strata.torch.groups import GroupPlan, UnitPlan
-from strata.torch.ranks import SHARD, Flat, Pending, Ranks, fill_from
+from strata.torch.handoff import HandOffs
+from strata.torch.flat import Flat
+from strata.torch.ranks import Ranks, fill_from
 from strata.torch.wrap import wrap
 
 
@@ -178,10 +171,7 @@ class Runtime:
         self.order: dict[int, Unit] = {}  # this step's forward, in order
         self.after: dict[int, Unit] = {}  # id(unit) -> the next, last step
         self.before: dict[int, Unit] = {}  # id(unit) -> the one before
-        # Note [Reducing behind] in ranks.py: the group whose gradients
-        # are being reduced, its strata buffer, its part and collective.
-        self.reducing: Optional[tuple[Group, strata.Gradients,
-                                      torch.Tensor, Pending]] = None
+        self.handoffs = HandOffs(self)
 
     # ---- streams and fetches -------------------------------------------
 
@@ -220,7 +210,7 @@ class Runtime:
     def release(self, group_views: list[tuple[Group, strata.View]]) -> None:
         stream = self.stream()
         for group, view in group_views:
-            if group.grads is not None:
+            if group.grad_targets:
                 group.deferred.append(view)  # until its hand-off
                 continue
             group.live -= 1
@@ -364,21 +354,12 @@ class Runtime:
                 pairs += [(unit.groups[i % n], v)
                           for i, v in enumerate(unit.held)]
                 unit.forward, unit.held = [], []
-            if self.reducing is not None:  # its buffer ends unhanded
-                self.ranks.abandon(self.reducing[3])
-                self.reducing = None
+            self.handoffs.reset()
             for group in self.groups:
                 pairs += [(group, v) for v in group.deferred]
                 group.deferred = []
-                group.grads = None
-                group.grad_targets = []
                 if group.flat is not None:
-                    group.flat.grads = None
                     group.flat.forget()
-                group.handed = False
-                group.final.clear()
-                for _, p in group.plan.params:
-                    p.grad = None
             self.release(pairs)
 
     # ---- module hooks --------------------------------------------------
@@ -392,11 +373,7 @@ class Runtime:
                 self._post_hook(unit)))
         for group in self.groups:
             if group.plan.trainable:
-                for _, p in group.plan.params:
-                    self.handles.append(p.register_hook(
-                        self._complete(group)))
-                    self.handles.append(p.register_post_accumulate_grad_hook(
-                        self._accumulated))
+                self.handles += self.handoffs.hooks(group)
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -444,103 +421,20 @@ class Runtime:
             if self.ranks.sharded():
                 self._gather_ahead(self.before.get(id(unit)))
 
-    def _complete(self, group: Group) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:
-            if group.grads is None and not group.handed:
-                with self.inside():
-                    self._acquire(group, point=True)
-        return hook
-
-    def _acquire(self, group: Group, point: bool) -> None:
-        assert self.optimizer is not None
-        group.grads = self.optimizer.acquire_gradients(group.id)
-        if group.flat is None:
-            group.grad_targets = [torch.from_dlpack(group.grads.export(name))
-                                  for name, _ in group.plan.params]
-        else:
-            group.grad_targets = group.flat.gradients(
-                group.placeholders[0])
-        for (_, p), target in zip(group.plan.params, group.grad_targets):
-            if point:
-                p.grad = target
-
     def _backward_done(self, unit: Unit) -> None:
         with self.inside():
             held, unit.held = unit.held, []
             self._release_unit(unit, held)
 
-    def _accumulated(self, p: nn.Parameter) -> None:
-        with self.inside():
-            self._final(p)
-
-    def _final(self, p: nn.Parameter) -> None:
-        group = self.group_of[id(p)]
-        name = self.name_of[id(p)]
-        if group.grads is None:
-            raise StrataError(9, "failed precondition", (
-                f"strata.torch: parameter {name} got a gradient after its "
-                f"group {group.name!r} was handed off, or outside "
-                f"engine.backward; call engine.backward(loss), and do not "
-                f"use a parameter outside the modules that hold it"))
-        target = group.grad_targets[self.index_of[id(p)]]
-        if p.grad is not None and p.grad.data_ptr() != target.data_ptr():
-            target.copy_(p.grad)
-        group.final.add(id(p))
-        if len(group.final) == len(group.plan.params):
-            self.hand_off(group)
-
-    def hand_off(self, group: Group) -> None:
-        assert self.optimizer is not None and group.grads is not None
-        for _, p in group.plan.params:
-            p.grad = None
-        grads, group.grads = group.grads, None
-        group.grad_targets = []
-        group.handed = True
-        if group.flat is None:
-            self._handed(group, grads)
-            return
-        self._land_reduce()
-        self.reducing = (group, grads, *group.flat.reduce())
-
-    def _handed(self, group: Group, grads: strata.Gradients) -> None:
-        assert self.optimizer is not None
-        self.optimizer.hand_off(grads, self.stream())
-        deferred, group.deferred = group.deferred, []
-        self.release([(group, view) for view in deferred])
-
-    def _land_reduce(self) -> None:
-        """Note [Reducing behind] in ranks.py: waits for the reduction in
-        flight, copies this rank's part into its group's strata buffer
-        and hands that off."""
-        if self.reducing is not None:
-            (group, grads, mine, pending), self.reducing = self.reducing, None
-            self.ranks.finish(pending)
-            torch.from_dlpack(grads.export(SHARD)).copy_(mine)
-            self._handed(group, grads)
-
     def end_backward(self) -> None:
         """After loss.backward(): releases what backward still holds and
         hands off every trainable group not handed off yet."""
         with self.inside():
-            self._end_backward()
-
-    def _end_backward(self) -> None:
-        for unit in self.units:
-            if unit.held:
-                self._backward_done(unit)
-        trained = [g for g in self.groups if g.plan.trainable]
-        # The groups holding a buffer (some parameters got no gradient)
-        # first: a group that got none needs a buffer of its own.
-        for group in sorted(trained, key=lambda g: g.grads is None):
-            if not group.handed:
-                if group.grads is None:
-                    self._acquire(group, point=False)
-                self.hand_off(group)
-        self._land_reduce()
-        for group in trained:
-            group.handed = False
-            group.final.clear()
-        self._settle()
+            for unit in self.units:
+                if unit.held:
+                    self._backward_done(unit)
+            self.handoffs.end_backward()
+            self._settle()
 
     def _settle(self) -> None:
         """Note [Gathering ahead]: no gather started ahead outlives a

@@ -3,11 +3,11 @@
 process; every collective is a torch one, issued here.
 
 Note [Partitions]
-At world size N > 1 a group's parameters are laid out flat, in the
-group's order, each starting at a multiple of ALIGN elements, and the
-flat vector is padded to N * S elements, S (the shard) a multiple of
-ALIGN: the layout depends only on the group's shapes, so a checkpoint
-can be cut again for another N. Rank r registers elements
+At world size N > 1 a group's parameters are laid out flat (Flat, in
+flat.py), in the group's order, each starting at a multiple of ALIGN
+elements, and the flat vector is padded to N * S elements, S (the
+shard) a multiple of ALIGN: the layout depends only on the group's
+shapes, so a checkpoint can be cut again for another N. Rank r registers elements
 [r * S, (r + 1) * S) as the group's one tensor SHARD, with every role
 (compute copy, master, optimizer state), in its own strata engine with
 the config's budgets (per rank) and its own swap subdirectory rank-<r>.
@@ -75,8 +75,26 @@ Ctrl-C), and the group, unusable anyway, goes with the process. NCCL's
 watchdog aborts its communicator instead: nothing is leaked there.
 Either way the ranks' collectives are out of step from then on (the
 others may have issued more, or fewer, and a later collective would pair
-with an old one of the same size: wrong bytes, no error), so every
-collective after a wait given up fails naming it (Ranks.broken).
+with an old one of the same size: wrong bytes, no error), so after a
+wait given up, a collective that failed to issue or a pass that failed
+on this rank, every collective fails naming the cause (Ranks.give_up),
+and the group is leaked as above, since a collective may be in flight
+that nothing waits for (Ctrl-C between its issue and its wait).
+
+Note [Failing together]
+A task of several collectives that every rank runs (the export, a
+GatheredParameters write, a checkpoint's save) may fail on one rank
+outside its collectives: a full disk under rank 0's export, an exception
+in one rank's GatheredParameters body. The others would wait for it in
+their next collective until strata.rank_timeout and then fail naming
+only the wait. Such a task therefore ends with one small all-reduce of
+every rank's outcome (Ranks.agree): a rank where it failed first runs the
+rest of its collectives of the task, so that nobody waits for them; then
+the ranks where it failed raise their own error, and the others a
+StrataError naming those ranks and what was left undone, at once and
+alike. A rank interrupted (Ctrl-C), or whose collectives are out of step,
+gives up instead (Note [Abandoned collectives]); the others' wait ends
+when it exits (torchrun stops every rank on Ctrl-C).
 
 Note [Waiting for the other ranks]
 On gloo, whose collectives block the host, every collective is issued
@@ -98,17 +116,18 @@ import datetime
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
 
 import strata
 from strata._native import StrataError
+from strata.torch.config import ConfigError
 
-ALIGN = 64  # elements: 256 B of fp32, each parameter and shard starts there
 SHARD = "shard"
 Fill = Callable[[torch.Tensor], Any]  # copies a shard into the tensor given
+T = TypeVar("T")
 
 
 def fill_from(view: strata.View, role: str = "compute") -> Fill:
@@ -155,39 +174,49 @@ class Ranks:
     # gloo's reduce_scatter_tensor runs only inside Work.wait(), which a
     # poll cannot end (torch 2.11): on gloo gradients are all-reduced.
     gloo: bool = False
+    cuda: int = 0  # this process's GPU, where the device is CUDA
     stats: CollectiveStats = field(default_factory=CollectiveStats)
     leaked: bool = False  # Note [Abandoned collectives]
-    broken: str = ""  # the collective a wait for was given up: no more
+    broken: str = ""  # why the ranks are out of step (give_up): no more
 
     def sharded(self) -> bool:
         return self.world > 1
 
-    def device(self) -> str:
+    def device(self) -> torch.device:
         """Where the collectives' own small tensors go: NCCL reduces on
-        the GPU, gloo on the CPU."""
-        return "cpu" if self.gloo else "cuda"
+        this process's GPU, gloo on the CPU."""
+        return torch.device("cpu") if self.gloo else \
+            torch.device("cuda", self.cuda)
 
     def run(self, what: str, issue: Callable[[], Any], moved: int = 0
             ) -> None:
         """Issues a collective (async) and waits for it: Note [Waiting
         for the other ranks]. `moved`: the bytes it puts through this
         rank's link (CollectiveStats)."""
-        self.finish(self.start(what, issue, moved))
+        try:
+            pending = self.start(what, issue, moved)
+            self.finish(pending)
+        except BaseException:  # Ctrl-C between the two included
+            self.give_up(f"stopped waiting in {what}")
+            raise
 
     def start(self, what: str, issue: Callable[[], Any], moved: int = 0
               ) -> Pending:
         """Issues a collective (async); finish() waits for it."""
         if self.broken:
             raise StrataError(9, "failed precondition", (
-                f"strata.torch: rank {self.rank} of {self.world} stopped "
-                f"waiting in {self.broken}, so the ranks' collectives are "
-                f"out of step and {what} cannot run; stop the job on "
-                f"every rank and load the last checkpoint"))
+                f"strata.torch: rank {self.rank} of {self.world} "
+                f"{self.broken}, so the ranks' collectives are out of step "
+                f"and {what} cannot run; stop the job on every rank and "
+                f"load the last checkpoint"))
         begin = time.monotonic()
         try:
             return Pending(what, issue(), begin)
-        except (RuntimeError, dist.DistError) as e:
-            raise self._failed(what, e) from e
+        except BaseException as e:  # issued or not: the others may be
+            self.give_up(f"failed to issue {what}")
+            if isinstance(e, (RuntimeError, dist.DistError)):
+                raise self._failed(what, e) from e
+            raise
         finally:
             self.stats.count += 1
             self.stats.bytes += moved
@@ -200,8 +229,7 @@ class Ranks:
         try:
             self._wait(pending, begin)
         except BaseException as e:
-            self.abandon(pending)
-            self.broken = pending.what
+            self.give_up(f"stopped waiting in {pending.what}")
             if isinstance(e, (RuntimeError, dist.DistError)):
                 raise self._failed(pending.what, e) from e
             raise
@@ -217,8 +245,21 @@ class Ranks:
             // self.world
 
     def abandon(self, pending: Pending) -> None:
-        """Stops waiting for `pending`: Note [Abandoned collectives]."""
-        if self.gloo and not self.leaked and not pending.work.is_completed():
+        """Stops waiting for `pending`, which every rank issued (the ranks
+        stay in step): Note [Abandoned collectives]."""
+        if not pending.work.is_completed():
+            self._leak()
+
+    def give_up(self, why: str) -> None:
+        """This rank left the ranks' sequence of collectives (`why`: what
+        it did, after "rank r of N"): every later one fails naming it,
+        and nothing in flight holds up the exit (Note [Abandoned
+        collectives])."""
+        self.broken = self.broken or why
+        self._leak()
+
+    def _leak(self) -> None:
+        if self.gloo and not self.leaked:
             group = dist.group.WORLD if self.group is None else self.group
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
             self.leaked = True
@@ -273,8 +314,9 @@ class Ranks:
     def broadcast_changed(self, changed: dict[int, torch.Tensor],
                           shapes: list[tuple[torch.Size, torch.dtype]],
                           root: int) -> dict[int, torch.Tensor]:
-        """Rank `root`'s `changed` (parameter index -> whole value, of the
-        shape and dtype `shapes` gives), on every rank, on the CPU."""
+        """Rank `root`'s `changed` (parameter index -> whole value, made
+        the shape and dtype `shapes` gives), on every rank, on the CPU;
+        `root` is a rank of the group."""
         device = self.device()
         flags = torch.zeros(len(shapes), dtype=torch.uint8, device=device)
         flags[list(changed)] = 1
@@ -282,7 +324,8 @@ class Ranks:
         out = {}
         for index in flags.nonzero().flatten().tolist():
             shape, dtype = shapes[index]
-            value = changed[index].to(device) if self.rank == root else \
+            value = changed[index].to(device, dtype).reshape(shape) \
+                .contiguous() if self.rank == root else \
                 torch.empty(shape, dtype=dtype, device=device)
             self._broadcast(value, root, "a changed parameter")
             out[index] = value.cpu()
@@ -293,6 +336,53 @@ class Ranks:
         self.run(what, lambda: dist.broadcast(
             tensor, group=self.group, group_src=root, async_op=True),
             tensor.numel() * tensor.element_size())
+
+    def together(self, what: str, body: Callable[[], T], undone: str
+                 ) -> T:
+        """Runs `body` (this rank's part of `what`) and agree()s on its
+        outcome: every rank raises if it failed on any."""
+        try:
+            result = body()
+        except BaseException as error:
+            self.agree(what, error, undone)
+            raise
+        self.agree(what, None, undone)
+        return result
+
+    def agree(self, what: str, error: Optional[BaseException], undone: str,
+              drain: Callable[[], Any] = lambda: None) -> None:
+        """Note [Failing together]: every rank learns whether `what` failed
+        on any. `error` is this rank's (the caller raises it), after
+        `drain` ran the rest of its collectives of `what`; where it did
+        not fail, a StrataError names the ranks where it did and says
+        what was left `undone`."""
+        if not self.sharded():
+            return
+        if error is None:
+            failed = self._failed_ranks(what, False)
+            if failed:
+                raise StrataError(6, "I/O error", (
+                    f"strata.torch: {what} failed on rank "
+                    f"{', '.join(map(str, failed))} of {self.world} (its "
+                    f"error says why), so {undone}"))
+            return
+        if not isinstance(error, Exception) or self.broken:
+            self.give_up(f"was interrupted in {what}")
+            return
+        try:
+            drain()
+            self._failed_ranks(what, True)
+        except Exception as e:  # the first error is the news
+            error.add_note(f"strata.torch: telling the other ranks failed "
+                           f"too: {e}")
+
+    def _failed_ranks(self, what: str, failed: bool) -> list[int]:
+        flags = torch.zeros(self.world, dtype=torch.int32,
+                            device=self.device())
+        flags[self.rank] = int(failed)
+        self.run(f"the outcome of {what}", lambda: dist.all_reduce(
+            flags, group=self.group, async_op=True))
+        return [r for r, f in enumerate(flags.tolist()) if f]
 
     def global_checks(self, local: strata.StepChecks) -> strata.StepChecks:
         """Every rank's checks: sum_squares added, overflow or-ed."""
@@ -308,166 +398,45 @@ def discover(process_group: Any = None, stage: int = 3,
     """The ranks of this run: the process group given, the default one
     already made, or one made here from the launcher's environment
     (torchrun's or deepspeed's RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT); world size 1 when there is none."""
+    MASTER_PORT); world size 1 when there is none. On NCCL this process's
+    GPU (this_gpu) becomes torch's current device, as DeepSpeed does."""
     if process_group is None and not dist.is_initialized():
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return Ranks(stage=stage)
+            return Ranks(stage=stage, cuda=this_gpu())
+        if backend == "nccl":
+            torch.cuda.set_device(this_gpu())
         dist.init_process_group(
             backend, timeout=datetime.timedelta(seconds=timeout_s))
     world = dist.get_world_size(process_group)
     if world <= 1:
-        return Ranks(stage=stage)
+        return Ranks(stage=stage, cuda=this_gpu())
+    gloo = dist.get_backend(process_group) == "gloo"
+    if not gloo:
+        torch.cuda.set_device(this_gpu())
     return Ranks(dist.get_rank(process_group), world, stage, process_group,
-                 timeout_s, dist.get_backend(process_group) == "gloo")
+                 timeout_s, gloo, this_gpu())
 
 
-def aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+def this_gpu() -> int:
+    """The GPU of this process (0 without CUDA): cuda_index of the
+    launcher's LOCAL_RANK."""
+    if not torch.cuda.is_available():
+        return 0
+    return cuda_index(os.environ.get("LOCAL_RANK"),
+                      torch.cuda.device_count(), torch.cuda.current_device())
 
 
-def offsets(shapes: list[torch.Size]) -> list[int]:
-    """Each parameter's first element in the group's flat layout."""
-    out, at = [], 0
-    for shape in shapes:
-        out.append(at)
-        at = aligned(at + shape.numel())
-    return out
-
-
-def shard_size(shapes: list[torch.Size], world: int) -> int:
-    """S of Note [Partitions]: every rank's part of the flat layout."""
-    total = offsets(shapes + [torch.Size([0])])[-1]
-    return aligned(-(-total // world))
-
-
-class Flat:
-    """One group's flat layout at a world size, and its buffers."""
-
-    def __init__(self, name: str, shapes: list[torch.Size], ranks: Ranks
-                 ) -> None:
-        self.name = name
-        self.shapes = shapes
-        self.offsets = offsets(shapes)
-        self.ranks = ranks
-        self.shard = shard_size(shapes, ranks.world)
-        self.weights: Optional[torch.Tensor] = None  # gathered, if kept
-        # A gather started ahead: its buffer and collective.
-        self.ahead: Optional[tuple[torch.Tensor, Pending]] = None
-        self.what = f"the all-gather of group {name!r}"
-        self.grads: Optional[torch.Tensor] = None    # being accumulated
-
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """The parameters' ranges of a flat buffer, in their shapes."""
-        return [flat[at:at + shape.numel()].view(shape)
-                for at, shape in zip(self.offsets, self.shapes)]
-
-    def pack(self, values: list[torch.Tensor]) -> torch.Tensor:
-        """This rank's shard of `values` (the group's tensors, in order)."""
-        flat = torch.zeros(self.shard * self.ranks.world,
-                           dtype=values[0].dtype)
-        for view, value in zip(self.views(flat), values):
-            view.copy_(value.reshape(view.shape))
-        r = self.ranks.rank
-        return flat[r * self.shard:(r + 1) * self.shard]
-
-    def gather(self, fill: Fill, dtype: torch.dtype, device: torch.device
-               ) -> list[torch.Tensor]:
-        """Every rank's compute shard gathered (kept, stages 1 and 2;
-        started ahead, Note [Gathering ahead]); the parameters' views."""
-        if self.weights is None:
-            self.weights = self._landed()
-        if self.weights is None:
-            self.weights = self._gathered(fill, dtype, device)
-        return self.views(self.weights)
-
-    def gather_ahead(self, fill: Fill, dtype: torch.dtype,
-                     device: torch.device) -> None:
-        """Starts the gather the next gather() needs, unless a gathered
-        copy is kept or one is under way: Note [Gathering ahead]."""
-        if self.weights is None and self.ahead is None:
-            flat = self._empty(dtype, device)
-            self.ahead = (flat, self.ranks.all_gather(flat, fill, self.what))
-            self.ranks.stats.ahead += 1
-
-    def idle(self) -> bool:
-        """Neither a gathered copy nor a gather under way."""
-        return self.weights is None and self.ahead is None
-
-    def _landed(self) -> Optional[torch.Tensor]:
-        """The buffer of the gather started ahead, once it is done."""
-        if self.ahead is None:
-            return None
-        (flat, pending), self.ahead = self.ahead, None
-        self.ranks.finish(pending)
-        return flat
-
-    def settle(self) -> None:
-        """Ends a gather started ahead that no gather() took (the pass
-        went another way, or failed): waits for it, drops its buffer."""
-        self._landed()
-
-    def forget(self) -> None:
-        """After an error (its rank may be gone): drops a gather started
-        ahead without waiting (Note [Abandoned collectives]; the backend
-        keeps the buffer until the collective ends), and a kept copy (the
-        step may have stood without end_step)."""
-        if self.ahead is not None:
-            self.ranks.abandon(self.ahead[1])
-            self.ahead = None
-        self.weights = None
-
-    def collect(self, fill: Fill, dtype: torch.dtype, device: torch.device
-                ) -> list[torch.Tensor]:
-        """Every rank's shard of one role gathered afresh (on `device`,
-        where the backend can reach it); the parameters' views."""
-        return self.views(self._gathered(fill, dtype, device))
-
-    def _gathered(self, fill: Fill, dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor:
-        flat = self._empty(dtype, device)
-        self.ranks.finish(self.ranks.all_gather(flat, fill, self.what))
-        return flat
-
-    def _empty(self, dtype: torch.dtype, device: torch.device
-               ) -> torch.Tensor:
-        return torch.empty(self.shard * self.ranks.world, dtype=dtype,
-                           device=device)
-
-    def release(self) -> None:
-        """After the group's last use: stage 3 drops the gathered copy."""
-        if self.ranks.stage == 3:
-            self.weights = None
-
-    def stepped(self) -> None:
-        """The optimizer changed the shards: no kept copy is current, nor
-        one gathered ahead before the step."""
-        self.settle()
-        self.weights = None
-
-    def write(self, mine: torch.Tensor, values: dict[int, torch.Tensor]
-              ) -> None:
-        """Copies the part of each value (by parameter index, whole) that
-        lies in this rank's shard into `mine`, the shard."""
-        low = self.ranks.rank * self.shard
-        for index, value in values.items():
-            at = self.offsets[index]
-            begin = max(at, low)
-            end = min(at + self.shapes[index].numel(), low + self.shard)
-            if begin < end:
-                mine[begin - low:end - low].copy_(
-                    value.reshape(-1)[begin - at:end - at])
-
-    def gradients(self, like: torch.Tensor) -> list[torch.Tensor]:
-        """A zeroed flat gradient buffer; the parameters' views of it."""
-        self.grads = torch.zeros(self.shard * self.ranks.world,
-                                 dtype=like.dtype, device=like.device)
-        return self.views(self.grads)
-
-    def reduce(self) -> tuple[torch.Tensor, Pending]:
-        """Starts averaging the accumulated gradients over the ranks: this
-        rank's part, for its strata gradient buffer, once the collective
-        is done (Note [Reducing behind])."""
-        assert self.grads is not None
-        grads, self.grads = self.grads, None
-        return self.ranks.reduce_scatter(
-            grads, f"the gradients' reduce-scatter of group {self.name!r}")
+def cuda_index(local_rank: Optional[str], count: int, current: int) -> int:
+    """The GPU a process uses among the `count` it sees: its LOCAL_RANK's,
+    as torchrun and the deepspeed launcher number the processes of one
+    machine; torch's `current` device when there is no LOCAL_RANK or the
+    process sees one GPU (CUDA_VISIBLE_DEVICES per process)."""
+    if local_rank is None or count == 1:
+        return current
+    if not 0 <= int(local_rank) < count:
+        raise ConfigError(
+            f"LOCAL_RANK {local_rank} has no GPU: this process sees "
+            f"{count}; start at most {count} processes on this machine "
+            f"(torchrun --nproc-per-node {count}), or give each its GPU "
+            f"with CUDA_VISIBLE_DEVICES")
+    return int(local_rank)

@@ -31,7 +31,7 @@ import torch
 
 import strata
 from strata._native import StrataError
-from strata.torch.ranks import offsets
+from strata.torch.flat import offsets
 
 if TYPE_CHECKING:
     from strata.torch.engine import StrataEngine
@@ -47,23 +47,37 @@ def _error(message: str) -> StrataError:
 
 
 def save(engine: "StrataEngine", path: Path, state: str) -> None:
-    """Every rank's part of save_dir/tag, then ranks.json (rank 0)."""
+    """Every rank's part of save_dir/tag, then ranks.json (rank 0); a
+    failure on any rank fails every rank (Note [Failing together])."""
     ranks = engine.rt.ranks
-    ranks.barrier("the checkpoint's save")
-    if ranks.rank == 0 and (path / RANKS_FILE).exists():
-        (path / RANKS_FILE).unlink()  # the tag is incomplete until the end
+    what = "the checkpoint's save"
+    undone = (f"{path} is incomplete, and a load refuses it (\"latest\" "
+              f"still names the last complete one)")
+    first = ranks.rank == 0
+    ranks.barrier(what)
+    ranks.together(what, lambda: _unmark(path) if first else None, undone)
+    ranks.together(what, lambda: engine.rt.optimizer.save(
+        str(path / f"rank-{ranks.rank}"), state), undone)
+    ranks.together(what, lambda: _mark(engine, path) if first else None,
+                   undone)
+
+
+def _unmark(path: Path) -> None:
+    """The tag is incomplete until _mark."""
+    if (path / RANKS_FILE).exists():
+        (path / RANKS_FILE).unlink()
         _sync_dir(path)
-    ranks.barrier("the checkpoint's save")
-    engine.rt.optimizer.save(str(path / f"rank-{ranks.rank}"), state)
-    ranks.barrier("the checkpoint's save")
-    if ranks.rank == 0:
-        groups = [{"name": g.name, "shard": g.flat.shard,
-                   "params": [[name, list(t.shape)]
-                              for name, t in g.plan.params]}
-                  for g in engine.rt.groups if g.flat is not None]
-        _write_atomically(path / RANKS_FILE, json.dumps(
-            {"format": _FORMAT, "world": ranks.world, "groups": groups}))
-    ranks.barrier("the checkpoint's save")
+
+
+def _mark(engine: "StrataEngine", path: Path) -> None:
+    """Every rank's part is written: ranks.json makes the tag complete."""
+    groups = [{"name": g.name, "shard": g.flat.shard,
+               "params": [[name, list(t.shape)]
+                          for name, t in g.plan.params]}
+              for g in engine.rt.groups if g.flat is not None]
+    _write_atomically(path / RANKS_FILE, json.dumps(
+        {"format": _FORMAT, "world": engine.rt.ranks.world,
+         "groups": groups}))
 
 
 def load(engine: "StrataEngine", path: Path) -> str:

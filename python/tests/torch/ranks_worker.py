@@ -19,9 +19,9 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with a job as JSON in argv[1]:
   step and saves a checkpoint to DIR; then the last rank exits (code 3)
   in the next step's forward, or after writing its part of the next
   step's checkpoint.
-- {"interrupt": overrides}: an engine with too few gradient buffers is
-  refused (rank 0 prints the error); then rank 1 sleeps; rank 0 prints
-  "waiting" and
+- {"fails": overrides, "out": DIR}: a task fails on one rank only, and
+  each rank prints "<task>: <its error>" (fails()).
+- {"interrupt": overrides}: rank 1 sleeps; rank 0 prints "waiting" and
   runs a forward, whose first all-gather waits for rank 1 (the test
   stops it with SIGINT).
 
@@ -37,7 +37,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -171,13 +171,59 @@ def reload(engine: st.StrataEngine, ckpt: str) -> list[float]:
     return first + train(engine, 1, at)
 
 
+def fails(over: dict[str, Any], out: Path) -> None:
+    """The "fails" job: rank 1's GatheredParameters body raises (nothing
+    is written); rank 1 writes wte as float64 and flat (written in its
+    dtype and shape), then one of the wrong size; rank 0 cannot write the
+    export; rank 1's forward fails, and its save afterwards."""
+    rank = dist.get_rank()
+    engine = engine_for(dict(over, strata={"rank_timeout": 100}), 2)
+    weight = engine.module.wte.weight
+    before = gathered(weight)
+
+    def modify(change: Callable[[], None], at: int = 1) -> str:
+        try:
+            with st.GatheredParameters([weight], modifier_rank=1):
+                if rank == at:
+                    change()
+        except (StrataError, ValueError) as e:
+            return str(e)
+        return "no error"
+
+    def fail() -> None:
+        raise ValueError("the body failed")
+    print(f"body: {modify(fail)}", flush=True)
+    assert torch.equal(gathered(weight), before)
+    assert modify(lambda: setattr(weight, "data", weight.data.double()
+                                  .mul(3).flatten())) == "no error"
+    assert torch.equal(gathered(weight), before * 3)
+    print(f"shape: {modify(lambda: setattr(weight, 'data', weight[:2]))}",
+          flush=True)
+    (out / "file").write_text("")
+    try:
+        engine.export(str(out / "file" / "export"))
+    except (StrataError, OSError) as e:
+        print(f"export: {e}", flush=True)
+    x, y = data(1)[0]
+    try:
+        forward(engine, x[:1].clamp(max=0) - 9 * rank, y[:1])
+    except (StrataError, IndexError) as e:
+        print(f"forward: {e}", flush=True)
+    if rank == 1:
+        try:
+            engine.save_checkpoint(str(out / "ckpt"))
+        except StrataError as e:
+            print(f"save: {e}", flush=True)
+        os._exit(0)  # the ranks are out of step: no collective ends
+
+
+def gathered(weight: torch.Tensor) -> torch.Tensor:
+    with st.GatheredParameters([weight]):
+        return weight.data.clone()
+
+
 def interrupt(over: dict[str, Any]) -> None:
     """The "interrupt" job (module docstring)."""
-    try:  # too few for the tied GPT and a reduction in flight
-        engine_for(dict(over, strata={"grad_buffers": 2}),
-                   dist.get_world_size())
-    except st.ConfigError as e:
-        print(f"config: {e}", flush=True)
     engine = engine_for(over, dist.get_world_size())
     if engine.global_rank == 1:
         time.sleep(600)
@@ -218,6 +264,9 @@ def main() -> None:
         reshard(job["reshard"], Path(job["out"]))
     if "die" in job:
         die(job["die"], job["ckpt"], job["when"])
+    if "fails" in job:
+        fails(job["fails"], Path(job["out"]))
+        return
     if "interrupt" in job:
         interrupt(job["interrupt"])
     dist.destroy_process_group()

@@ -15,6 +15,7 @@ has no master, which then is exact), "compute" the compute copies."""
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import re
 import sys
@@ -73,17 +74,21 @@ def export(engine: "StrataEngine", out_dir: Union[str, Path], dtype: str,
     transformers model)."""
     tensors = engine_tensors(engine, dtype)
     ranks = engine.rt.ranks
+    what = "the export"
     files: list[Path] = []
-    if ranks.rank == 0:
-        files = safetensors_io.write(tensors, out_dir, max_shard_bytes)
-        config = model_config(engine.module)
-        if config is not None:
-            _write_config(out_dir, config)
-    else:  # its part of every collective, no files
-        for _ in tensors:
-            pass
-    if ranks.sharded():
-        ranks.barrier("the export")
+    try:
+        if ranks.rank == 0:
+            files = safetensors_io.write(tensors, out_dir, max_shard_bytes)
+            config = model_config(engine.module)
+            if config is not None:
+                _write_config(out_dir, config)
+        else:  # its part of every collective, no files
+            collections.deque(tensors, maxlen=0)
+    except BaseException as error:  # Note [Failing together]
+        ranks.agree(what, error, f"{out_dir} is incomplete",
+                    drain=lambda: collections.deque(tensors, maxlen=0))
+        raise
+    ranks.agree(what, None, f"{out_dir} is incomplete")
     return files
 
 
@@ -123,7 +128,7 @@ def _sharded_tensors(path: Path, dtype: str
                      ) -> Iterator[tuple[str, torch.Tensor]]:
     """The parameters of a checkpoint of several ranks (verified by
     Saved), each read from the parts that hold its range."""
-    from strata.torch.ranks import offsets
+    from strata.torch.flat import offsets
     from strata.torch.reshard import RANKS_FILE, Saved
     meta = json.loads((path / RANKS_FILE).read_text())
     saved = Saved(path, int(meta["world"]))

@@ -1,0 +1,166 @@
+"""The gradient side of strata.torch's hooks (Note [Backward fetch and
+hand-off] in hooks.py): where each group's gradients accumulate, when the
+group is final, and its hand-off to the CPU optimizer, across ranks
+through a reduction.
+
+Note [When gradients get a buffer]
+A group's gradients get their buffer when the first of them is complete,
+not when the unit's backward starts: a parameter used by several
+forwards before one backward (R-drop, contrastive losses: engine(x1),
+engine(x2), backward of the sum) gets its gradient only after the
+backward of its last use, and autograd runs the second forward's
+backward first, so buffers taken at each unit's backward fetch were all
+held at once, waiting for gradients that could not come before a buffer
+was free (issue #30: it hung). Held from the first complete gradient to
+the hand-off, a group needs its buffer only while its own parameters
+accumulate.
+
+On one rank the buffer is strata's (Optimizer.acquire_gradients), handed
+off as it is. Across ranks it is a flat torch buffer (Note [Partitions]
+in ranks.py), reduced at the hand-off; strata's buffer is taken only
+when the reduction lands, for the copy of this rank's part, and handed
+off at once, so a rank holds one strata buffer at a time however many
+groups accumulate. The ranks must issue their reductions in the same
+order: autograd's, which is the same on every rank, and at the end of
+backward, for what it did not hand off, the groups' order (on one rank
+the groups holding a buffer go first there, so that a group that got no
+gradient can take one)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from strata._native import StrataError
+from strata.torch.ranks import SHARD, Pending
+
+if TYPE_CHECKING:
+    from strata.torch.hooks import Group, Runtime
+
+
+class HandOffs:
+    """Gradients from autograd to the CPU optimizer (owned by Runtime)."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        # Note [Reducing behind] in ranks.py: the group whose gradients
+        # are being reduced, this rank's part and the collective.
+        self.reducing: Optional[tuple["Group", torch.Tensor,
+                                      Pending]] = None
+
+    def hooks(self, group: "Group") -> list[Any]:
+        """Registers the gradient hooks of a trainable group's
+        parameters; their handles."""
+        handles = []
+        for _, p in group.plan.params:
+            handles.append(p.register_hook(self._complete(group)))
+            handles.append(p.register_post_accumulate_grad_hook(
+                self._accumulated))
+        return handles
+
+    def _complete(self, group: "Group") -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            if not group.grad_targets and not group.handed:
+                with self.rt.inside():
+                    self._start(group, point=True)
+        return hook
+
+    def _start(self, group: "Group", point: bool) -> None:
+        """Gives the group's gradients their buffer (Note [When gradients
+        get a buffer]); `point`: the parameters' .grad are its views."""
+        if group.flat is None:
+            assert self.rt.optimizer is not None
+            group.grads = self.rt.optimizer.acquire_gradients(group.id)
+            group.grad_targets = [torch.from_dlpack(group.grads.export(name))
+                                  for name, _ in group.plan.params]
+        else:
+            group.grad_targets = group.flat.gradients(group.placeholders[0])
+        for (_, p), target in zip(group.plan.params, group.grad_targets):
+            if point:
+                p.grad = target
+
+    def _accumulated(self, p: nn.Parameter) -> None:
+        with self.rt.inside():
+            self._final(p)
+
+    def _final(self, p: nn.Parameter) -> None:
+        group = self.rt.group_of[id(p)]
+        if not group.grad_targets:
+            raise StrataError(9, "failed precondition", (
+                f"strata.torch: parameter {self.rt.name_of[id(p)]} got a "
+                f"gradient after its group {group.name!r} was handed off, "
+                f"or outside engine.backward; call engine.backward(loss), "
+                f"and do not use a parameter outside the modules that hold "
+                f"it"))
+        target = group.grad_targets[self.rt.index_of[id(p)]]
+        if p.grad is not None and p.grad.data_ptr() != target.data_ptr():
+            target.copy_(p.grad)
+        group.final.add(id(p))
+        if len(group.final) == len(group.plan.params):
+            self.hand_off(group)
+
+    def hand_off(self, group: "Group") -> None:
+        """The group's gradients are final: to the optimizer (across
+        ranks, reduced first: Note [Reducing behind]); then the views
+        its parameters kept for accumulating go."""
+        assert self.rt.optimizer is not None and group.grad_targets
+        for _, p in group.plan.params:
+            p.grad = None
+        group.grad_targets = []
+        group.handed = True
+        if group.flat is None:
+            assert group.grads is not None
+            grads, group.grads = group.grads, None
+            self.rt.optimizer.hand_off(grads, self.rt.stream())
+        else:
+            self.land()
+            self.reducing = (group, *group.flat.reduce())
+        deferred, group.deferred = group.deferred, []
+        self.rt.release([(group, view) for view in deferred])
+
+    def land(self) -> None:
+        """Waits for the reduction in flight, copies this rank's part into
+        a strata gradient buffer and hands that off (Note [Reducing
+        behind] in ranks.py)."""
+        if self.reducing is not None:
+            assert self.rt.optimizer is not None
+            (group, mine, pending), self.reducing = self.reducing, None
+            self.rt.ranks.finish(pending)
+            grads = self.rt.optimizer.acquire_gradients(group.id)
+            torch.from_dlpack(grads.export(SHARD)).copy_(mine)
+            self.rt.optimizer.hand_off(grads, self.rt.stream())
+
+    def end_backward(self) -> None:
+        """After loss.backward(): hands off every trainable group not
+        handed off yet (zeros for what got no gradient), in the order of
+        Note [When gradients get a buffer]."""
+        trained = [g for g in self.rt.groups if g.plan.trainable]
+        order = trained if self.rt.ranks.sharded() else \
+            sorted(trained, key=lambda g: not g.grad_targets)
+        for group in order:
+            if not group.handed:
+                if not group.grad_targets:
+                    self._start(group, point=False)
+                self.hand_off(group)
+        self.land()
+        for group in trained:
+            group.handed = False
+            group.final.clear()
+
+    def reset(self) -> None:
+        """After an error in a pass: a reduction in flight is abandoned,
+        every group's gradients of the micro-batch are forgotten (the
+        optimizer's abort_step ends strata's buffers)."""
+        if self.reducing is not None:
+            self.rt.ranks.abandon(self.reducing[2])
+            self.reducing = None
+        for group in self.rt.groups:
+            group.grads = None
+            group.grad_targets = []
+            if group.flat is not None:
+                group.flat.grads = None
+            group.handed = False
+            group.final.clear()
+            for _, p in group.plan.params:
+                p.grad = None
