@@ -191,7 +191,7 @@ def _check_grad_buffers(cfg: Config, plans: list[GroupPlan],
     """On one rank backward holds a gradient buffer for each trainable
     group of the unit running and for each shared group (tied weights)
     whose gradient is not final until its last user ran: fewer buffers
-    would wait forever. Across ranks one is enough (Note [When gradients
+    would wait forever. Across ranks one at a time (Note [When gradients
     get a buffer] in handoff.py)."""
     users: dict[int, int] = {}
     for unit in units:
@@ -202,12 +202,13 @@ def _check_grad_buffers(cfg: Config, plans: list[GroupPlan],
     widest = max((sum(plans[g].trainable for g in u.groups) for u in units),
                  default=0)
     needed = 1 if sharded else max(1, shared + widest)
+    why = "across ranks backward holds one at a time" if sharded else (
+        f"backward holds up to {needed} at once ({shared} shared by "
+        f"several modules, {widest} of one module)")
     if cfg.grad_buffers < needed:
         raise ConfigError(
             f"strata.grad_buffers {cfg.grad_buffers} is too few for this "
-            f"model: backward holds up to {needed} at once ({shared} "
-            f"shared by several modules, {widest} of one module); set it "
-            f"to {needed} or more")
+            f"model: {why}; set it to {needed} or more")
 
 
 def _backend(cfg: Config) -> str:

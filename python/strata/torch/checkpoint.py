@@ -29,35 +29,46 @@ _HYPER = ("lr", "betas", "eps", "weight_decay", "lr_decay")
 
 def save(engine: "StrataEngine", save_dir: str, tag: Union[None, str, int],
          client_state: Any, save_latest: bool) -> str:
-    """Writes save_dir/tag; returns its path."""
+    """Writes save_dir/tag; returns its path. Across ranks a failure on
+    any rank fails every rank (Note [Failing together] in ranks.py)."""
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     path = Path(save_dir) / tag
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scheduler = engine.lr_scheduler
-    state = {"format": _FORMAT, "global_steps": engine.global_steps,
-             "global_samples": engine.global_samples,
-             "micro_steps": engine.micro_steps,
-             "skipped_steps": engine.skipped_steps,
-             "scaler": engine.scaler.state() if engine.scaler else None,
-             "lr_scheduler": _pickled(scheduler.state_dict()
-                                      if scheduler is not None else None),
-             "param_groups": [{k: g[k] for k in _HYPER if k in g}
-                              for g in engine.optimizer.param_groups],
-             "rng": _rng_state(), "buffers": _buffers(engine),
-             "state_buffers": _state_buffers(engine),
-             "model_config": model_config(engine.module),
-             "client_state": _pickled(client_state)}
     ranks = engine.rt.ranks
+    what = "the checkpoint's save"
+    state = ranks.together(what, lambda: _state(engine, path, client_state),
+                           f"nothing was saved to {path}")
     if ranks.sharded():
-        path.mkdir(exist_ok=True)
-        reshard.save(engine, path, json.dumps(state))
+        reshard.save(engine, path, state)
     else:
-        engine.rt.optimizer.save(str(path), json.dumps(state))
+        engine.rt.optimizer.save(str(path), state)
     ranks.together(  # every rank sees the new latest, or fails
-        "the checkpoint's save", lambda: _write_latest(save_dir, tag)
+        what, lambda: _write_latest(save_dir, tag)
         if save_latest and ranks.rank == 0 else None,
         f"{save_dir}/latest may not name {tag}")
     return str(path)
+
+
+def _state(engine: "StrataEngine", path: Path, client_state: Any) -> str:
+    """strata.torch's state beside the engine's, as JSON; across ranks
+    the tag's directory made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if engine.rt.ranks.sharded():
+        path.mkdir(exist_ok=True)
+    scheduler = engine.lr_scheduler
+    return json.dumps({
+        "format": _FORMAT, "global_steps": engine.global_steps,
+        "global_samples": engine.global_samples,
+        "micro_steps": engine.micro_steps,
+        "skipped_steps": engine.skipped_steps,
+        "scaler": engine.scaler.state() if engine.scaler else None,
+        "lr_scheduler": _pickled(scheduler.state_dict()
+                                 if scheduler is not None else None),
+        "param_groups": [{k: g[k] for k in _HYPER if k in g}
+                         for g in engine.optimizer.param_groups],
+        "rng": _rng_state(), "buffers": _buffers(engine),
+        "state_buffers": _state_buffers(engine),
+        "model_config": model_config(engine.module),
+        "client_state": _pickled(client_state)})
 
 
 def _write_latest(save_dir: str, tag: str) -> None:

@@ -115,7 +115,7 @@ class Flat:
     def _gathered(self, fill: Fill, dtype: torch.dtype,
                   device: torch.device) -> torch.Tensor:
         flat = self._empty(dtype, device)
-        self.ranks.finish(self.ranks.all_gather(flat, fill, self.what))
+        self.ranks.gather(flat, fill, self.what)
         return flat
 
     def _empty(self, dtype: torch.dtype, device: torch.device

@@ -28,7 +28,8 @@ class GatheredParameters:
     modifier_rank is a rank of the data-parallel group, as DeepSpeed's,
     and only its changes count. If the context fails on any rank, nothing
     is written on any, and every rank raises (Note [Failing together] in
-    ranks.py)."""
+    ranks.py); if writing fails on a rank, every rank raises and gives up
+    (the shards differ)."""
 
     def __init__(self, params: Any, modifier_rank: Optional[int] = None,
                  fwd_module: Any = None, enabled: bool = True) -> None:
@@ -46,17 +47,24 @@ class GatheredParameters:
         for p in self.params:
             group = p._strata.group_of[id(p)]
             groups.setdefault(id(group), (p._strata, group))
+        for runtime, group in groups.values():
+            self._check(runtime, group)
         try:
             for runtime, group in groups.values():
                 self._gather(runtime, group)
         except BaseException:
             self._release(write=False, error=None)  # what it gathered
+            for runtime, group in groups.values():
+                if group.flat is not None:  # the others gather on
+                    runtime.ranks.give_up(
+                        "failed in a GatheredParameters gather")
             raise
 
     def __exit__(self, *exc: Any) -> None:
         self._release(write=self.write, error=exc[1])
 
-    def _gather(self, runtime: "Runtime", group: "Group") -> None:
+    def _check(self, runtime: "Runtime", group: "Group") -> None:
+        """What fails alike on every rank, before any collective."""
         runtime.check_gatherable(group)
         ranks = runtime.ranks
         if self.write and group.flat is not None and \
@@ -66,6 +74,8 @@ class GatheredParameters:
                 f"{self.modifier_rank} is no rank of the {ranks.world}; "
                 f"pass a rank of the data-parallel group (0 to "
                 f"{ranks.world - 1}), as for DeepSpeed"))
+
+    def _gather(self, runtime: "Runtime", group: "Group") -> None:
         if group.gathered == 0:
             values = read_group(runtime, group)
             with runtime.inside():
@@ -93,6 +103,7 @@ class GatheredParameters:
             if write:
                 self._write(groups, error)
         finally:
+            self.before = {}
             for runtime, group in groups:
                 group.gathered -= 1
                 if group.gathered == 0:
@@ -103,30 +114,64 @@ class GatheredParameters:
 
     def _write(self, groups: list[tuple["Runtime", "Group"]],
                error: Optional[BaseException]) -> None:
-        """Across ranks, the ranks agree whether the context failed on any
-        (then nobody writes), and the modifier rank's changes are
-        broadcast; each rank then writes them."""
-        ranks: dict[int, "Ranks"] = {id(rt.ranks): rt.ranks
-                                     for rt, g in groups if g.flat is not None}
+        """Across ranks: the ranks agree whether the context failed on any
+        (then nobody writes), the modifier rank's changes are broadcast,
+        each rank writes its part, and the ranks agree again: a write
+        that failed on some leaves the shards differing, so every rank
+        fails and gives up (Note [Failing together] in ranks.py)."""
+        ranks = {id(rt.ranks): rt.ranks for rt, g in groups
+                 if g.flat is not None}.values()
         try:
             changes = [] if error else [self._changed(rt, g)
                                         for rt, g in groups]
         except BaseException as e:
-            for each in ranks.values():
+            for each in ranks:
                 each.agree(_WHAT, e, _UNDONE)
             raise
-        for each in ranks.values():
+        for each in ranks:
             each.agree(_WHAT, error, _UNDONE)
         if error is not None:
             return
-        for (runtime, group), changed in zip(groups, changes):
-            if group.flat is not None:
-                shapes = [(empty.shape, dtype) for empty, dtype
-                          in zip(group.placeholders, group.dtypes)]
-                changed = runtime.ranks.broadcast_changed(
-                    changed, shapes, self.modifier_rank)
-            if changed:
-                write_group(runtime, group, changed)
+        try:
+            changes = [self._broadcast(rt, g, changed)
+                       for (rt, g), changed in zip(groups, changes)]
+        except BaseException:  # the others may broadcast on
+            for each in ranks:
+                each.give_up(f"failed in {_WHAT}")
+            raise
+        self._write_all(groups, changes, list(ranks))
+
+    def _broadcast(self, runtime: "Runtime", group: "Group",
+                   changed: dict[int, torch.Tensor]
+                   ) -> dict[int, torch.Tensor]:
+        if group.flat is None:
+            return changed
+        shapes = [(empty.shape, dtype) for empty, dtype
+                  in zip(group.placeholders, group.dtypes)]
+        return runtime.ranks.broadcast_changed(changed, shapes,
+                                               self.modifier_rank)
+
+    @staticmethod
+    def _write_all(groups: list[tuple["Runtime", "Group"]],
+                   changes: list[dict[int, torch.Tensor]],
+                   ranks: list["Ranks"]) -> None:
+        halves = "the ranks' weights differ now: stop the job on every " \
+            "rank and load the last checkpoint"
+        try:
+            for (runtime, group), changed in zip(groups, changes):
+                if changed:
+                    write_group(runtime, group, changed)
+        except BaseException as e:
+            for each in ranks:
+                each.agree(_WHAT, e, halves)
+                each.give_up(f"failed in {_WHAT}")
+            raise
+        for each in ranks:
+            try:
+                each.agree(_WHAT, None, halves)
+            except StrataError:
+                each.give_up(f"saw {_WHAT} fail on another rank")
+                raise
 
     def _changed(self, runtime: "Runtime", group: "Group"
                  ) -> dict[int, torch.Tensor]:

@@ -20,11 +20,29 @@ off as it is. Across ranks it is a flat torch buffer (Note [Partitions]
 in ranks.py), reduced at the hand-off; strata's buffer is taken only
 when the reduction lands, for the copy of this rank's part, and handed
 off at once, so a rank holds one strata buffer at a time however many
-groups accumulate. The ranks must issue their reductions in the same
-order: autograd's, which is the same on every rank, and at the end of
-backward, for what it did not hand off, the groups' order (on one rank
-the groups holding a buffer go first there, so that a group that got no
-gradient can take one)."""
+groups accumulate. At the end of backward what was not handed off goes
+in the groups' order across ranks; on one rank the groups holding a
+buffer go first, so that a group that got no gradient can take one.
+
+Note [The order of the reductions]
+The ranks must issue their reductions in the same order, and at the
+same places among their other collectives (stage 3's gathers in
+backward), or a group's gradients are averaged with another group's, or
+a gather pairs with a reduction: silently wrong where the sizes agree,
+a wait until strata.rank_timeout where they do not. The moment a group's
+gradients are final depends on which of its parameters got one, which
+may differ between ranks (a branch some ranks take). So across ranks a
+group is handed off only when a unit's backward is done (the backward
+of its inputs' BackwardFetch, a point every rank reaches alike): then
+each of the unit's groups, in their order, that is final, or that every
+unit using it has finished the backward of each of this micro-batch's
+forwards (a parameter that got no gradient here adds zeros), and at the
+end of backward the rest, in the groups' order. On one rank a group is
+handed off the moment it is final. As a last guard a hash of the order
+goes with the step's gradient checks (Ranks.global_checks): where the
+ranks' differ the step fails on every rank before anything of it stands.
+Activation checkpointing across ranks is untested: a recomputation's
+backward is one more unit's backward done."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -36,7 +54,7 @@ from strata._native import StrataError
 from strata.torch.ranks import SHARD, Pending
 
 if TYPE_CHECKING:
-    from strata.torch.hooks import Group, Runtime
+    from strata.torch.hooks import Group, Runtime, Unit
 
 
 class HandOffs:
@@ -48,6 +66,16 @@ class HandOffs:
         # are being reduced, this rank's part and the collective.
         self.reducing: Optional[tuple["Group", torch.Tensor,
                                       Pending]] = None
+        # Note [The order of the reductions]: its hash; the units fetching
+        # each group (by id(group)); each unit's training forwards in this
+        # micro-batch, and their backwards done.
+        self.order = 0
+        self.users: dict[int, list["Unit"]] = {}
+        for unit in rt.units:
+            for group in unit.groups:
+                self.users.setdefault(id(group), []).append(unit)
+        self.runs: dict[int, int] = {}
+        self.dones: dict[int, int] = {}
 
     def hooks(self, group: "Group") -> list[Any]:
         """Registers the gradient hooks of a trainable group's
@@ -97,8 +125,35 @@ class HandOffs:
         if p.grad is not None and p.grad.data_ptr() != target.data_ptr():
             target.copy_(p.grad)
         group.final.add(id(p))
-        if len(group.final) == len(group.plan.params):
+        if group.flat is None and self._final_all(group):
             self.hand_off(group)
+
+    @staticmethod
+    def _final_all(group: "Group") -> bool:
+        return len(group.final) == len(group.plan.params)
+
+    def ran(self, unit: "Unit") -> None:
+        """A training forward of `unit` (whose backward may never say it
+        is done: inputs that need no gradient)."""
+        self.runs[id(unit)] = self.runs.get(id(unit), 0) + 1
+
+    def unit_done(self, unit: "Unit") -> None:
+        """A backward of `unit` is done: across ranks, hands off its
+        groups that are due (Note [The order of the reductions])."""
+        if not self.rt.ranks.sharded():
+            return
+        self.dones[id(unit)] = self.dones.get(id(unit), 0) + 1
+        for group in unit.groups:
+            if group.plan.trainable and not group.handed and \
+                    self._due(group):
+                if not group.grad_targets:
+                    self._start(group, point=False)
+                self.hand_off(group)
+
+    def _due(self, group: "Group") -> bool:
+        return self._final_all(group) or all(
+            self.dones.get(id(u), 0) >= self.runs.get(id(u), 0)
+            for u in self.users[id(group)])
 
     def hand_off(self, group: "Group") -> None:
         """The group's gradients are final: to the optimizer (across
@@ -114,18 +169,26 @@ class HandOffs:
             grads, group.grads = group.grads, None
             self.rt.optimizer.hand_off(grads, self.rt.stream())
         else:
-            self.land()
-            self.reducing = (group, *group.flat.reduce())
+            self.order = (self.order * 1_000_003 + group.id + 1) % 2**40
+            previous, self.reducing = self.reducing, (
+                group, *group.flat.reduce())
+            self._land(previous)
         deferred, group.deferred = group.deferred, []
         self.rt.release([(group, view) for view in deferred])
 
     def land(self) -> None:
-        """Waits for the reduction in flight, copies this rank's part into
-        a strata gradient buffer and hands that off (Note [Reducing
-        behind] in ranks.py)."""
-        if self.reducing is not None:
+        """Lands the reduction in flight (_land)."""
+        previous, self.reducing = self.reducing, None
+        self._land(previous)
+
+    def _land(self, reducing: Optional[tuple["Group", torch.Tensor,
+                                             Pending]]) -> None:
+        """Waits for a reduction, copies this rank's part into a strata
+        gradient buffer and hands that off (Note [Reducing behind] in
+        ranks.py)."""
+        if reducing is not None:
             assert self.rt.optimizer is not None
-            (group, mine, pending), self.reducing = self.reducing, None
+            group, mine, pending = reducing
             self.rt.ranks.finish(pending)
             grads = self.rt.optimizer.acquire_gradients(group.id)
             torch.from_dlpack(grads.export(SHARD)).copy_(mine)
@@ -147,6 +210,8 @@ class HandOffs:
         for group in trained:
             group.handed = False
             group.final.clear()
+        self.runs.clear()
+        self.dones.clear()
 
     def reset(self) -> None:
         """After an error in a pass: a reduction in flight is abandoned,
@@ -155,6 +220,9 @@ class HandOffs:
         if self.reducing is not None:
             self.rt.ranks.abandon(self.reducing[2])
             self.reducing = None
+        self.order = 0
+        self.runs.clear()
+        self.dones.clear()
         for group in self.rt.groups:
             group.grads = None
             group.grad_targets = []

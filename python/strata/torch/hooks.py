@@ -1,7 +1,7 @@
 """The module hooks of strata.torch: fetch a unit's groups before it runs,
 point its parameters at the fetched compute copies, release them after,
-and in backward fetch again, collect gradients straight into strata's
-gradient buffers and hand each group off as soon as it is final.
+and in backward fetch again; the gradient side (buffers, hand-off) is
+handoff.py's.
 
 Note [Parameters between hooks]
 A managed parameter's .data is strata memory only while one of its
@@ -29,7 +29,8 @@ group's gradients a buffer when the first of them is complete (Note
 parameter's .grad at its tensor slice, so AccumulateGrad adds into the
 buffer in place. A parameter's post-accumulate-grad hook marks it final;
 when every trainable parameter of a group is final the buffer is handed
-off, fenced on the current stream, and the CPU steps the group under the
+off (across ranks, Note [The order of the reductions] in handoff.py),
+fenced on the current stream, and the CPU steps the group under the
 rest of backward. The pre-hook wraps the unit's inputs in a
 BackwardFetch too, whose backward runs when the unit's backward is done
 and releases its views (after the hand-off, for a group whose gradients
@@ -71,9 +72,9 @@ from torch import nn
 
 import strata
 from strata._native import StrataError
+from strata.torch.flat import Flat
 from strata.torch.groups import GroupPlan, UnitPlan
 from strata.torch.handoff import HandOffs
-from strata.torch.flat import Flat
 from strata.torch.ranks import Ranks, fill_from
 from strata.torch.wrap import wrap
 
@@ -110,9 +111,9 @@ class Group:
     live: int = 0                       # views held
     gathered: int = 0                   # GatheredParameters contexts
     deferred: list[strata.View] = field(default_factory=list)
-    grads: Optional[strata.Gradients] = None
-    # What each parameter's .grad accumulates into (the views of grads, or
-    # of the flat buffer that is reduce-scattered into it).
+    grads: Optional[strata.Gradients] = None   # on one rank
+    # What each parameter's .grad accumulates into: the views of grads,
+    # or across ranks of flat.grads (Note [When gradients get a buffer]).
     grad_targets: list[torch.Tensor] = field(default_factory=list)
     final: set[int] = field(default_factory=set)  # params accumulated
     handed: bool = False                # handed off this micro-batch
@@ -285,7 +286,9 @@ class Runtime:
         if not self.ranks.sharded():
             return self.optimizer.finish_step()
         local = self.optimizer.local_checks()
-        return self.optimizer.finish_step(self.ranks.global_checks(local))
+        order, self.handoffs.order = self.handoffs.order, 0
+        return self.optimizer.finish_step(
+            self.ranks.global_checks(local, order))
 
     @contextlib.contextmanager
     def inside(self) -> Iterator[None]:
@@ -398,7 +401,9 @@ class Runtime:
                     unit.forward.append(views)
                 if not torch.is_grad_enabled():
                     return None
-                return wrap(args, kwargs, lambda: self._backward_done(unit))
+                if self.phase is Phase.FORWARD:
+                    self.handoffs.ran(unit)
+                return wrap(args, kwargs, lambda: self._unit_done(unit))
         return hook
 
     def _post_hook(self, unit: Unit) -> Callable[..., Any]:
@@ -425,6 +430,13 @@ class Runtime:
         with self.inside():
             held, unit.held = unit.held, []
             self._release_unit(unit, held)
+
+    def _unit_done(self, unit: Unit) -> None:
+        """The backward of a forward of `unit` is done: its views go, and
+        across ranks its groups due are handed off."""
+        self._backward_done(unit)
+        with self.inside():
+            self.handoffs.unit_done(unit)
 
     def end_backward(self) -> None:
         """After loss.backward(): releases what backward still holds and

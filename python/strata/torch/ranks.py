@@ -7,11 +7,12 @@ At world size N > 1 a group's parameters are laid out flat (Flat, in
 flat.py), in the group's order, each starting at a multiple of ALIGN
 elements, and the flat vector is padded to N * S elements, S (the
 shard) a multiple of ALIGN: the layout depends only on the group's
-shapes, so a checkpoint can be cut again for another N. Rank r registers elements
-[r * S, (r + 1) * S) as the group's one tensor SHARD, with every role
-(compute copy, master, optimizer state), in its own strata engine with
-the config's budgets (per rank) and its own swap subdirectory rank-<r>.
-The padding is zeros, gets zero gradients and stays zero.
+shapes, so a checkpoint can be cut again for another N. Rank r
+registers elements [r * S, (r + 1) * S) as the group's one tensor SHARD,
+with every role (compute copy, master, optimizer state), in its own
+strata engine with the config's budgets (per rank) and its own swap
+subdirectory rank-<r>. The padding is zeros, gets zero gradients and
+stays zero.
 
 - Forward: a group's fetch all-gathers every rank's compute shard into a
   flat buffer (all_gather_into_tensor) and points the parameters at
@@ -23,9 +24,9 @@ The padding is zeros, gets zero gradients and stays zero.
   averaged over the ranks as DeepSpeed does, into this rank's strata
   gradient buffer (stage 1 all-reduces and keeps its shard) and handed to
   the CPU optimizer, which steps the shard.
-- The step: the global norm and the overflow flag are one all-reduce of
-  every rank's Optimizer.local_checks(), so every rank clips and skips
-  alike (finish_step(global_checks)).
+- The step: the global norm and the overflow flag come from one
+  all-gather of every rank's Optimizer.local_checks(), so every rank
+  clips and skips alike (finish_step(global_checks)).
 strata's memory never enters a collective: the shard is copied into its
 slot of the flat buffer, which is gathered in place, and gradients are
 reduce-scattered in place and then copied into strata's buffer, because
@@ -56,12 +57,13 @@ Note [Reducing behind]
 A group's gradients are final in backward when the rank is about to run
 the units before it. Their reduction (gloo: an all-reduce, NCCL: a
 reduce-scatter) is therefore started async and left running under the
-next group's backward; the next group's hand-off, or the end of
-backward, waits for it, copies this rank's part into the strata buffer
-and hands that to the CPU optimizer. The cost: one more flat gradient
-buffer at a time, and the optimizer starts each group one hand-off
-later. On reset a reduction in flight is abandoned (Note [Abandoned
-collectives]) and its strata buffer ends with the step's abort.
+next group's backward; the next group's hand-off (after issuing its own,
+so that the copy and the wait for a strata buffer run under that), or
+the end of backward, waits for it, copies this rank's part into a strata
+gradient buffer and hands that to the CPU optimizer. The cost: two more
+flat gradient buffers at a time, and the optimizer starts each group one
+hand-off later. On reset a reduction in flight is abandoned (Note
+[Abandoned collectives]).
 
 Note [Abandoned collectives]
 A collective this rank stopped waiting for (Ctrl-C, the timeout, an
@@ -284,19 +286,27 @@ class Ranks:
             f"{self.world}: another rank failed or exited ({e}); the job "
             f"cannot go on: stop it and load the last checkpoint"))
 
-    def barrier(self, what: str = "a barrier") -> None:
-        self.run(what, lambda: dist.barrier(group=self.group,
-                                            async_op=True))
-
     def all_gather(self, flat: torch.Tensor, fill: Fill, what: str
                    ) -> Pending:
         """Starts gathering every rank's shard into `flat`, in place;
         `fill` copies this rank's into its slot now (Note [Partitions]:
         strata's memory stays out of the collective)."""
         mine = flat.view(self.world, -1)[self.rank]
-        fill(mine)
+        try:
+            fill(mine)
+        except BaseException:  # the others issue it: out of step
+            self.give_up(f"failed before {what}")
+            raise
         return self.start(what, lambda: dist.all_gather_into_tensor(
             flat, mine, group=self.group, async_op=True), self._ring(flat))
+
+    def gather(self, flat: torch.Tensor, fill: Fill, what: str) -> None:
+        """all_gather, waited for as run() waits."""
+        try:
+            self.finish(self.all_gather(flat, fill, what))
+        except BaseException:  # Ctrl-C between the two included
+            self.give_up(f"stopped waiting in {what}")
+            raise
 
     def reduce_scatter(self, flat: torch.Tensor, what: str
                        ) -> tuple[torch.Tensor, Pending]:
@@ -314,9 +324,9 @@ class Ranks:
     def broadcast_changed(self, changed: dict[int, torch.Tensor],
                           shapes: list[tuple[torch.Size, torch.dtype]],
                           root: int) -> dict[int, torch.Tensor]:
-        """Rank `root`'s `changed` (parameter index -> whole value, made
-        the shape and dtype `shapes` gives), on every rank, on the CPU;
-        `root` is a rank of the group."""
+        """Rank `root`'s `changed` (parameter index -> whole value, of the
+        shape and dtype `shapes` gives), on every rank, on the CPU; `root`
+        is a rank of the group."""
         device = self.device()
         flags = torch.zeros(len(shapes), dtype=torch.uint8, device=device)
         flags[list(changed)] = 1
@@ -324,8 +334,7 @@ class Ranks:
         out = {}
         for index in flags.nonzero().flatten().tolist():
             shape, dtype = shapes[index]
-            value = changed[index].to(device, dtype).reshape(shape) \
-                .contiguous() if self.rank == root else \
+            value = changed[index].to(device) if self.rank == root else \
                 torch.empty(shape, dtype=dtype, device=device)
             self._broadcast(value, root, "a changed parameter")
             out[index] = value.cpu()
@@ -350,12 +359,13 @@ class Ranks:
         return result
 
     def agree(self, what: str, error: Optional[BaseException], undone: str,
-              drain: Callable[[], Any] = lambda: None) -> None:
+              drain: Callable[[], bool] = lambda: True) -> None:
         """Note [Failing together]: every rank learns whether `what` failed
         on any. `error` is this rank's (the caller raises it), after
-        `drain` ran the rest of its collectives of `what`; where it did
-        not fail, a StrataError names the ranks where it did and says
-        what was left `undone`."""
+        `drain` ran the rest of its collectives of `what` (False: they
+        stopped midway, this rank gives up); where it did not fail, a
+        StrataError names the ranks where it did and says what was left
+        `undone`."""
         if not self.sharded():
             return
         if error is None:
@@ -370,9 +380,12 @@ class Ranks:
             self.give_up(f"was interrupted in {what}")
             return
         try:
-            drain()
+            if not drain():
+                self.give_up(f"failed in {what}")
+                return
             self._failed_ranks(what, True)
         except Exception as e:  # the first error is the news
+            self.give_up(f"failed in {what}")
             error.add_note(f"strata.torch: telling the other ranks failed "
                            f"too: {e}")
 
@@ -384,13 +397,32 @@ class Ranks:
             flags, group=self.group, async_op=True))
         return [r for r, f in enumerate(flags.tolist()) if f]
 
-    def global_checks(self, local: strata.StepChecks) -> strata.StepChecks:
-        """Every rank's checks: sum_squares added, overflow or-ed."""
-        both = torch.tensor([local.sum_squares, float(local.overflow)],
-                            dtype=torch.float64, device=self.device())
-        self.run("the step's gradient checks", lambda: dist.all_reduce(
-            both, group=self.group, async_op=True))
-        return strata.StepChecks(float(both[0]), bool(both[1] > 0))
+    def global_checks(self, local: strata.StepChecks, order: int
+                      ) -> strata.StepChecks:
+        """Every rank's checks: sum_squares added (in rank order, the
+        same on every rank), overflow or-ed; `order`, the hash of this
+        rank's reductions, must be every rank's (Note [The order of the
+        reductions] in handoff.py)."""
+        mine = torch.tensor([local.sum_squares, float(local.overflow),
+                             float(order)], dtype=torch.float64,
+                            device=self.device())
+        flat = torch.empty(self.world * 3, dtype=torch.float64,
+                           device=self.device())
+        self.run("the step's gradient checks", lambda:
+                 dist.all_gather_into_tensor(flat, mine, group=self.group,
+                                             async_op=True))
+        every = flat.view(self.world, 3).cpu()
+        if not torch.equal(every[:, 2], every[:1, 2].expand(self.world)):
+            raise StrataError(9, "failed precondition", (
+                "strata.torch: the ranks reduced their groups' gradients in "
+                "different orders in this step, so some were averaged with "
+                "another group's: a parameter got a gradient on some ranks "
+                "and none on others (a branch taken on some ranks only). "
+                "The step is abandoned; make every rank's backward give "
+                "each trainable parameter a gradient (use an unused "
+                "branch's output times zero) or freeze the parameter"))
+        return strata.StepChecks(float(every[:, 0].sum()),
+                                 bool(every[:, 1].any()))
 
 
 def discover(process_group: Any = None, stage: int = 3,
@@ -398,23 +430,25 @@ def discover(process_group: Any = None, stage: int = 3,
     """The ranks of this run: the process group given, the default one
     already made, or one made here from the launcher's environment
     (torchrun's or deepspeed's RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT); world size 1 when there is none. On NCCL this process's
-    GPU (this_gpu) becomes torch's current device, as DeepSpeed does."""
+    MASTER_PORT); world size 1 when there is none. `backend` is "nccl"
+    where the device is CUDA: this process's GPU (this_gpu) is then the
+    engine's and, across ranks, torch's current device, as DeepSpeed
+    makes it."""
+    cuda = this_gpu() if backend == "nccl" else 0
     if process_group is None and not dist.is_initialized():
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return Ranks(stage=stage, cuda=this_gpu())
+            return Ranks(stage=stage, cuda=cuda)
         if backend == "nccl":
-            torch.cuda.set_device(this_gpu())
+            torch.cuda.set_device(cuda)
         dist.init_process_group(
             backend, timeout=datetime.timedelta(seconds=timeout_s))
     world = dist.get_world_size(process_group)
     if world <= 1:
-        return Ranks(stage=stage, cuda=this_gpu())
-    gloo = dist.get_backend(process_group) == "gloo"
-    if not gloo:
-        torch.cuda.set_device(this_gpu())
+        return Ranks(stage=stage, cuda=cuda)
+    if backend == "nccl":
+        torch.cuda.set_device(cuda)
     return Ranks(dist.get_rank(process_group), world, stage, process_group,
-                 timeout_s, gloo, this_gpu())
+                 timeout_s, dist.get_backend(process_group) == "gloo", cuda)
 
 
 def this_gpu() -> int:

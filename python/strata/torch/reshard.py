@@ -4,7 +4,8 @@ Note [Checkpoints across ranks]
 At world size N > 1, save_dir/tag holds one strata checkpoint per rank,
 rank-<r>/ (each written, fsynced and checksummed by the engine's Save, as
 at one rank), and ranks.json, which rank 0 writes last, atomically, once
-every rank's part is complete (a barrier between): a tag without it is
+every rank's part is complete (the ranks agree on each step's outcome
+between: Note [Failing together] in ranks.py): a tag without it is
 incomplete and is refused. ranks.json gives the world size and each
 group's parameters (names, shapes) and shard size, which fix the flat
 layout (Note [Partitions] in ranks.py).
@@ -53,8 +54,7 @@ def save(engine: "StrataEngine", path: Path, state: str) -> None:
     what = "the checkpoint's save"
     undone = (f"{path} is incomplete, and a load refuses it (\"latest\" "
               f"still names the last complete one)")
-    first = ranks.rank == 0
-    ranks.barrier(what)
+    first = ranks.rank == 0  # all are here: checkpoint.save agreed
     ranks.together(what, lambda: _unmark(path) if first else None, undone)
     ranks.together(what, lambda: engine.rt.optimizer.save(
         str(path / f"rank-{ranks.rank}"), state), undone)

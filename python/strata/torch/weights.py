@@ -1,8 +1,8 @@
 """The model's real weights while strata holds them (issue #30 §3): the
 managed parameters' class, which makes a stray read an error instead of a
 silent zero, and the ways to read and write the real values:
-model.state_dict() (and so torch.save and transformers' save_pretrained),
-GatheredParameters and save_16bit_model.
+model.state_dict() (and so torch.save and transformers' save_pretrained)
+and save_16bit_model (GatheredParameters is gathered.py's).
 
 Note [Managed parameters]
 While strata.torch trains a model, each managed parameter's .data is a
@@ -231,19 +231,26 @@ def save_16bit(engine: Any, save_dir: str, filename: str,
                                  role_values(runtime, group, "compute",
                                              compute)):
             values[id(p)] = value
-    if runtime.ranks.rank != 0:
-        return
+    path = Path(save_dir) / filename
+    runtime.ranks.together(  # Note [Failing together] in ranks.py
+        "save_16bit_model", lambda: _write_16bit(engine, values, path)
+        if runtime.ranks.rank == 0 else None, f"{path} was not written")
+
+
+def _write_16bit(engine: Any, values: dict[int, torch.Tensor], path: Path
+                 ) -> None:
+    """save_16bit's file at `path`: `values` (by id of the parameter)
+    under model.state_dict()'s keys, with the buffers."""
     state: dict[str, torch.Tensor] = {}
-    with runtime.inside():
+    with engine.rt.inside():
         named = engine.module.state_dict(keep_vars=True)
     for key, value in named.items():
         if id(value) in values:
             state[key] = values[id(value)]
         elif not isinstance(value, StrataParameter):
             state[key] = value.detach().cpu()
-    path = Path(save_dir) / filename
     path.parent.mkdir(parents=True, exist_ok=True)
-    if filename.endswith(".safetensors"):
+    if path.name.endswith(".safetensors"):
         from safetensors.torch import save_file
         save_file({k: v.clone() for k, v in state.items()}, str(path))
     else:

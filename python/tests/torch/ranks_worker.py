@@ -21,6 +21,11 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with a job as JSON in argv[1]:
   step's checkpoint.
 - {"fails": overrides, "out": DIR}: a task fails on one rank only, and
   each rank prints "<task>: <its error>" (fails()).
+- {"diverge": overrides, "out": DIR}: Gates, whose parameters b get a
+  gradient on rank 0 only, trains STEPS steps on x = ones * (1 + rank);
+  rank 0 saves the losses and weights to DIR/diverge.pt. Then rank 1's
+  hash of its reductions' order is changed, and the next step fails on
+  both ranks, which print "step: <the error>".
 - {"interrupt": overrides}: rank 1 sleeps; rank 0 prints "waiting" and
   runs a forward, whose first all-gather waits for rank 1 (the test
   stops it with SIGINT).
@@ -222,6 +227,60 @@ def gathered(weight: torch.Tensor) -> torch.Tensor:
         return weight.data.clone()
 
 
+class Gate(torch.nn.Module):
+    """A layer whose bias b joins in on rank 0 only (a branch some ranks
+    take)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Parameter(torch.full((16,), 0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b if rank_now() == 0 else self.a(x)
+
+
+def rank_now() -> int:
+    """This process's rank; the tests' reference sets it by hand."""
+    return dist.get_rank() if dist.is_initialized() else Gates.rank
+
+
+class Gates(torch.nn.Module):
+    """Three Gates of one size, a group each."""
+    rank = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(Gate() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.square().mean()
+
+
+def diverge(over: dict[str, Any], out: Path) -> None:
+    """The "diverge" job (module docstring)."""
+    engine = st.initialize(Gates(), config(**over))
+    x = torch.ones(2, 16) * (1 + dist.get_rank())
+    losses = []
+    for _ in range(int(os.environ["STEPS"])):
+        loss = engine(x)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    state = {k: v.clone() for k, v in engine.state_dict().items()}
+    if dist.get_rank() == 0:
+        torch.save({"losses": losses, "state": state}, out / "diverge.pt")
+    engine.backward(engine(x))
+    engine.rt.handoffs.order += dist.get_rank()
+    try:
+        engine.step()
+    except StrataError as e:
+        print(f"step: {e}", flush=True)
+
+
 def interrupt(over: dict[str, Any]) -> None:
     """The "interrupt" job (module docstring)."""
     engine = engine_for(over, dist.get_world_size())
@@ -266,6 +325,9 @@ def main() -> None:
         die(job["die"], job["ckpt"], job["when"])
     if "fails" in job:
         fails(job["fails"], Path(job["out"]))
+        return
+    if "diverge" in job:
+        diverge(job["diverge"], Path(job["out"]))
         return
     if "interrupt" in job:
         interrupt(job["interrupt"])

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import pytest
@@ -18,11 +19,13 @@ import torch
 from safetensors.torch import load_file
 
 from strata.torch.export import export_checkpoint
+from strata.torch import ranks as ranks_module
 from strata.torch.ranks import Ranks, cuda_index
 
 import strata
 import strata.torch as st
 from conftest import DEVICE, config, data, llama, model, train_torch
+from ranks_worker import Gates
 
 WORKER = Path(__file__).with_name("ranks_worker.py")
 STEPS = 4
@@ -217,6 +220,38 @@ def test_a_task_that_fails_on_one_rank_fails_on_every_rank(
     assert "another rank failed or exited" in logs[0]["forward"], logs[0]
 
 
+def test_a_parameter_without_a_gradient_on_one_rank(scratch: Path) -> None:
+    """Note [The order of the reductions] in handoff.py: parameters that
+    get a gradient on rank 0 only (Gates' b) add zeros on rank 1, and the
+    ranks train like torch on the mean of their losses; where the ranks'
+    reductions still went in different orders, the step fails on both."""
+    logs = launch({"diverge": {}, "out": str(scratch)}, timeout=90)
+    for log in logs:
+        assert "step: failed precondition: strata.torch: the ranks " \
+            "reduced their groups' gradients in different orders" in log, log
+    run = torch.load(scratch / "diverge.pt")
+    models = [Gates(), Gates()]
+    models[1].load_state_dict(models[0].state_dict())
+    params = list(models[0].parameters())
+    opt = torch.optim.AdamW(params, **config()["optimizer"]["params"])
+    for step in range(STEPS):
+        losses = []
+        for rank, m in enumerate(models):
+            Gates.rank = rank
+            losses.append(m(torch.ones(2, 16) * (1 + rank)))
+        grads = [torch.autograd.grad(loss, list(m.parameters()),
+                                     allow_unused=True)
+                 for loss, m in zip(losses, models)]
+        for p, g0, g1 in zip(params, *grads):
+            p.grad = (g0 + (g1 if g1 is not None else 0)) / 2
+        opt.step()
+        models[1].load_state_dict(models[0].state_dict())
+        assert run["losses"][step] == pytest.approx(losses[0].item(),
+                                                    rel=1e-5)
+    for key, value in models[0].state_dict().items():
+        assert torch.allclose(run["state"][key], value, atol=1e-5), key
+
+
 @pytest.mark.parametrize("when", ["step", "save"])
 def test_a_rank_that_dies_stops_the_others(scratch: Path, when: str
                                            ) -> None:
@@ -287,3 +322,57 @@ def test_each_rank_of_a_machine_gets_its_gpu() -> None:
     with strata.Engine(device="host", device_budget=1 << 20,
                        host_budget=1 << 20, cuda_device=1) as store:
         assert store.info()["cuda_device"] == 1
+
+
+def test_the_gpu_is_looked_for_only_where_the_device_is_cuda(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host run never asks CUDA (which would initialize it, or fail on
+    a machine with fewer GPUs than ranks); a CUDA run takes this_gpu."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def no_gpu() -> int:
+        raise AssertionError("asked for a GPU")
+    monkeypatch.setattr(ranks_module, "this_gpu", no_gpu)
+    assert ranks_module.discover(backend="gloo").cuda == 0
+    monkeypatch.setattr(ranks_module, "this_gpu", lambda: 3)
+    assert ranks_module.discover(backend="nccl").cuda == 3
+
+
+def test_a_rank_interrupted_between_issue_and_wait_gives_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C after a collective is issued and before its wait leaves
+    it in flight: the rank is out of step (Note [Abandoned
+    collectives])."""
+    ranks = Ranks(world=2)
+    monkeypatch.setattr(ranks, "start", lambda *a: object())
+
+    def interrupted(pending: Any) -> None:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ranks, "finish", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ranks.run("a broadcast", lambda: None)
+    assert ranks.broken == "stopped waiting in a broadcast"
+    with pytest.raises(strata.StrataError, match="rank 0 of 2 stopped "
+                       "waiting in a broadcast, so the ranks' collectives "
+                       "are out of step and the next cannot run"):
+        Ranks.start(ranks, "the next", lambda: None)
+
+
+def test_an_export_whose_reads_fail_midway_gives_up(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Note [Failing together]: where this rank's own collectives stopped
+    midway (its reads raised), nothing can drain them, so it tells no
+    one (that collective would pair with another's gather) and gives
+    up."""
+    from strata.torch import export as export_module
+
+    def reads(engine: Any, dtype: str) -> Any:
+        yield "a", torch.zeros(1)
+        raise OSError("the read failed")
+    monkeypatch.setattr(export_module, "engine_tensors", reads)
+    ranks = Ranks(rank=1, world=2)
+    monkeypatch.setattr(ranks, "run", lambda *a: pytest.fail("told"))
+    engine = SimpleNamespace(rt=SimpleNamespace(ranks=ranks))
+    with pytest.raises(OSError, match="the read failed"):
+        export_module.export(engine, tmp_path, "fp32", 1 << 20)
+    assert ranks.broken == "failed in the export"

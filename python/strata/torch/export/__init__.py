@@ -20,7 +20,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, TypeVar, Union
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from strata.torch.engine import StrataEngine
 
 DEFAULT_SHARD_BYTES = 2 << 30
+T = TypeVar("T")
 _ROLE = {"fp32": "master", "compute": "compute"}
 _NUMPY = {"fp32": (np.float32, torch.float32),
           "bf16": (np.uint16, torch.bfloat16),
@@ -72,7 +73,7 @@ def export(engine: "StrataEngine", out_dir: Union[str, Path], dtype: str,
            max_shard_bytes: int) -> list[Path]:
     """engine.export: the files written (config.json beside them for a
     transformers model)."""
-    tensors = engine_tensors(engine, dtype)
+    tensors, stopped = _watched(engine_tensors(engine, dtype))
     ranks = engine.rt.ranks
     what = "the export"
     files: list[Path] = []
@@ -85,11 +86,29 @@ def export(engine: "StrataEngine", out_dir: Union[str, Path], dtype: str,
         else:  # its part of every collective, no files
             collections.deque(tensors, maxlen=0)
     except BaseException as error:  # Note [Failing together]
-        ranks.agree(what, error, f"{out_dir} is incomplete",
-                    drain=lambda: collections.deque(tensors, maxlen=0))
+
+        def drain() -> bool:
+            if not stopped:
+                collections.deque(tensors, maxlen=0)
+            return not stopped
+        ranks.agree(what, error, f"{out_dir} is incomplete", drain)
         raise
     ranks.agree(what, None, f"{out_dir} is incomplete")
     return files
+
+
+def _watched(items: Iterator[T]) -> tuple[Iterator[T], list[bool]]:
+    """`items`, and a list that is non-empty once they raised (their
+    collectives stopped midway: nothing can drain them)."""
+    stopped: list[bool] = []
+
+    def watch() -> Iterator[T]:
+        try:
+            yield from items
+        except BaseException:
+            stopped.append(True)
+            raise
+    return watch(), stopped
 
 
 def model_config(model: torch.nn.Module) -> Optional[dict[str, Any]]:
