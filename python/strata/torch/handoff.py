@@ -31,18 +31,26 @@ backward), or a group's gradients are averaged with another group's, or
 a gather pairs with a reduction: silently wrong where the sizes agree,
 a wait until strata.rank_timeout where they do not. The moment a group's
 gradients are final depends on which of its parameters got one, which
-may differ between ranks (a branch some ranks take). So across ranks a
-group is handed off only when a unit's backward is done (the backward
-of its inputs' BackwardFetch, a point every rank reaches alike): then
-each of the unit's groups, in their order, that is final, or that every
-unit using it has finished the backward of each of this micro-batch's
-forwards (a parameter that got no gradient here adds zeros), and at the
-end of backward the rest, in the groups' order. On one rank a group is
-handed off the moment it is final. As a last guard a hash of the order
-goes with the step's gradient checks (Ranks.global_checks): where the
-ranks' differ the step fails on every rank before anything of it stands.
-Activation checkpointing across ranks is untested: a recomputation's
-backward is one more unit's backward done."""
+may differ between ranks (a branch some ranks take), so across ranks it
+decides nothing. A group is handed off when a unit using it finishes the
+backward of one of its forwards (the backward of the BackwardFetch
+around its inputs, in engine.backward) and every unit using it has
+finished the backward of each of its forwards in this micro-batch
+(counted in the training pass whatever the grad mode, so a reentrant
+checkpoint's recomputation is the backward that counts); a parameter
+without a gradient adds zeros. What is never due so (a unit whose
+inputs need no gradient, or that ran under no_grad) is handed off at the
+end of backward, in the groups' order. Every rank reaches these points
+alike as long as every rank runs the same units the same number of
+times with the same inputs needing gradients, which stage 3's gathers
+require anyway. The cost: a group whose unit's backward never says it is
+done keeps its flat gradients (and at stage 3 its gathered weights)
+until the end of backward. On one rank a group is handed off the moment
+it is final. As a last guard a hash of the order of the reductions (not
+their place among the gathers) goes with the step's gradient checks
+(Ranks.global_checks): where the ranks' differ the step fails on every
+rank before anything of it stands. Activation checkpointing across ranks
+is untested."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -125,16 +133,14 @@ class HandOffs:
         if p.grad is not None and p.grad.data_ptr() != target.data_ptr():
             target.copy_(p.grad)
         group.final.add(id(p))
-        if group.flat is None and self._final_all(group):
+        if group.flat is None and len(group.final) == len(group.plan.params):
             self.hand_off(group)
 
-    @staticmethod
-    def _final_all(group: "Group") -> bool:
-        return len(group.final) == len(group.plan.params)
-
     def ran(self, unit: "Unit") -> None:
-        """A training forward of `unit` (whose backward may never say it
-        is done: inputs that need no gradient)."""
+        """A forward of `unit` in a training pass, whatever the grad mode
+        (reentrant checkpointing runs it without, and its recomputation's
+        backward is the one done); its backward may never say it is done
+        (inputs that need no gradient): then end_backward hands off."""
         self.runs[id(unit)] = self.runs.get(id(unit), 0) + 1
 
     def unit_done(self, unit: "Unit") -> None:
@@ -151,9 +157,10 @@ class HandOffs:
                 self.hand_off(group)
 
     def _due(self, group: "Group") -> bool:
-        return self._final_all(group) or all(
-            self.dones.get(id(u), 0) >= self.runs.get(id(u), 0)
-            for u in self.users[id(group)])
+        """Every unit using `group` has done the backward of each of its
+        forwards (not "final": that differs between ranks)."""
+        return all(self.dones.get(id(u), 0) >= self.runs.get(id(u), 0)
+                   for u in self.users[id(group)])
 
     def hand_off(self, group: "Group") -> None:
         """The group's gradients are final: to the optimizer (across

@@ -395,14 +395,13 @@ class Runtime:
                 views = self._views(unit)
                 if self.phase is Phase.FORWARD:
                     self._forward_started(unit)
+                    self.handoffs.ran(unit)  # whatever the grad mode
                 if self.phase is Phase.BACKWARD:
                     unit.held += views  # recomputation: see the Note
                 else:
                     unit.forward.append(views)
                 if not torch.is_grad_enabled():
                     return None
-                if self.phase is Phase.FORWARD:
-                    self.handoffs.ran(unit)
                 return wrap(args, kwargs, lambda: self._unit_done(unit))
         return hook
 
@@ -433,10 +432,12 @@ class Runtime:
 
     def _unit_done(self, unit: Unit) -> None:
         """The backward of a forward of `unit` is done: its views go, and
-        across ranks its groups due are handed off."""
+        in engine.backward (not a torch.autograd.grad of the forward's)
+        its groups due across ranks are handed off."""
         self._backward_done(unit)
-        with self.inside():
-            self.handoffs.unit_done(unit)
+        if self.phase is Phase.BACKWARD:
+            with self.inside():
+                self.handoffs.unit_done(unit)
 
     def end_backward(self) -> None:
         """After loss.backward(): releases what backward still holds and

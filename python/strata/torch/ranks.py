@@ -20,7 +20,8 @@ stays zero.
   3) or is kept until the next optimizer step changes the shards (stages
   1 and 2, whose compute copies stay whole on every rank).
 - Backward: the parameters' .grad are ranges of a zeroed flat gradient
-  buffer; when the group's gradients are final they are reduce-scattered,
+  buffer; when the group is due (Note [The order of the reductions] in
+  handoff.py) its gradients are reduce-scattered,
   averaged over the ranks as DeepSpeed does, into this rank's strata
   gradient buffer (stage 1 all-reduces and keeps its shard) and handed to
   the CPU optimizer, which steps the shard.
@@ -54,16 +55,16 @@ by, the second fetches in another order and the engine records its trace
 again, once (its message says so).
 
 Note [Reducing behind]
-A group's gradients are final in backward when the rank is about to run
+A group's gradients are due in backward when the rank is about to run
 the units before it. Their reduction (gloo: an all-reduce, NCCL: a
 reduce-scatter) is therefore started async and left running under the
 next group's backward; the next group's hand-off (after issuing its own,
 so that the copy and the wait for a strata buffer run under that), or
 the end of backward, waits for it, copies this rank's part into a strata
 gradient buffer and hands that to the CPU optimizer. The cost: two more
-flat gradient buffers at a time, and the optimizer starts each group one
-hand-off later. On reset a reduction in flight is abandoned (Note
-[Abandoned collectives]).
+flat gradient buffers at a time (besides those of groups waiting to be
+due), and the optimizer starts each group one hand-off later. On reset
+a reduction in flight is abandoned (Note [Abandoned collectives]).
 
 Note [Abandoned collectives]
 A collective this rank stopped waiting for (Ctrl-C, the timeout, an
@@ -416,11 +417,13 @@ class Ranks:
             raise StrataError(9, "failed precondition", (
                 "strata.torch: the ranks reduced their groups' gradients in "
                 "different orders in this step, so some were averaged with "
-                "another group's: a parameter got a gradient on some ranks "
-                "and none on others (a branch taken on some ranks only). "
-                "The step is abandoned; make every rank's backward give "
-                "each trainable parameter a gradient (use an unused "
-                "branch's output times zero) or freeze the parameter"))
+                "another group's: a module ran on some ranks only, or a "
+                "different number of times, or its inputs needed a "
+                "gradient on some ranks only (Note [The order of the "
+                "reductions] in strata/torch/handoff.py). Nothing of the "
+                "step stands; stop the job on every rank, make every rank "
+                "run the same modules alike, and load the last "
+                "checkpoint"))
         return strata.StepChecks(float(every[:, 0].sum()),
                                  bool(every[:, 1].any()))
 
@@ -431,24 +434,27 @@ def discover(process_group: Any = None, stage: int = 3,
     already made, or one made here from the launcher's environment
     (torchrun's or deepspeed's RANK, WORLD_SIZE, MASTER_ADDR and
     MASTER_PORT); world size 1 when there is none. `backend` is "nccl"
-    where the device is CUDA: this process's GPU (this_gpu) is then the
-    engine's and, across ranks, torch's current device, as DeepSpeed
-    makes it."""
-    cuda = this_gpu() if backend == "nccl" else 0
+    where the device is CUDA: the engine's GPU is then torch's current
+    device at one rank, and across ranks this process's (this_gpu), made
+    torch's current device as DeepSpeed makes it."""
+    cuda = backend == "nccl"
+    one = Ranks(stage=stage,
+                cuda=torch.cuda.current_device() if cuda else 0)
     if process_group is None and not dist.is_initialized():
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return Ranks(stage=stage, cuda=cuda)
-        if backend == "nccl":
-            torch.cuda.set_device(cuda)
+            return one
+        if cuda:
+            torch.cuda.set_device(this_gpu())
         dist.init_process_group(
             backend, timeout=datetime.timedelta(seconds=timeout_s))
     world = dist.get_world_size(process_group)
     if world <= 1:
-        return Ranks(stage=stage, cuda=cuda)
-    if backend == "nccl":
-        torch.cuda.set_device(cuda)
+        return one
+    gpu = this_gpu() if cuda else 0
+    if cuda:
+        torch.cuda.set_device(gpu)
     return Ranks(dist.get_rank(process_group), world, stage, process_group,
-                 timeout_s, dist.get_backend(process_group) == "gloo", cuda)
+                 timeout_s, dist.get_backend(process_group) == "gloo", gpu)
 
 
 def this_gpu() -> int:

@@ -52,8 +52,7 @@ def save(engine: "StrataEngine", path: Path, state: str) -> None:
     failure on any rank fails every rank (Note [Failing together])."""
     ranks = engine.rt.ranks
     what = "the checkpoint's save"
-    undone = (f"{path} is incomplete, and a load refuses it (\"latest\" "
-              f"still names the last complete one)")
+    undone = f"{path} is incomplete, and a load refuses it"
     first = ranks.rank == 0  # all are here: checkpoint.save agreed
     ranks.together(what, lambda: _unmark(path) if first else None, undone)
     ranks.together(what, lambda: engine.rt.optimizer.save(

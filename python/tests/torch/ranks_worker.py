@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -180,9 +181,13 @@ def fails(over: dict[str, Any], out: Path) -> None:
     """The "fails" job: rank 1's GatheredParameters body raises (nothing
     is written); rank 1 writes wte as float64 and flat (written in its
     dtype and shape), then one of the wrong size; rank 0 cannot write the
-    export; rank 1's forward fails, and its save afterwards."""
+    export, nor save_16bit_model's file; rank 1 cannot pickle its
+    client_state; rank 1's forward fails, and its save afterwards."""
     rank = dist.get_rank()
-    engine = engine_for(dict(over, strata={"rank_timeout": 100}), 2)
+    engine = engine_for(dict(over, strata={"rank_timeout": 100},
+                             zero_optimization={
+                                 "stage3_gather_16bit_weights_on_model_save":
+                                 True}), 2)
     weight = engine.module.wte.weight
     before = gathered(weight)
 
@@ -209,6 +214,15 @@ def fails(over: dict[str, Any], out: Path) -> None:
         engine.export(str(out / "file" / "export"))
     except (StrataError, OSError) as e:
         print(f"export: {e}", flush=True)
+    try:
+        engine.save_16bit_model(str(out / "file"))
+    except (StrataError, OSError) as e:
+        print(f"save16: {e}", flush=True)
+    try:  # a lambda does not pickle
+        engine.save_checkpoint(str(out / "ckpt"), client_state=(
+            lambda: 0) if rank == 1 else None)
+    except (StrataError, pickle.PicklingError, AttributeError) as e:
+        print(f"ckpt: {e}", flush=True)
     x, y = data(1)[0]
     try:
         forward(engine, x[:1].clamp(max=0) - 9 * rank, y[:1])

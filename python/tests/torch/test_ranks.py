@@ -194,14 +194,16 @@ def test_a_checkpoint_loads_at_any_world_size(scratch: Path) -> None:
 
 def test_a_task_that_fails_on_one_rank_fails_on_every_rank(
         scratch: Path) -> None:
-    """Note [Failing together] in ranks.py: a GatheredParameters body or
-    an export that fails on one rank fails on the other at once, naming
-    it (not after strata.rank_timeout, 100 s here), and nothing is
-    written; a pass that failed on one rank ends its collectives
-    (ranks_worker.py's fails job)."""
+    """Note [Failing together] in ranks.py: a GatheredParameters body, an
+    export, a save_16bit_model or a checkpoint's save that fails on one
+    rank fails on the other at once, naming it (not after
+    strata.rank_timeout, 100 s here), and nothing is written; a pass that
+    failed on one rank ends its collectives (ranks_worker.py's fails
+    job)."""
     logs = [dict(line.split(": ", 1) for line in log.splitlines()
                  if line.split(":")[0] in ("body", "shape", "export",
-                                           "forward", "save"))
+                                           "save16", "ckpt", "forward",
+                                           "save"))
             for log in launch({"fails": {}, "out": str(scratch)},
                               timeout=90)]
     named = "failed on rank {} of 2 (its error says why), so {}"
@@ -214,6 +216,11 @@ def test_a_task_that_fails_on_one_rank_fails_on_every_rank(
     assert "Not a directory" in logs[0]["export"], logs[0]
     assert logs[1]["export"].endswith(named.format(
         0, f"{scratch}/file/export is incomplete")), logs[1]
+    assert logs[1]["save16"].endswith(named.format(
+        0, f"{scratch}/file/pytorch_model.bin was not written")), logs[1]
+    assert "pickle" in logs[1]["ckpt"], logs[1]
+    assert logs[0]["ckpt"].endswith(named.format(
+        1, f"nothing was saved to {scratch}/ckpt/global_step0")), logs[0]
     assert "index out of range" in logs[1]["forward"], logs[1]
     assert "left the forward after an error, so the ranks' collectives " \
         "are out of step" in logs[1]["save"], logs[1]
@@ -327,15 +334,17 @@ def test_each_rank_of_a_machine_gets_its_gpu() -> None:
 def test_the_gpu_is_looked_for_only_where_the_device_is_cuda(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A host run never asks CUDA (which would initialize it, or fail on
-    a machine with fewer GPUs than ranks); a CUDA run takes this_gpu."""
+    a machine with fewer GPUs than ranks); a CUDA run at one rank takes
+    torch's current device."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
 
     def no_gpu() -> int:
         raise AssertionError("asked for a GPU")
     monkeypatch.setattr(ranks_module, "this_gpu", no_gpu)
+    monkeypatch.setattr(torch.cuda, "current_device", no_gpu)
     assert ranks_module.discover(backend="gloo").cuda == 0
-    monkeypatch.setattr(ranks_module, "this_gpu", lambda: 3)
-    assert ranks_module.discover(backend="nccl").cuda == 3
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert ranks_module.discover(backend="nccl").cuda == 3  # one rank
 
 
 def test_a_rank_interrupted_between_issue_and_wait_gives_up(
@@ -356,6 +365,13 @@ def test_a_rank_interrupted_between_issue_and_wait_gives_up(
                        "waiting in a broadcast, so the ranks' collectives "
                        "are out of step and the next cannot run"):
         Ranks.start(ranks, "the next", lambda: None)
+    ranks = Ranks(world=2)  # a shard that cannot be read: never issued
+
+    def unreadable(mine: torch.Tensor) -> None:
+        raise OSError("the shard's read failed")
+    with pytest.raises(OSError):
+        ranks.gather(torch.zeros(128), unreadable, "a gather")
+    assert ranks.broken == "failed before a gather"
 
 
 def test_an_export_whose_reads_fail_midway_gives_up(
