@@ -347,14 +347,15 @@ class Ranks:
             tensor, group=self.group, group_src=root, async_op=True),
             tensor.numel() * tensor.element_size())
 
-    def together(self, what: str, body: Callable[[], T], undone: str
-                 ) -> T:
+    def together(self, what: str, body: Callable[[], T], undone: str,
+                 drain: Callable[[], bool] = lambda: True) -> T:
         """Runs `body` (this rank's part of `what`) and agree()s on its
-        outcome: every rank raises if it failed on any."""
+        outcome (`drain` as there): every rank raises if it failed on
+        any."""
         try:
             result = body()
         except BaseException as error:
-            self.agree(what, error, undone)
+            self.agree(what, error, undone, drain)
             raise
         self.agree(what, None, undone)
         return result

@@ -75,26 +75,23 @@ def export(engine: "StrataEngine", out_dir: Union[str, Path], dtype: str,
     transformers model)."""
     tensors, stopped = _watched(engine_tensors(engine, dtype))
     ranks = engine.rt.ranks
-    what = "the export"
-    files: list[Path] = []
-    try:
-        if ranks.rank == 0:
-            files = safetensors_io.write(tensors, out_dir, max_shard_bytes)
-            config = model_config(engine.module)
-            if config is not None:
-                _write_config(out_dir, config)
-        else:  # its part of every collective, no files
-            collections.deque(tensors, maxlen=0)
-    except BaseException as error:  # Note [Failing together]
 
-        def drain() -> bool:
-            if not stopped:
-                collections.deque(tensors, maxlen=0)
-            return not stopped
-        ranks.agree(what, error, f"{out_dir} is incomplete", drain)
-        raise
-    ranks.agree(what, None, f"{out_dir} is incomplete")
-    return files
+    def write() -> list[Path]:
+        if ranks.rank != 0:  # its part of every collective, no files
+            collections.deque(tensors, maxlen=0)
+            return []
+        files = safetensors_io.write(tensors, out_dir, max_shard_bytes)
+        config = model_config(engine.module)
+        if config is not None:
+            _write_config(out_dir, config)
+        return files
+
+    def drain() -> bool:  # Note [Failing together]
+        if not stopped:
+            collections.deque(tensors, maxlen=0)
+        return not stopped
+    return ranks.together("the export", write, f"{out_dir} is incomplete",
+                          drain)
 
 
 def _watched(items: Iterator[T]) -> tuple[Iterator[T], list[bool]]:
