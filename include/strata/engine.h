@@ -342,6 +342,10 @@ struct EngineStats {
                                       // evicting data needed sooner
   uint64_t evictions = 0;             // copies dropped to make room
   uint64_t writebacks = 0;  // ... of which were dirty and written down
+  // Bytes of dirty copies whose contents ended unread (the optimizer's
+  // gradients after their step) and were dropped without the write-down
+  // an eviction would have made.
+  uint64_t discarded_bytes = 0;
   uint64_t trace_invalidations = 0;
   uint64_t steps = 0;
   double stall_seconds = 0;  // time Fetch() spent waiting for data

@@ -264,6 +264,10 @@ typedef struct strata_engine_stats {
    * over the roles, they are `bytes`. The optimizer's gradient hand-off
    * (device -> host) counts as STRATA_ROLE_GRAD. */
   uint64_t role_bytes[STRATA_NUM_ROLES][STRATA_NUM_TIERS][STRATA_NUM_TIERS];
+  /* Added after role_bytes: bytes of dirty copies whose contents ended
+   * unread (the optimizer's gradients after their step), dropped without
+   * the write-down an eviction would have made. */
+  uint64_t discarded_bytes;
 } strata_engine_stats;
 
 STRATA_EXPORT strata_status strata_engine_get_stats(const strata_engine* engine,

@@ -181,7 +181,9 @@ class Engine(Tracked):
         tier's budget, use and peak; "bytes"[from][to] the bytes moved from
         one tier to another ("bytes"["nvme"]["host"]: read from the swap
         files into host memory); "role_bytes"[role][from][to] the same by
-        the role of what moved (the gradient hand-off counts as "grad")."""
+        the role of what moved (the gradient hand-off counts as "grad");
+        "discarded_bytes" the dirty bytes dropped unwritten because their
+        contents ended (the optimizer's gradients after their step)."""
         raw = sized(_native.EngineStats)
         lib().call("strata_engine_get_stats", self.handle, C.byref(raw))
         tiers = {name: {"budget": raw.tiers[i].budget,

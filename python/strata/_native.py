@@ -76,7 +76,8 @@ EngineStats = _struct("EngineStats", [
     ("steps", C.c_uint64), ("stall_seconds", C.c_double),
     ("update_wait_seconds", C.c_double),
     ("abandoned_prefetches", C.c_uint64),
-    ("role_bytes", ((C.c_uint64 * NUM_TIERS) * NUM_TIERS) * NUM_ROLES)])
+    ("role_bytes", ((C.c_uint64 * NUM_TIERS) * NUM_TIERS) * NUM_ROLES),
+    ("discarded_bytes", C.c_uint64)])
 
 TensorSpec = _struct("TensorSpec", [
     ("name", C.c_char_p), ("shape", C.POINTER(C.c_int64)),

@@ -195,6 +195,7 @@ strata_engine_stats ToCStats(const EngineStats& cc) {
       }
     }
   }
+  c.discarded_bytes = cc.discarded_bytes;
   return c;
 }
 

@@ -249,10 +249,12 @@ class OffloadOptimizer::Impl {
   Result<store::Residency::Fetched> FetchToHost(
       int group, const store::Residency::Access& access,
       bool speculative = false);
-  // A step's hold on its chunks, and when it began (the step's seconds).
+  // A step's hold on its chunks, when it began (the step's seconds), and
+  // whether its writes are speculative.
   struct StepHold {
     store::Residency::Fetched fetched;
     Clock::time_point start;
+    bool speculative = false;
     static Result<StepHold> Of(Result<store::Residency::Fetched> f) {
       if (!f.ok()) return f.status();
       return StepHold{std::move(*f), Clock::now()};
@@ -287,6 +289,10 @@ class OffloadOptimizer::Impl {
   // meanwhile.
   Status SettleSpeculation(std::unique_lock<std::mutex>& lk, bool keep,
                            OptimStepReport* report);
+  // Discards the gradients of this step's groups that no deferred step
+  // will read: all of them unless `stepping` (Note [Discarded bytes] in
+  // src/store/residency.h). Called with mu_ held; unlocks it meanwhile.
+  Status EndGradients(std::unique_lock<std::mutex>& lk, bool stepping);
   float ClipCoef(double grad_norm) const;
   // Queues, marked pending, in the next forward's order: the step of every
   // trained group whose update was not kept (`restore`: the compute copy

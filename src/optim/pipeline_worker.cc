@@ -202,6 +202,7 @@ Result<OffloadOptimizer::Impl::StepHold> OffloadOptimizer::Impl::HoldForStep(
   }
   StepHold hold;
   hold.start = Clock::now();
+  hold.speculative = speculative;
   extra.update |= groups_[group].step_roles;
   STRATA_ASSIGN_OR_RETURN(hold.fetched, FetchToHost(group, extra, speculative));
   held_for_step_->Add(group);
@@ -246,6 +247,13 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
     std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
   }
   Status released = hold.fetched.pin.Release();
+  if (released.ok() && !hold.speculative &&
+      hold.fetched.base[Role::kGrad] != nullptr) {
+    // The step stands and read the gradients last: they are not written
+    // down when the write-behind evicts the group (Note [Discarded bytes]
+    // in src/store/residency.h).
+    released = parts_.residency->Discard(group, kGradBit);
+  }
   const Clock::time_point end = Clock::now();
   if (!report.ok()) return report.status();
   if (report->overflow()) {

@@ -5,7 +5,8 @@
 // Model
 // - Every chunk has a home tier, allocated at registration and never
 //   evicted, and may have cached copies in the tiers above it. A chunk that
-//   was never written reads as zeros without any I/O.
+//   was never written, or whose bytes were discarded (Note [Discarded
+//   bytes]), reads as zeros without any I/O.
 // - All valid copies of a chunk hold the same bytes. A write fetch makes the
 //   fetched copy the only valid one. A copy may be dropped when another valid
 //   copy exists; otherwise it is first written one tier toward its home.
@@ -99,6 +100,18 @@
 // the old extent again, valid as it was (or never written). Old bytes of
 // chunks homed on the host or the device are not kept: a caller
 // restores those itself.
+//
+// Note [Discarded bytes]
+// Some roles' contents end with a step: the optimizer reads a group's
+// gradients for its step, and the next step's first micro-batch
+// overwrites them without reading. A dirty copy of such a chunk evicted
+// later would be written toward its home for nothing. Discard ends the
+// chunk's bytes instead: it becomes blank again, as if never written
+// (it reads as zeros, without I/O), its copies go stale (the idle ones
+// above home are freed, a moving one ends stale by the version, a view
+// keeps its old bytes: Note [Retired copies]), and nothing of it is
+// written down. The bytes a write-down would have moved count in
+// EngineStats::discarded_bytes.
 //
 // Thread safety: one mutex guards all state; transfers run without it.
 #ifndef STRATA_SRC_STORE_RESIDENCY_H_
@@ -203,6 +216,10 @@ class Residency {
   // group's copies). Pins nothing (Note [Eviction order]).
   Status Prefetch(int group, Tier tier, RoleMask roles, int position);
   Status Evict(int group, Tier tier);
+  // Ends the bytes of the group's chunks in `roles` (Note [Discarded
+  // bytes]). kFailedPrecondition while one of them is fetched for writing
+  // or holds speculative bytes.
+  Status Discard(int group, RoleMask roles);
   // Evicts every unpinned cached copy at `tier` (device or host), before a
   // caller takes memory for good from the tier's allocator (the
   // optimizer's buffers; Note [Eviction order]). Returns a failed
@@ -220,7 +237,8 @@ class Residency {
   void DropSpares(int group);  // of chunks not speculative now
   enum class Outcome { kKeep, kRestore };
   Status EndSpeculation(int group, Outcome outcome);
-  // Bumped by every write fetch of the chunk (and by a restore).
+  // Bumped by every write fetch of the chunk (and by a restore or a
+  // Discard).
   uint64_t Version(int group, Role role) const;
   // Whether the last writes of the group's `a` and `b` chunks were one
   // caller's write fetch of both (FetchOptions::record; not the engine's
@@ -256,7 +274,8 @@ class Residency {
   //   kValid     valid, at rest             -> kFlushing  Drop writes it one
   //                                                       tier toward home
   //                                         -> kStale     Invalidate (a write
-  //                                                       fetch elsewhere)
+  //                                                       fetch elsewhere, or
+  //                                                       a Discard)
   //                                         -> kAbsent    FreeCopy
   //   kFlushing  valid, being copied down   -> kAbsent    the write-down
   //                                                       succeeded
@@ -278,8 +297,9 @@ class Residency {
   // state is unchanged meanwhile. `prefetched` marks a kValid copy that a
   // prefetch made and no fetch used yet. A home copy is never kAbsent.
   // Every write fetch bumps the chunk's version, and a transfer validates
-  // its destination only if the version it started with still holds;
-  // version 0 means never written: the chunk reads as zeros.
+  // its destination only if the version it started with still holds
+  // (a Discard bumps it too). A `blank` chunk was never written, or its
+  // bytes were discarded: it reads as zeros.
   enum class CopyState { kAbsent, kStale, kFilling, kValid, kFlushing };
   struct Copy {
     CopyState state = CopyState::kAbsent;
@@ -313,17 +333,17 @@ class Residency {
     uint64_t bytes = 0;
     int writers = 0;  // unreleased write fetches
     uint64_t version = 0;
+    bool blank = true;  // reads as zeros: never written, or discarded
     TierArray<Copy> copy;
     // Note [Speculative writes]: the second NVMe extent (invalid: none);
-    // while `speculative`, it holds the bytes of version `old_version`.
+    // while `speculative`, it holds the chunk's old bytes (none when
+    // `old_blank`).
     tier::Extent spare;
     bool speculative = false;
-    uint64_t old_version = 0;
+    bool old_blank = false;
     // The caller's write fetch that wrote `caller_version` (0: none).
     uint64_t caller_fetch = 0;
     uint64_t caller_version = 0;
-
-    bool never_written() const { return version == 0; }
   };
   // Why a copy is being made valid; it decides what the move may evict
   // (Note [Eviction order]), whether it waits or gives up, and what the
@@ -478,7 +498,9 @@ class Residency {
   Status WriteDown(Lock& lk, int id, Tier tier);
   void FreeCopy(Chunk& c, Tier tier);
   void FreeMemory(Tier tier, const Copy& copy);
-  void Invalidate(Chunk& c, Tier keep);
+  // Every copy of `c` but the one at `keep` goes stale (`keep` null: all),
+  // and the version moves on.
+  void Invalidate(Chunk& c, const Tier* keep);
   bool OtherValid(const Chunk& c, Tier tier) const;
   bool AnyBusy(Tier tier) const;  // or fenced
   // The fence watcher's loop (Note [Fences]).

@@ -151,7 +151,7 @@ Status Residency::BeginWrites(Lock& lk, Hold& hold, const Access& access,
   for (int id : hold.chunks) {
     if (!Writes(hold, id)) continue;
     if (speculative) StartSpeculation(chunks_[id]);
-    Invalidate(chunks_[id], hold.tier);
+    Invalidate(chunks_[id], &hold.tier);
   }
   return Status();
 }

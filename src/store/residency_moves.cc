@@ -85,7 +85,7 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
 // Zeros for a chunk never written; for the device, the host; for the host,
 // the device while it holds the bytes, else NVMe.
 Tier Residency::SourceOf(const Chunk& c, Tier tier) const {
-  if (c.never_written()) return tier;
+  if (c.blank) return tier;
   if (tier == Tier::kDevice) return Tier::kHost;
   if (c.copy[Tier::kDevice].holds_data()) return Tier::kDevice;
   return TowardHome(tier, Tier::kNvme);
@@ -307,7 +307,7 @@ int Residency::PickVictim(Tier tier, int requester, Reason why) const {
 }
 
 bool Residency::MustWriteDown(const Chunk& c, Tier tier) const {
-  return c.copy[tier].usable() && !c.never_written() && !OtherValid(c, tier);
+  return c.copy[tier].usable() && !c.blank && !OtherValid(c, tier);
 }
 
 // Drops the copy at `tier`, writing it one tier toward home first when it
@@ -370,12 +370,14 @@ void Residency::FreeMemory(Tier tier, const Copy& copy) {
   }
 }
 
-// A write fetch at `keep`: every other copy is stale from now on (a moving
-// one becomes stale when its move ends, by the version).
-void Residency::Invalidate(Chunk& c, Tier keep) {
+// A write fetch at `keep`, or a Discard (`keep` null): every other copy
+// is stale from now on (a moving one becomes stale when its move ends, by
+// the version).
+void Residency::Invalidate(Chunk& c, const Tier* keep) {
   ++c.version;
+  c.blank = keep == nullptr;
   for (Tier t : kTiers) {
-    if (t == keep) continue;
+    if (keep != nullptr && t == *keep) continue;
     Copy& copy = c.copy[t];
     copy.prefetched = false;
     if (copy.state == CopyState::kValid) copy.state = CopyState::kStale;
@@ -383,6 +385,35 @@ void Residency::Invalidate(Chunk& c, Tier keep) {
         !copy.busy() && copy.readers == 0 && copy.pins == 0 && !copy.fenced();
     if (t != c.home && idle) FreeCopy(c, t);
   }
+}
+
+// Note [Discarded bytes].
+Status Residency::Discard(int group, RoleMask roles) {
+  Lock lk(mu_);
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    return Status::InvalidArgument("no group " + std::to_string(group));
+  }
+  const std::vector<int> ids = ChunksOf(group, roles);
+  for (int id : ids) {
+    const Chunk& c = chunks_[id];
+    if (c.writers > 0 || c.speculative) {
+      return Status::FailedPrecondition(
+          Describe(c) +
+          (c.writers > 0 ? " is fetched for writing; release it"
+                         : " holds speculative bytes; end the speculation") +
+          " before discarding its bytes");
+    }
+  }
+  for (int id : ids) {
+    Chunk& c = chunks_[id];
+    if (c.blank) continue;
+    // A write-down would have moved the bytes only the copies above home
+    // hold.
+    if (!c.copy[c.home].holds_data()) counters_.discarded_bytes += c.bytes;
+    Invalidate(c, nullptr);
+  }
+  changed_.notify_all();
+  return Status();
 }
 
 bool Residency::OtherValid(const Chunk& c, Tier tier) const {

@@ -60,7 +60,7 @@ Status Residency::WriteDownForSpeculation(Lock& lk, const Hold& hold) {
   for (int id : hold.chunks) {
     Chunk& c = chunks_[id];
     if (!Writes(hold, id)) continue;
-    if (!c.spare.valid() || c.speculative || c.never_written() ||
+    if (!c.spare.valid() || c.speculative || c.blank ||
         c.copy[Tier::kNvme].usable()) {
       continue;
     }
@@ -75,9 +75,9 @@ Status Residency::WriteDownForSpeculation(Lock& lk, const Hold& hold) {
 void Residency::StartSpeculation(Chunk& c) {
   if (!c.spare.valid() || c.speculative) return;
   Copy& nvme = c.copy[Tier::kNvme];
-  STRATA_CHECK((c.never_written() || nvme.usable()) && nvme.readers == 0);
+  STRATA_CHECK((c.blank || nvme.usable()) && nvme.readers == 0);
   std::swap(nvme.extent, c.spare);
-  c.old_version = c.version;
+  c.old_blank = c.blank;
   c.speculative = true;
 }
 
@@ -125,14 +125,9 @@ Status Residency::RestoreOldBytes(Lock& lk, int id) {
   Copy& nvme = c.copy[Tier::kNvme];
   std::swap(nvme.extent, c.spare);
   nvme.prefetched = false;
-  if (c.old_version == 0) {
-    // Nothing moves the chunk, so no transfer can see the version go back.
-    c.version = 0;
-    nvme.state = CopyState::kStale;
-  } else {
-    ++c.version;
-    nvme.state = CopyState::kValid;
-  }
+  ++c.version;
+  c.blank = c.old_blank;
+  nvme.state = c.blank ? CopyState::kStale : CopyState::kValid;
   c.speculative = false;
   return Status();
 }

@@ -80,6 +80,7 @@ int main(void) {
   FIELD(strata_engine_stats, update_wait_seconds);
   FIELD(strata_engine_stats, abandoned_prefetches);
   FIELD(strata_engine_stats, role_bytes);
+  FIELD(strata_engine_stats, discarded_bytes);
   END();
   BEGIN(strata_tensor_spec);
   FIELD(strata_tensor_spec, name);

@@ -147,8 +147,15 @@ using OverflowTest = PipelineTest;
 
 TEST_P(OverflowTest, NonFiniteGradientsSkipOrFailNamingTheGroup) {
   for (int s = 0; s < 3; ++s) ASSERT_TRUE(Step(s).ok());
+  const uint64_t discarded = engine_->stats().discarded_bytes;
   const Result<OptimStepReport> poisoned = Step(3, /*poison=*/2);
-  if (GetParam().skip_on_overflow) {
+  const Config& c = GetParam();
+  if (c.state_on_nvme && c.mode == OptimMode::kAfterBackward) {
+    // Nothing steps: the gradients the host still holds end unwritten
+    // (Note [Discarded bytes]).
+    EXPECT_GT(engine_->stats().discarded_bytes, discarded);
+  }
+  if (c.skip_on_overflow) {
     ASSERT_TRUE(poisoned.ok()) << poisoned.status().message();
     EXPECT_TRUE(poisoned->skipped);
     EXPECT_EQ(poisoned->overflow_group, 2);
@@ -191,6 +198,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(Config{OptimMode::kOverlap, false, 0, 1, true},
                     Config{OptimMode::kOverlap, true, 200, 4, true},
                     Config{OptimMode::kAfterBackward, false, 0, 1, true},
+                    Config{OptimMode::kAfterBackward, true, 0, 1, true},
                     Config{OptimMode::kOverlap, false, 0, 1, false}),
     Name);
 
@@ -477,11 +485,13 @@ TEST(OffloadOptimizerTest, AFailedSpeculativeStepLeavesTheModelAsItWas) {
 // written to NVMe once at most per step (maybe in a later step, when it is
 // evicted then): the gradients are written when they are kept and only
 // read by the step. (A step that fetched them for writing dirtied them
-// again, and wrote them twice.)
+// again, and wrote them twice.) Those still on the host when the step
+// stands are discarded, not written (Note [Discarded bytes]).
 TEST(OffloadOptimizerTest, KeptGradientsGoToNvmeOncePerStep) {
   testutil::ScratchDir scratch;
   auto engine = NvmeStateEngine(scratch.path(), 8 * kMiB, 4 * kMiB);
   ASSERT_NE(engine, nullptr);
+  uint64_t discarded = 0;
   for (const OptimMode mode :
        {OptimMode::kAfterBackward, OptimMode::kOverlap}) {
     SCOPED_TRACE(std::string(OptimModeName(mode)));
@@ -502,6 +512,8 @@ TEST(OffloadOptimizerTest, KeptGradientsGoToNvmeOncePerStep) {
     ASSERT_TRUE(engine->Drain().ok());
     const uint64_t chunk = 401408;  // 100000 fp32 in 4 KiB extents
     EXPECT_LE(engine->stats().bytes[1][2] - before, kSteps * 16 * chunk);
+    EXPECT_GT(engine->stats().discarded_bytes, discarded);
+    discarded = engine->stats().discarded_bytes;
   }
 }
 

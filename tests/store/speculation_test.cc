@@ -1,6 +1,8 @@
 // Speculative writes (Note [Speculative writes] in src/store/residency.h):
 // a chunk homed on NVMe keeps its old bytes in one extent while its new
 // bytes go to the other, until they are kept or the old ones restored.
+// And discarded bytes (Note [Discarded bytes]): a chunk whose contents
+// ended is blank again, and nothing of it is written down.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -80,6 +82,10 @@ class SpeculationTest : public ::testing::Test {
   uint64_t NvmeReads() const {
     return engine_->stats().bytes[2][1];  // nvme -> host
   }
+  uint64_t NvmeWrites() const {
+    return engine_->stats().bytes[1][2];  // host -> nvme
+  }
+  Status Discard() { return residency_->Discard(group_, kMaster); }
 
   uint64_t nvme_budget_ = 4096 * kKiB;
   testutil::ScratchDir dir_;
@@ -202,6 +208,86 @@ TEST_F(SmallNvmeTest, SparesBeyondTheNvmeBudgetAreRefusedByName) {
   EXPECT_EQ(engine_->stats().tiers[2].used, used + 32 * kKiB);
   Write(1);
   ExpectMaster(1);
+}
+
+using DiscardTest = SpeculationTest;
+constexpr uint64_t kMasterBytes = 16384 * 4;
+
+// Dirty bytes only the host held are dropped unwritten when they end, and
+// counted; the chunk reads as zeros without I/O, and takes new bytes as
+// before.
+TEST_F(DiscardTest, DirtyBytesThatEndedAreNeverWritten) {
+  Write(1);
+  ASSERT_TRUE(Discard().ok());
+  EXPECT_EQ(engine_->stats().discarded_bytes, kMasterBytes);
+  ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+  EXPECT_EQ(NvmeWrites(), 0u);
+  ExpectZeros();
+  EXPECT_EQ(NvmeReads(), 0u);
+  Write(2);
+  ExpectMaster(2);
+  EXPECT_EQ(NvmeWrites(), kMasterBytes);
+}
+
+// Bytes already at home are not counted as saved, and are not read again.
+TEST_F(DiscardTest, BytesAtHomeReadAsZerosWithoutIo) {
+  Write(1);
+  ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+  const uint64_t reads = NvmeReads();
+  ASSERT_TRUE(Discard().ok());
+  EXPECT_EQ(engine_->stats().discarded_bytes, 0u);
+  ExpectZeros();
+  EXPECT_EQ(NvmeReads(), reads);
+}
+
+// A view fetched before the discard keeps its bytes (Note [Retired
+// copies]); a fetch after it sees zeros.
+TEST_F(DiscardTest, AViewKeepsItsBytes) {
+  Write(1);
+  auto view = engine_->Fetch(group_, Tier::kHost, {.roles = kMaster});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  ASSERT_TRUE(Discard().ok());
+  Check(*view, 1);
+  ASSERT_TRUE(view->pin.Release().ok());
+  ExpectZeros();
+}
+
+// Bytes being written, or speculative ones, cannot end: refused by name,
+// and nothing changes.
+TEST_F(DiscardTest, RefusedWhileWrittenOrSpeculative) {
+  Write(1);
+  auto view =
+      engine_->Fetch(group_, Tier::kHost, {.roles = kMaster, .write = true});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Status refused = Discard();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("layer.0"), std::string::npos)
+      << refused.message();
+  Fill(*view, 2);
+  ASSERT_TRUE(view->pin.Release().ok());
+  ASSERT_TRUE(residency_->AddSpares(group_, kMaster).ok());
+  Speculate(3);
+  refused = Discard();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("speculative"), std::string::npos)
+      << refused.message();
+  ASSERT_TRUE(
+      residency_->EndSpeculation(group_, Residency::Outcome::kRestore).ok());
+  ExpectMaster(2);
+}
+
+// A speculation on a discarded chunk restores it to zeros, not to the
+// bytes its extent held before the discard.
+TEST_F(DiscardTest, ARestoreAfterADiscardGivesZeros) {
+  ASSERT_TRUE(residency_->AddSpares(group_, kMaster).ok());
+  Write(1);
+  ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+  ASSERT_TRUE(Discard().ok());
+  Speculate(4);
+  ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
+  ASSERT_TRUE(
+      residency_->EndSpeculation(group_, Residency::Outcome::kRestore).ok());
+  ExpectZeros();
 }
 
 }  // namespace

@@ -70,6 +70,13 @@ TEST(SimCliTest, StreamsStateFromNvmeAndReportsEveryFigure) {
     }
     EXPECT_GT(step["role_bytes"]["master"]["nvme->host"].get<uint64_t>(), 0u);
     EXPECT_GT(step["role_bytes"]["grad"]["device->host"].get<uint64_t>(), 0u);
+    if (r["mode"] == "after_backward") {
+      // The kept gradients the host cannot hold are written and read back
+      // once; those it holds end unwritten after their step.
+      const nlohmann::json& grad = step["role_bytes"]["grad"];
+      EXPECT_EQ(grad.value("host->nvme", 0u), grad.value("nvme->host", 0u));
+      EXPECT_GT(step["discarded_bytes"].get<uint64_t>(), 0u);
+    }
     EXPECT_GT(r["offload_efficiency"].get<double>(), 0);
     for (const char* tier : {"device", "host"}) {
       EXPECT_LE(r["memory"][tier]["peak"].get<uint64_t>(),

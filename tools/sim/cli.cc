@@ -280,7 +280,8 @@ nlohmann::ordered_json StepJson(const StepFigures& f) {
           {"optimizer_seconds", f.optimizer_seconds},
           {"optimizer_hidden_fraction", f.hidden_fraction},
           {"bytes", TierBytesJson(f.bytes)},
-          {"role_bytes", roles}};
+          {"role_bytes", roles},
+          {"discarded_bytes", f.discarded_bytes}};
 }
 
 nlohmann::ordered_json RunJson(const ModeRun& run) {
@@ -332,6 +333,10 @@ void PrintRoleBytes(const ModeRun& run) {
       }
     }
     row(i, "all", f.bytes);
+    if (f.discarded_bytes > 0) {
+      std::printf("%-6zu %-8s %13.1f  (dirty, dropped unwritten)\n", i, "ended",
+                  f.discarded_bytes / 1e6);
+    }
   }
 }
 

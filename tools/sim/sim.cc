@@ -175,6 +175,7 @@ Result<StepFigures> OneStep(const SimOptions& o, Run& run, int s) {
   f.optimizer_seconds = report.step_seconds;
   f.hidden_fraction =
       report.step_seconds > 0 ? report.hidden_seconds / report.step_seconds : 0;
+  f.discarded_bytes = after.discarded_bytes - before.discarded_bytes;
   for (int a = 0; a < kNumTiers; ++a) {
     for (int b = 0; b < kNumTiers; ++b) {
       f.bytes[a][b] = after.bytes[a][b] - before.bytes[a][b];

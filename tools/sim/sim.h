@@ -89,6 +89,9 @@ struct StepFigures {
   // role_bytes): [role][from][to].
   EngineStats::TierBytes bytes = {};
   std::array<EngineStats::TierBytes, kNumRoles> role_bytes = {};
+  // Dirty bytes dropped unwritten because their contents ended
+  // (EngineStats::discarded_bytes).
+  uint64_t discarded_bytes = 0;
 };
 
 // One optimizer mode's offloaded run.
