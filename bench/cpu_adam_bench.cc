@@ -19,6 +19,11 @@
 //                             (all or nothing): a scan of the gradients for
 //                             inf/NaN first, then the pass. Its roofline
 //                             reads the gradients twice as well.
+//   AdamW/q8_<either>/n       the same with 8-bit m and v (StateFormat::kQ8,
+//                             Note [8-bit state]); its roofline streams the
+//                             same bytes (1 byte of m and of v an element;
+//                             the 4-byte scale per 256 elements, under 2% of
+//                             them, is left out: the ratio errs against us).
 //   ZeroStep/bf16grad_bf16out/n  the CPU side of a ZeRO-Offload step:
 //                             SumSquares over the bf16 grads (global norm),
 //                             then the fused step above with the clip
@@ -73,6 +78,9 @@ struct Variant {
   FloatType grad_type;
   bool params_out;
   Prepass prepass;
+  StateFormat state = StateFormat::kF32;
+
+  size_t state_bytes() const { return state == StateFormat::kQ8 ? 1 : 4; }
 };
 
 int Threads() {
@@ -119,21 +127,23 @@ void Parallel(tbb::task_arena& arena, size_t n, Fn fn) {
 }
 
 struct Step {
-  float *p, *m, *v;
+  float* p;
+  void *m, *v;  // fp32, or kQ8 codes with their scales in ms, vs
   void* g;
   uint16_t* out;
   size_t n;
+  float *ms = nullptr, *vs = nullptr;
 };
 
 // The streaming kernel: the same loads and stores as the step, with one
 // multiply-add per stream instead of Adam's arithmetic. __restrict lets the
 // compiler vectorize it; the prefetching variant issues its prefetches once
 // per 16 elements, outside the vectorized inner loop.
-template <bool kPrefetch, class G>
+template <bool kPrefetch, class G, class S>
 void Stream(const Step& s, size_t begin, size_t end) {
   float* __restrict pp = s.p;
-  float* __restrict mp = s.m;
-  float* __restrict vp = s.v;
+  S* __restrict mp = static_cast<S*>(s.m);
+  S* __restrict vp = static_cast<S*>(s.v);
   const G* __restrict g = static_cast<const G*>(s.g);
   uint16_t* __restrict out = s.out;
   auto element = [&](size_t i) {
@@ -145,8 +155,14 @@ void Stream(const Step& s, size_t begin, size_t end) {
     }
     float p = pp[i] + gi * 1e-9f;
     pp[i] = p;
-    mp[i] = mp[i] * 0.5f + gi;
-    vp[i] = vp[i] * 0.5f + gi;
+    if constexpr (sizeof(S) == 1) {
+      const auto gb = static_cast<uint8_t>(std::bit_cast<uint32_t>(gi));
+      mp[i] = static_cast<uint8_t>(mp[i] + gb);
+      vp[i] = static_cast<uint8_t>(vp[i] ^ gb);
+    } else {
+      mp[i] = mp[i] * 0.5f + gi;
+      vp[i] = vp[i] * 0.5f + gi;
+    }
     if constexpr (sizeof(G) == 2) {
       out[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(p) >> 16);
     }
@@ -192,10 +208,13 @@ double RooflineOnce(tbb::task_arena& arena, const Step& s, const Variant& v) {
     benchmark::DoNotOptimize(ors.data());
   }
   Parallel(arena, s.n, [&](size_t b, size_t e) {
+    const bool q8 = v.state == StateFormat::kQ8;
     if (v.grad_type == FloatType::kF32) {
-      Stream<kPrefetch, float>(s, b, e);
+      q8 ? Stream<kPrefetch, float, uint8_t>(s, b, e)
+         : Stream<kPrefetch, float, float>(s, b, e);
     } else {
-      Stream<kPrefetch, uint16_t>(s, b, e);
+      q8 ? Stream<kPrefetch, uint16_t, uint8_t>(s, b, e)
+         : Stream<kPrefetch, uint16_t, float>(s, b, e);
     }
   });
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -230,6 +249,11 @@ Result<StepReport> OurStep(CpuOptimizer& opt, const Step& s, const Variant& v,
   b.grad_type = v.grad_type;
   b.state1 = s.m;
   b.state2 = s.v;
+  b.state_format = v.state;
+  if (v.state == StateFormat::kQ8) {
+    b.state1_scale = s.ms;
+    b.state2_scale = s.vs;
+  }
   b.params_out = v.params_out ? s.out : nullptr;
   b.n = s.n;
   return opt.Step(o, b);
@@ -241,26 +265,36 @@ bool MatchesScalar(CpuOptimizer& opt, const Step& s, const Variant& v) {
   size_t n = std::min<size_t>(s.n, 1 << 16);
   auto scalar = CpuOptimizer::Create({.isa = CpuIsa::kScalar, .threads = 1});
   if (!scalar.ok()) return false;
-  std::vector<float> p[2], m[2], vv[2];
+  const size_t state = n * v.state_bytes();
+  const size_t blocks = Q8Blocks(n);
+  std::vector<float> p[2], ms[2], vs[2];
+  std::vector<char> m[2], vv[2];
   std::vector<uint16_t> out[2];
   for (int k = 0; k < 2; ++k) {
     p[k].assign(s.p, s.p + n);
-    m[k].assign(s.m, s.m + n);
-    vv[k].assign(s.v, s.v + n);
+    m[k].assign(static_cast<char*>(s.m), static_cast<char*>(s.m) + state);
+    vv[k].assign(static_cast<char*>(s.v), static_cast<char*>(s.v) + state);
+    ms[k].assign(blocks, 0);
+    vs[k].assign(blocks, 0);
     out[k].assign(n, 0);
-    Step copy{p[k].data(), m[k].data(), vv[k].data(), s.g, out[k].data(), n};
+    Step copy{p[k].data(),   m[k].data(), vv[k].data(), s.g,
+              out[k].data(), n,           ms[k].data(), vs[k].data()};
     if (!OurStep(k == 0 ? opt : **scalar, copy, v, 1).ok()) return false;
   }
-  return p[0] == p[1] && m[0] == m[1] && vv[0] == vv[1] && out[0] == out[1];
+  return p[0] == p[1] && m[0] == m[1] && vv[0] == vv[1] && out[0] == out[1] &&
+         ms[0] == ms[1] && vs[0] == vs[1];
 }
 
-void Fill(tbb::task_arena& arena, const Step& s, FloatType grad_type) {
+void Fill(tbb::task_arena& arena, const Step& s, const Variant& v) {
+  const FloatType grad_type = v.grad_type;
   Parallel(arena, s.n, [&](size_t b, size_t e) {
+    std::memset(static_cast<char*>(s.m) + b * v.state_bytes(), 0,
+                (e - b) * v.state_bytes());
+    std::memset(static_cast<char*>(s.v) + b * v.state_bytes(), 0,
+                (e - b) * v.state_bytes());
     for (size_t i = b; i < e; ++i) {
       float g = static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f;
       s.p[i] = 0.5f;
-      s.m[i] = 0;
-      s.v[i] = 0;
       if (grad_type == FloatType::kF32) {
         static_cast<float*>(s.g)[i] = g;
       } else {
@@ -309,15 +343,18 @@ void BM_Step(benchmark::State& state, Variant v) {
       CpuOptimizer::Create({.threads = CpuOptimizerOptions::kCallerArena});
   if (!opt.ok()) return state.SkipWithError(opt.status().ToString().c_str());
   tbb::task_arena arena = BenchArena();
-  Buffer p(n * 4), m(n * 4), vb(n * 4), g(n * FloatTypeSize(v.grad_type)),
-      out(v.params_out ? n * 2 : 0);
+  Buffer p(n * 4), m(n * v.state_bytes()), vb(n * v.state_bytes()),
+      g(n * FloatTypeSize(v.grad_type)), out(v.params_out ? n * 2 : 0);
+  std::vector<float> ms(Q8Blocks(n)), vs(Q8Blocks(n));
   Step s{p.as<float>(),
-         m.as<float>(),
-         vb.as<float>(),
+         m.as<void>(),
+         vb.as<void>(),
          g.as<void>(),
          v.params_out ? out.as<uint16_t>() : nullptr,
-         n};
-  Fill(arena, s, v.grad_type);
+         n,
+         ms.data(),
+         vs.data()};
+  Fill(arena, s, v);
   if (!arena.execute([&] { return MatchesScalar(**opt, s, v); })) {
     return state.SkipWithError("the dispatched path disagrees with scalar");
   }
@@ -440,6 +477,10 @@ int main(int argc, char** argv) {
   };
   step("AdamW", {"fp32", FloatType::kF32, false, Prepass::kNone});
   step("AdamW", {"bf16grad_bf16out", FloatType::kBF16, true, Prepass::kNone});
+  step("AdamW", {"q8_fp32", FloatType::kF32, false, Prepass::kNone,
+                 strata::StateFormat::kQ8});
+  step("AdamW", {"q8_bf16grad_bf16out", FloatType::kBF16, true, Prepass::kNone,
+                 strata::StateFormat::kQ8});
   step("AdamW", {"fp32_skipstep", FloatType::kF32, false, Prepass::kScan});
   step("AdamW",
        {"bf16grad_bf16out_skipstep", FloatType::kBF16, true, Prepass::kScan});

@@ -34,6 +34,18 @@ std::string_view FloatTypeName(FloatType type) {
   return "?";
 }
 
+std::string_view StateFormatName(StateFormat format) {
+  switch (format) {
+    case StateFormat::kF32:
+      return "f32";
+    case StateFormat::kBF16:
+      return "bf16";
+    case StateFormat::kQ8:
+      return "q8";
+  }
+  return "?";
+}
+
 std::string_view CpuIsaName(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAuto:

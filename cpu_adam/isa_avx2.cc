@@ -65,6 +65,52 @@ struct Avx2 {
   static void Prefetch(const void* p) {
     _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
   }
+  static F Abs(F a) {
+    return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+  }
+  static F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F Max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F Min(F a, F b) { return _mm256_min_ps(a, b); }
+  static float MaxLanes(F a) {
+    __m128 m =
+        _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+  }
+  static F Trunc(F a) {
+    return _mm256_round_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  }
+  using M = __m256;  // all bits set where true
+  static M Ge(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+  static M Lt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static M And(M a, M b) { return _mm256_and_ps(a, b); }
+  static F Ones(M m) { return _mm256_and_ps(m, _mm256_set1_ps(1.0f)); }
+  static F Select(M m, F a, F b) { return _mm256_blendv_ps(b, a, m); }
+  using I = __m256i;
+  static I SetI(int32_t x) { return _mm256_set1_epi32(x); }
+  static I CountIf(I r, M m) {
+    return _mm256_sub_epi32(r, _mm256_castps_si256(m));
+  }
+  static I MinI(I a, I b) { return _mm256_min_epi32(a, b); }
+  static I AddI(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I Exponent(F a) {
+    return _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 23),
+                            _mm256_set1_epi32(127));
+  }
+  using Table = __m256;
+  static Table MakeTable(const float* t) { return _mm256_loadu_ps(t); }
+  static F Lut8(Table t, I r) { return _mm256_permutevar8x32_ps(t, r); }
+  static F LoadCodes(const uint8_t* q) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+  }
+  static void StoreCodes(uint8_t* q, F c) {
+    __m256i i = _mm256_cvttps_epi32(c);
+    __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i),
+                                 _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packus_epi16(w, w));
+  }
   static void AddSquares4(__m256d& acc, __m128 x) {
     __m256d d = _mm256_cvtps_pd(x);
     acc = _mm256_add_pd(acc, _mm256_mul_pd(d, d));

@@ -62,6 +62,45 @@ struct Avx512 {
   static void Prefetch(const void* p) {
     _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
   }
+  static F Abs(F a) { return _mm512_abs_ps(a); }
+  static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F Max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F Min(F a, F b) { return _mm512_min_ps(a, b); }
+  static float MaxLanes(F a) { return _mm512_reduce_max_ps(a); }
+  static F Trunc(F a) {
+    return _mm512_roundscale_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  }
+  using M = __mmask16;
+  static M Ge(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+  static M Lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static M And(M a, M b) { return a & b; }
+  static F Ones(M m) { return _mm512_maskz_mov_ps(m, _mm512_set1_ps(1.0f)); }
+  static F Select(M m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
+  using I = __m512i;
+  static I SetI(int32_t x) { return _mm512_set1_epi32(x); }
+  static I CountIf(I r, M m) {
+    return _mm512_mask_add_epi32(r, m, r, _mm512_set1_epi32(1));
+  }
+  static I MinI(I a, I b) { return _mm512_min_epi32(a, b); }
+  static I AddI(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I Exponent(F a) {
+    return _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 23),
+                            _mm512_set1_epi32(127));
+  }
+  using Table = __m512;  // 8 entries in the low lanes
+  static Table MakeTable(const float* t) {
+    return _mm512_zextps256_ps512(_mm256_loadu_ps(t));
+  }
+  static F Lut8(Table t, I r) { return _mm512_permutexvar_ps(r, t); }
+  static F LoadCodes(const uint8_t* q) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+  }
+  static void StoreCodes(uint8_t* q, F c) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q),
+                     _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(c)));
+  }
+
   static void AddSquares8(__m512d& acc, __m256 x) {
     __m512d d = _mm512_cvtps_pd(x);
     acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));

@@ -1,7 +1,9 @@
 // The scalar path: the reference the SIMD paths are tested against, and the
 // fallback on CPUs without AVX2. Element access goes through memcpy, so any
 // alignment works. See Note [One body, three ISAs] in kernel_body.h.
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "cpu_adam/convert.h"
 #include "cpu_adam/kernel_body.h"
@@ -49,6 +51,32 @@ struct Scalar {
     return (std::bit_cast<uint32_t>(a) & 0x7F800000u) == 0x7F800000u;
   }
   static void Prefetch(const void*) {}
+  static F Abs(F a) { return std::fabs(a); }
+  static F Sub(F a, F b) { return a - b; }
+  static F Max(F a, F b) { return a > b ? a : b; }
+  static F Min(F a, F b) { return a < b ? a : b; }  // NaN: b, as MINPS
+  static float MaxLanes(F a) { return a; }
+  static F Trunc(F a) { return std::trunc(a); }
+  using M = bool;
+  static M Ge(F a, F b) { return a >= b; }
+  static M Lt(F a, F b) { return a < b; }
+  static M And(M a, M b) { return a && b; }
+  static F Ones(M m) { return m ? 1.0f : 0.0f; }
+  static F Select(M m, F a, F b) { return m ? a : b; }
+  using I = int32_t;
+  static I SetI(int32_t x) { return x; }
+  static I CountIf(I r, M m) { return r + m; }
+  static I MinI(I a, I b) { return a < b ? a : b; }
+  static I AddI(I a, I b) { return a + b; }
+  // The unbiased exponent of a positive normal float.
+  static I Exponent(F a) {
+    return static_cast<I>(std::bit_cast<uint32_t>(a) >> 23) - 127;
+  }
+  using Table = const float*;
+  static Table MakeTable(const float* t) { return t; }
+  static F Lut8(Table t, I r) { return t[r]; }
+  static F LoadCodes(const uint8_t* q) { return *q; }
+  static void StoreCodes(uint8_t* q, F c) { *q = static_cast<uint8_t>(c); }
   template <class G>
   static void AddSquares16(DAcc& acc, const G* g) {
     for (int l = 0; l < 16; ++l) {

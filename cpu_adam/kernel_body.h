@@ -16,12 +16,19 @@
 //
 // A V provides: W, F (a vector of W floats), DAcc (16 double lanes), Set1,
 // Load/Store for float, Bf16 and F16, Add, Mul, Div, Sqrt, Sign,
-// AnyNonFinite, Prefetch, AddSquares16 and StoreLanes.
+// AnyNonFinite, Prefetch, AddSquares16 and StoreLanes; for 8-bit state
+// Abs, Sub, Max (no NaN reaches it), Min (NaN gives the second operand, as
+// MINPS), MaxLanes, Trunc, a mask type M with Ge, Lt, And, Ones (1.0f
+// where set) and Select, int32 lanes I with SetI, CountIf (+1 where a mask
+// is set), MinI, AddI and Exponent, a Table of 8 floats with MakeTable and
+// Lut8 (indexed by I), and LoadCodes/StoreCodes (W bytes as floats
+// 0..255).
 #ifndef STRATA_CPU_ADAM_KERNEL_BODY_H_
 #define STRATA_CPU_ADAM_KERNEL_BODY_H_
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "cpu_adam/kernels.h"
@@ -179,6 +186,197 @@ struct StepKernel {
   }
 };
 
+// The codes of a QMap (cpu_adam/qmap.h) for W values at a time, in the
+// fp32 expressions qmap.h defines; the region r of a value selects its
+// decade's constants from registers (Lut8), not from memory. Copied by
+// value into each loop: the codes' stores (bytes) could alias a member
+// read through a reference, which would then be loaded again each vector.
+template <class V, bool kSigned>
+struct QCodec {
+  using F = typename V::F;
+  using I = typename V::I;
+  using M = typename V::M;
+  using T = typename V::Table;
+
+  explicit QCodec(const QMap& q)
+      : a(V::MakeTable(q.a)),
+        b(V::MakeTable(q.b)),
+        inv_a(V::MakeTable(q.inv_a)),
+        last(V::MakeTable(q.last)),
+        base(V::MakeTable(q.base)),
+        one_threshold(V::Set1(q.one_threshold)),
+        one_index(V::Set1(q.one_index)) {
+    for (int d = 0; d < 7; ++d) edge[d] = V::Set1(q.b[d + 1]);
+  }
+
+  // Values relative to their block's scale to codes (as floats). The
+  // first guess of the bucket is it or the one below (QMap::inv_a).
+  F Quantize(F x) const {
+    const F xa = V::Min(V::Abs(x), V::Set1(2.0f));
+    I r = V::SetI(0);
+#pragma GCC unroll 7
+    for (int d = 0; d < 7; ++d) r = V::CountIf(r, V::Ge(xa, edge[d]));
+    const F ar = V::Lut8(a, r), br = V::Lut8(b, r), lr = V::Lut8(last, r);
+    F j = V::Min(V::Trunc(V::Mul(V::Sub(xa, br), V::Lut8(inv_a, r))), lr);
+    const F next = V::Add(j, V::Set1(1.0f));
+    j = V::Add(j, V::Ones(V::And(V::Ge(xa, V::Add(V::Mul(next, ar), br)),
+                                 V::Lt(j, lr))));
+    const F mag = V::Select(V::Ge(xa, one_threshold), one_index,
+                            V::Add(V::Lut8(base, r), j));
+    if constexpr (!kSigned) return mag;
+    const F mid = V::Set1(127.0f);
+    return V::Select(V::Lt(x, V::Set1(0.0f)), V::Sub(mid, V::Min(mag, mid)),
+                     V::Add(mid, mag));
+  }
+
+  // Codes (as floats) to values relative to their block's scale. The
+  // region of a magnitude index is a power of two's exponent: decade d
+  // starts at index 2^(d+1) - 1 (unsigned) or 2^d (signed).
+  F Dequantize(F code) const {
+    const F mid = V::Set1(127.0f);
+    const M neg = V::Lt(code, mid);
+    const F mag =
+        kSigned ? V::Select(neg, V::Sub(mid, code), V::Sub(code, mid)) : code;
+    const I r = V::MinI(
+        kSigned ? V::AddI(V::Exponent(V::Add(mag, V::Set1(0.5f))), V::SetI(1))
+                : V::Exponent(V::Add(mag, V::Set1(1.0f))),
+        V::SetI(7));
+    F v = V::Add(V::Mul(V::Add(V::Sub(mag, V::Lut8(base, r)), V::Set1(0.5f)),
+                        V::Lut8(a, r)),
+                 V::Lut8(b, r));
+    v = V::Select(V::Ge(mag, one_index), V::Set1(1.0f), v);
+    if constexpr (!kSigned) return v;
+    return V::Select(neg, V::Sub(V::Set1(0.0f), v), v);
+  }
+
+  T a, b, inv_a, last, base;
+  F one_threshold, one_index;
+  F edge[7];  // QMap::b[1..7]: where decades 0..6 start
+};
+
+// Note [8-bit state] in strata/cpu_adam.h, one block at a time: its m and
+// v dequantized into fp32 scratch, updated there by UpdateVector as fp32
+// state, then quantized against the block's new scales. A block with a
+// non-finite scaled gradient is left untouched, so a stop leaves whole
+// blocks updated or not.
+template <class V, OptimAlgo A, class G, class O>
+struct Q8StepKernel {
+  static constexpr size_t W = V::W;
+  static constexpr size_t B = kQ8Block;
+  static_assert(B % W == 0 && kHasState2<A>);
+  using F = typename V::F;
+
+  struct Scratch {
+    alignas(64) float m[B];
+    alignas(64) float v[B];
+  };
+
+  static bool AnyNonFinite(const VConsts<V, A>& k, const G* g, size_t cnt) {
+    G tail[W] = {};
+    const size_t full = cnt / W * W;
+    std::memcpy(tail, g + full, (cnt - full) * sizeof(G));
+    bool bad = V::AnyNonFinite(V::Mul(V::Load(tail), k.grad_mul));
+    for (size_t j = 0; j < full && !bad; j += W) {
+      bad = V::AnyNonFinite(V::Mul(V::Load(g + j), k.grad_mul));
+    }
+    return bad;
+  }
+
+  // The block's cnt codes of `q` into `out` (whole vectors: the codes past
+  // cnt read as code 0 and are never stored back).
+  template <bool kSigned>
+  static void Dequant(const QCodec<V, kSigned> codec, const uint8_t* q,
+                      float scale, size_t cnt, float* out) {
+    const F s = V::Set1(scale);
+    const size_t full = cnt / W * W;
+    for (size_t j = 0; j < full; j += W) {
+      V::Store(out + j, V::Mul(codec.Dequantize(V::LoadCodes(q + j)), s));
+    }
+    if (full < cnt) {
+      uint8_t tail[W] = {};
+      std::memcpy(tail, q + full, cnt - full);
+      V::Store(out + full, V::Mul(codec.Dequantize(V::LoadCodes(tail)), s));
+    }
+  }
+
+  // The scale of cnt values (their largest magnitude; NaN when one is not
+  // finite), then their codes.
+  template <bool kSigned>
+  static float Quant(const QCodec<V, kSigned> codec, const float* in,
+                     size_t cnt, uint8_t* q) {
+    const size_t full = cnt / W * W;
+    F tail = V::Set1(0.0f);
+    if (full < cnt) {
+      float t[W] = {};
+      std::memcpy(t, in + full, (cnt - full) * sizeof(float));
+      tail = V::Load(t);
+    }
+    bool bad = V::AnyNonFinite(tail);
+    F mx = V::Abs(tail);
+    for (size_t j = 0; j < full; j += W) {
+      const F x = V::Load(in + j);
+      bad = bad || V::AnyNonFinite(x);
+      if (!bad) mx = V::Max(mx, V::Abs(x));
+    }
+    const float scale =
+        bad ? std::numeric_limits<float>::quiet_NaN() : V::MaxLanes(mx);
+    const F inv = V::Set1(scale > 0.0f ? 1.0f / scale : scale);
+    for (size_t j = 0; j < full; j += W) {
+      V::StoreCodes(q + j, codec.Quantize(V::Mul(V::Load(in + j), inv)));
+    }
+    if (full < cnt) {
+      uint8_t t[W];
+      V::StoreCodes(t, codec.Quantize(V::Mul(tail, inv)));
+      std::memcpy(q + full, t, cnt - full);
+    }
+    return scale;
+  }
+
+  static void Update(const VConsts<V, A>& k, const StepPtrs& x, size_t i,
+                     size_t cnt, Scratch& s) {
+    float* p = x.params + i;
+    const G* g = static_cast<const G*>(x.grads) + i;
+    O* out = std::is_same_v<O, NoOut> ? nullptr : static_cast<O*>(x.out) + i;
+    const size_t full = cnt / W * W;
+    for (size_t j = 0; j < full; j += W) {
+      PrefetchAhead<V>(p + j);
+      PrefetchAhead<V>(g + j);
+      UpdateVector<V, A, G, float, O>(k, p + j, g + j, s.m + j, s.v + j,
+                                      out ? out + j : nullptr);
+    }
+    if (full == cnt) return;
+    float pt[W] = {};
+    G gt[W] = {};
+    O ot[W] = {};
+    std::memcpy(pt, p + full, (cnt - full) * sizeof(float));
+    std::memcpy(gt, g + full, (cnt - full) * sizeof(G));
+    UpdateVector<V, A, G, float, O>(k, pt, gt, s.m + full, s.v + full, ot);
+    std::memcpy(p + full, pt, (cnt - full) * sizeof(float));
+    if (out) std::memcpy(out + full, ot, (cnt - full) * sizeof(O));
+  }
+
+  static size_t Run(const StepConsts& c, const StepPtrs& x, size_t begin,
+                    size_t end) {
+    VConsts<V, A> k(c);
+    const QCodec<V, true> m_codec(*c.map1);
+    const QCodec<V, false> v_codec(*c.map2);
+    Scratch s;
+    auto* q1 = static_cast<uint8_t*>(x.state1);
+    auto* q2 = static_cast<uint8_t*>(x.state2);
+    for (size_t i = begin; i < end; i += B) {
+      const size_t cnt = end - i < B ? end - i : B;
+      const size_t b = i / B;
+      if (AnyNonFinite(k, static_cast<const G*>(x.grads) + i, cnt)) return i;
+      Dequant(m_codec, q1 + i, x.scale1[b], cnt, s.m);
+      Dequant(v_codec, q2 + i, x.scale2[b], cnt, s.v);
+      Update(k, x, i, cnt, s);
+      x.scale1[b] = Quant(m_codec, s.m, cnt, q1 + i);
+      x.scale2[b] = Quant(v_codec, s.v, cnt, q2 + i);
+    }
+    return end;
+  }
+};
+
 // Applies fn to W-element vectors of [begin, end) of src, prefetched ahead;
 // the last, partial one is copied into a zero-padded buffer first.
 template <class V, class G, class Fn>
@@ -260,6 +458,11 @@ template <class V, OptimAlgo A, class G>
 void FillStates(StepFn (*rows)[kNumOuts]) {
   FillOuts<V, A, G, float>(rows[0]);
   FillOuts<V, A, G, Bf16>(rows[1]);
+  if constexpr (kHasState2<A>) {
+    rows[2][0] = &Q8StepKernel<V, A, G, NoOut>::Run;
+    rows[2][1] = &Q8StepKernel<V, A, G, Bf16>::Run;
+    rows[2][2] = &Q8StepKernel<V, A, G, F16>::Run;
+  }
 }
 
 template <class V, OptimAlgo A>

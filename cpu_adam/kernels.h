@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "cpu_adam/qmap.h"
 #include "strata/cpu_adam.h"
 
 namespace strata::cpu_adam {
@@ -22,6 +23,9 @@ struct StepConsts {
   float inv_bc2_sqrt;  // Adam/AdamW: 1 / sqrt(1 - beta2^t)
   float neg_lr;  // Adam/AdamW: -lr / (1 - beta1^t); Adagrad: -clr; Lion: -lr
   float eps;
+  // kQ8 state: the code books of state1 (signed) and state2 (unsigned).
+  const QMap* map1;
+  const QMap* map2;
 };
 
 // Base pointers; element i of each buffer is at index i.
@@ -31,15 +35,19 @@ struct StepPtrs {
   void* state1;
   void* state2;
   void* out;
+  float* scale1;  // kQ8 state: block b's scale at index b
+  float* scale2;
 };
 
 inline constexpr int kNumAlgos = 4;
-inline constexpr int kNumTypes = 3;  // FloatType: f32, bf16, f16
-inline constexpr int kNumOuts = 3;   // none, bf16, f16
+inline constexpr int kNumTypes = 3;   // FloatType: f32, bf16, f16
+inline constexpr int kNumStates = 3;  // StateFormat: f32, bf16, q8
+inline constexpr int kNumOuts = 3;    // none, bf16, f16
 
 // Updates elements [begin, end). Returns end, or the index of the first
-// element of the vector whose scaled gradient holds inf/NaN; elements from
-// that index on are untouched.
+// element of the vector (kQ8: of the block) whose scaled gradient holds
+// inf/NaN; elements from that index on are untouched. kQ8: begin is a
+// multiple of kQ8Block.
 using StepFn = size_t (*)(const StepConsts& c, const StepPtrs& x, size_t begin,
                           size_t end);
 // True when some grads[i] * grad_mul, i in [begin, end), is inf or NaN.
@@ -54,9 +62,9 @@ using FromF32Fn = void (*)(const float* src, void* dst, size_t begin,
 
 struct KernelTable {
   CpuIsa isa;
-  // [algo][grad type][state type: f32, bf16 (f16 unused)][out: none, bf16,
-  // f16]
-  StepFn step[kNumAlgos][kNumTypes][kNumTypes][kNumOuts];
+  // [algo][grad type][StateFormat][out: none, bf16, f16]; null where the
+  // algorithm has no such state (kQ8: Adam and AdamW only).
+  StepFn step[kNumAlgos][kNumTypes][kNumStates][kNumOuts];
   NonFiniteFn non_finite[kNumTypes];
   SumSquaresFn sum_squares[kNumTypes];
   ToF32Fn to_f32[kNumTypes];

@@ -68,10 +68,9 @@ struct Span {
   bool wraps;  // n elements would run past the end of the address space
 };
 
-// n elements of `type` at p.
-Span MakeSpan(const char* name, const void* p, size_t n, FloatType type) {
+// n elements of `size` bytes at p.
+Span MakeSpan(const char* name, const void* p, size_t n, size_t size) {
   auto begin = reinterpret_cast<uintptr_t>(p);
-  size_t size = FloatTypeSize(type);
   bool wraps = n > (UINTPTR_MAX - begin) / size;
   return {name, begin, wraps ? begin : begin + n * size, wraps};
 }
@@ -102,6 +101,35 @@ bool ValidType(FloatType t) {
   return t == FloatType::kF32 || t == FloatType::kBF16 || t == FloatType::kF16;
 }
 
+size_t StateSize(StateFormat format) {
+  return format == StateFormat::kF32 ? 4 : format == StateFormat::kBF16 ? 2 : 1;
+}
+
+// kQ8 state is Adam's and AdamW's, with both scales; the others have none.
+Status CheckStateFormat(OptimAlgo algo, const OptimBuffers& b) {
+  const bool q8 = b.state_format == StateFormat::kQ8;
+  if (b.state_format != StateFormat::kF32 &&
+      b.state_format != StateFormat::kBF16 && !q8) {
+    return Status::InvalidArgument("state_format is not a StateFormat");
+  }
+  if (q8 && algo != OptimAlgo::kAdam && algo != OptimAlgo::kAdamW) {
+    return Status::InvalidArgument(
+        "8-bit state (StateFormat::kQ8) is for Adam and AdamW; " +
+        std::string(OptimAlgoName(algo)) + " needs f32 or bf16 state");
+  }
+  if (q8 && b.n > 0 &&
+      (b.state1_scale == nullptr || b.state2_scale == nullptr)) {
+    return Status::InvalidArgument(
+        "8-bit state needs state1_scale and state2_scale: one float per "
+        "kQ8Block elements each");
+  }
+  if (!q8 && (b.state1_scale != nullptr || b.state2_scale != nullptr)) {
+    return Status::InvalidArgument(
+        "state1_scale and state2_scale are for 8-bit state only; pass null");
+  }
+  return Status();
+}
+
 Status CheckBuffers(OptimAlgo algo, const OptimBuffers& b) {
   const bool two_states = algo == OptimAlgo::kAdam || algo == OptimAlgo::kAdamW;
   std::string name(OptimAlgoName(algo));
@@ -121,23 +149,30 @@ Status CheckBuffers(OptimAlgo algo, const OptimBuffers& b) {
   if (!ValidType(b.grad_type)) {
     return Status::InvalidArgument("grad_type is not a FloatType");
   }
-  if (b.state_type != FloatType::kF32 && b.state_type != FloatType::kBF16) {
-    return Status::InvalidArgument("optimizer state must be f32 or bf16, not " +
-                                   std::string(FloatTypeName(b.state_type)));
-  }
   if (b.params_out != nullptr && b.out_type != FloatType::kBF16 &&
       b.out_type != FloatType::kF16) {
     return Status::InvalidArgument(
         "params_out must be bf16 or f16 (the fp32 copy is params)");
   }
-  std::vector<Span> spans = {MakeSpan("params", b.params, b.n, FloatType::kF32),
-                             MakeSpan("grads", b.grads, b.n, b.grad_type),
-                             MakeSpan("state1", b.state1, b.n, b.state_type)};
+  STRATA_RETURN_IF_ERROR(CheckStateFormat(algo, b));
+  const size_t state_size = StateSize(b.state_format);
+  std::vector<Span> spans = {
+      MakeSpan("params", b.params, b.n, sizeof(float)),
+      MakeSpan("grads", b.grads, b.n, FloatTypeSize(b.grad_type)),
+      MakeSpan("state1", b.state1, b.n, state_size)};
   if (b.state2) {
-    spans.push_back(MakeSpan("state2", b.state2, b.n, b.state_type));
+    spans.push_back(MakeSpan("state2", b.state2, b.n, state_size));
+  }
+  if (b.state_format == StateFormat::kQ8) {
+    const size_t blocks = Q8Blocks(b.n);
+    spans.push_back(
+        MakeSpan("state1_scale", b.state1_scale, blocks, sizeof(float)));
+    spans.push_back(
+        MakeSpan("state2_scale", b.state2_scale, blocks, sizeof(float)));
   }
   if (b.params_out) {
-    spans.push_back(MakeSpan("params_out", b.params_out, b.n, b.out_type));
+    spans.push_back(
+        MakeSpan("params_out", b.params_out, b.n, FloatTypeSize(b.out_type)));
   }
   return CheckSpans(spans);
 }
@@ -190,6 +225,8 @@ StepConsts MakeStepConsts(const StepOptions& o) {
   c.beta2 = static_cast<float>(h.beta2);
   c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
   c.eps = static_cast<float>(h.eps);
+  c.map1 = &cpu_adam::SignedMap();
+  c.map2 = &cpu_adam::UnsignedMap();
   switch (o.algo) {
     case OptimAlgo::kAdam:
     case OptimAlgo::kAdamW: {
@@ -335,6 +372,12 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
   const KernelTable& k = *impl_->kernels;
   const int g = static_cast<int>(b.grad_type);
   std::vector<size_t> bounds = impl_->Split(b.n, b.params, sizeof(float));
+  if (b.state_format == StateFormat::kQ8) {
+    // A block is one thread's (Note [8-bit state]).
+    for (size_t& bound : bounds) {
+      if (bound != b.n) bound -= bound % kQ8Block;
+    }
+  }
 
   if (options.overflow == OverflowPolicy::kSkipStep) {
     std::atomic<bool> bad{false};
@@ -351,9 +394,10 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
                   : b.out_type == FloatType::kBF16 ? 1
                                                    : 2;
   cpu_adam::StepFn fn = k.step[static_cast<int>(options.algo)][g]
-                              [static_cast<int>(b.state_type)][out];
-  const cpu_adam::StepPtrs ptrs{b.params, b.grads, b.state1, b.state2,
-                                b.params_out};
+                              [static_cast<int>(b.state_format)][out];
+  const cpu_adam::StepPtrs ptrs{b.params,      b.grads,      b.state1,
+                                b.state2,      b.params_out, b.state1_scale,
+                                b.state2_scale};
   std::atomic<bool> stop{false};
   impl_->Run(bounds, [&](int, size_t begin, size_t end) {
     for (size_t i = begin; i < end; i += kBlock) {
@@ -379,7 +423,8 @@ Result<SumSquaresResult> CpuOptimizer::SumSquares(const void* grads,
   if (grads == nullptr) {
     return Status::InvalidArgument("SumSquares: grads must not be null");
   }
-  STRATA_RETURN_IF_ERROR(CheckSpans({MakeSpan("grads", grads, n, type)}));
+  STRATA_RETURN_IF_ERROR(
+      CheckSpans({MakeSpan("grads", grads, n, FloatTypeSize(type))}));
   size_t blocks = (n + kNormBlock - 1) / kNormBlock;
   std::vector<double> sums(blocks);
   int parts = n < kMinParallel ? 1 : impl_->Partitions();
@@ -413,8 +458,9 @@ Status CpuOptimizer::Convert(const void* src, FloatType src_type, void* dst,
   if (src == nullptr || dst == nullptr) {
     return Status::InvalidArgument("Convert: src and dst must not be null");
   }
-  STRATA_RETURN_IF_ERROR(CheckSpans(
-      {MakeSpan("src", src, n, src_type), MakeSpan("dst", dst, n, dst_type)}));
+  STRATA_RETURN_IF_ERROR(
+      CheckSpans({MakeSpan("src", src, n, FloatTypeSize(src_type)),
+                  MakeSpan("dst", dst, n, FloatTypeSize(dst_type))}));
   std::vector<size_t> bounds = impl_->Split(n, src, FloatTypeSize(src_type));
   const KernelTable& k = *impl_->kernels;
   impl_->Run(bounds, [&](int, size_t begin, size_t end) {

@@ -81,27 +81,66 @@ struct GradPrep {
   float clip_coef = 1.0f;
 };
 
+// How the optimizer state is stored (OptimBuffers::state_format).
+//   kF32   4 bytes an element.
+//   kBF16  2 bytes, rounded to nearest even after every step. An update
+//          smaller than half a bf16 ulp (2^-9 relative) is lost, so with
+//          beta2 >= 0.996 a bf16 exp_avg_sq no longer decays towards a
+//          smaller gradient and acts more like a running maximum, which
+//          shrinks steps. Prefer f32 state unless memory decides.
+//   kQ8    Adam/AdamW only: 1 byte an element plus 4 bytes a block of
+//          kQ8Block elements (Note [8-bit state]).
+enum class StateFormat : uint8_t { kF32, kBF16, kQ8 };
+STRATA_EXPORT std::string_view StateFormatName(StateFormat format);
+
+// Note [8-bit state]
+// kQ8 keeps m and v as bitsandbytes' and torchao's 8-bit Adam do: block-wise
+// dynamic quantization (Dettmers et al., "8-bit Optimizers via Block-wise
+// Quantization", 2021). Each block of kQ8Block = 256 elements (the block
+// both use; 4 bytes of scale per 256 elements, 1.6% over 1 byte an element,
+// and an outlier only coarsens its own block) has an fp32 scale, the
+// block's largest |m| (or v) after the step, and each element one byte: the
+// index of the nearest value of a 256-entry code book, times the scale.
+// The code books are the dynamic tree maps of that paper: per decade
+// 10^-6..1, values spaced evenly within it, twice as many in each higher
+// decade, plus 0 and 1; m's is signed (127 values of each sign), v's
+// unsigned (254 positive), so both keep 7 decades of range and about 2
+// significant digits at the top of a block. One pass per block, in
+// registers and a 2 KiB scratch: dequantize, the fp32 update of the other
+// formats, the new scales, quantize to the nearest code (exact fp32
+// comparisons with the midpoints between codes; a tie takes the lower
+// code), so scalar, AVX2 and AVX-512 agree bit for bit. A block whose new m
+// or v is not finite gets a NaN scale (its state is lost, as fp32 state
+// would be). Element i belongs to block i / kQ8Block of the buffers given;
+// partitions start on block boundaries. A model converges like fp32
+// state within the bounds docs/PERF.md states; tensors too small to gain
+// (under a few blocks) are better kept in fp32 by the caller.
+inline constexpr size_t kQ8Block = 256;
+inline constexpr size_t Q8Blocks(size_t n) {
+  return (n + kQ8Block - 1) / kQ8Block;
+}
+
 // Buffers of one Step. All hold n elements.
-//   params      fp32 master weights, updated in place.
-//   grads       of grad_type (f32, bf16 or f16), read only.
-//   state1      Adam/AdamW: exp_avg. Adagrad: state_sum (the caller sets its
-//               initial value). Lion: exp_avg.
-//   state2      Adam/AdamW: exp_avg_sq. Must be null for Adagrad and Lion.
-//   state_type  f32, or bf16 to halve state bytes. bf16 state rounds m and v
-//               to 8 significant bits after every step: an update smaller
-//               than half a bf16 ulp (2^-9 relative) is lost, so with
-//               beta2 >= 0.996 a bf16 exp_avg_sq no longer decays towards a
-//               smaller gradient and acts more like a running maximum, which
-//               shrinks steps. Prefer f32 state unless memory decides.
-//   params_out  optional (may be null): the updated parameters, converted to
-//               out_type (bf16 or f16), for the device copy.
+//   params        fp32 master weights, updated in place.
+//   grads         of grad_type (f32, bf16 or f16), read only.
+//   state1        Adam/AdamW: exp_avg. Adagrad: state_sum (the caller sets
+//                 its initial value). Lion: exp_avg.
+//   state2        Adam/AdamW: exp_avg_sq. Must be null for Adagrad and Lion.
+//   state_format  how state1 and state2 hold their elements (StateFormat);
+//                 with kQ8, state1_scale and state2_scale hold one fp32
+//                 scale per block (Q8Blocks(n) each; all zero with zero
+//                 codes is a zero state). Null otherwise.
+//   params_out    optional (may be null): the updated parameters, converted
+//                 to out_type (bf16 or f16), for the device copy.
 struct OptimBuffers {
   float* params = nullptr;
   const void* grads = nullptr;
   FloatType grad_type = FloatType::kF32;
   void* state1 = nullptr;
   void* state2 = nullptr;
-  FloatType state_type = FloatType::kF32;
+  StateFormat state_format = StateFormat::kF32;
+  float* state1_scale = nullptr;
+  float* state2_scale = nullptr;
   void* params_out = nullptr;
   FloatType out_type = FloatType::kBF16;
   size_t n = 0;

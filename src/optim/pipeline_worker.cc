@@ -231,7 +231,6 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   b.grad_type = grad_type;
   b.state1 = chunk(Role::kState1);
   b.state2 = UsesState2(options_.algo) ? chunk(Role::kState2) : nullptr;
-  b.state_type = FloatType::kF32;
   b.params_out = g.compute == FloatType::kF32 ? nullptr : chunk(Role::kCompute);
   b.out_type = g.compute == FloatType::kF32 ? FloatType::kBF16 : g.compute;
   b.n = g.n;

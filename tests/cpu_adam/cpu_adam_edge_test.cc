@@ -304,8 +304,18 @@ TEST(CpuAdamInput, BadBuffersAreRejectedBeforeAnyWrite) {
   o.algo = OptimAlgo::kLion;
   ExpectInvalid(opt->Step(o, b), "pass state2 = null");
   o.algo = OptimAlgo::kAdamW;
-  b.state_type = FloatType::kF16;
-  ExpectInvalid(opt->Step(o, b), "must be f32 or bf16");
+  b.state_format = static_cast<StateFormat>(7);
+  ExpectInvalid(opt->Step(o, b), "not a StateFormat");
+  b = pr.View();
+  b.state1_scale = static_cast<float*>(pr.out.data());
+  ExpectInvalid(opt->Step(o, b), "for 8-bit state only");
+  b = pr.View();
+  b.state_format = StateFormat::kQ8;
+  ExpectInvalid(opt->Step(o, b), "needs state1_scale and state2_scale");
+  o.algo = OptimAlgo::kLion;
+  b.state2 = nullptr;
+  ExpectInvalid(opt->Step(o, b), "for Adam and AdamW");
+  o.algo = OptimAlgo::kAdamW;
   b = pr.View();
   b.out_type = FloatType::kF32;
   ExpectInvalid(opt->Step(o, b), "params_out must be bf16 or f16");
@@ -341,9 +351,11 @@ TEST(CpuAdamInput, AnEmptyStepAcceptsNullBuffers) {
   Result<StepReport> r = opt->Step(Options(OverflowPolicy::kSkipStep), empty);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->outcome, StepOutcome::kApplied);
-  empty.state_type = FloatType::kF16;
+  empty.state_format = static_cast<StateFormat>(7);
   ExpectInvalid(opt->Step(Options(OverflowPolicy::kSkipStep), empty),
-                "must be f32 or bf16");
+                "not a StateFormat");
+  empty.state_format = StateFormat::kQ8;  // no scales needed for none
+  EXPECT_TRUE(opt->Step(Options(OverflowPolicy::kSkipStep), empty).ok());
 }
 
 TEST(CpuAdamInput, BadHyperparametersAreRejected) {

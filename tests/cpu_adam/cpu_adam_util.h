@@ -136,7 +136,8 @@ struct StepState {
     b.grad_type = g.type();
     b.state1 = s1.data();
     b.state2 = HasState2(combo.algo) ? s2.data() : nullptr;
-    b.state_type = s1.type();
+    b.state_format =
+        s1.type() == FloatType::kBF16 ? StateFormat::kBF16 : StateFormat::kF32;
     b.params_out = combo.out == FloatType::kF32 ? nullptr : out.data();
     b.out_type = out.type();
     b.n = p.n();
