@@ -16,9 +16,7 @@ byte-level batches (examples/gpt.py):
   torch  torch.optim.AdamW(foreach=True), everything in memory;
   nvme   strata.torch, optimizer state (m, v: in fp32 the compute copy is
          the master) on NVMe in --swap;
-  host   strata.torch, optimizer state on the host;
-  nvme-noprefetch, host-noprefetch (only with --variants)  the same
-         without the adapter's prefetch of the updated weights.
+  host   strata.torch, optimizer state on the host.
 strata runs on the host-emulated device (no GPU needed), with the budgets
 strata.torch derives from the model.
 
@@ -59,9 +57,6 @@ from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("torch", "nvme", "host")
-# Also selectable: a strata variant without the adapter's prefetch of the
-# updated weights (strata.prefetch false), for a same-run comparison.
-EXTRA = ("nvme-noprefetch", "host-noprefetch")
 LIMITS = {"host": 1.0, "nvme": 1.1}
 HYPER = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 
@@ -87,18 +82,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=15)
     ap.add_argument("--loss-rtol", type=float, default=1e-5,
                     help="largest relative loss difference to torch")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated, torch, nvme and host among "
-                    "them; also " + ", ".join(EXTRA))
-    ap.add_argument("--variant", choices=VARIANTS + EXTRA,
-                    help=argparse.SUPPRESS)
+    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.variants = tuple(args.variants.split(","))
-    unknown = set(args.variants) - set(VARIANTS + EXTRA)
-    if unknown or not set(VARIANTS) <= set(args.variants):
-        ap.error(f"--variants {','.join(args.variants)}: choose from "
-                 f"{', '.join(VARIANTS + EXTRA)}, with "
-                 f"{', '.join(VARIANTS)} among them")
+    args.variants = VARIANTS
     if min(args.block, args.rounds, args.warmup) < 1:
         ap.error("--block, --rounds and --warmup must be >= 1")
     return args
@@ -172,8 +158,7 @@ def phases(t: list[float]) -> dict[str, float]:
 def strata_stepper(args: argparse.Namespace, variant: str, model: Any
                    ) -> tuple[Callable[[Any, Any], dict[str, float]],
                               Callable[[], dict[str, Any]]]:
-    """build_stepper's strata variants: state on the host or on NVMe, with
-    or without the adapter's prefetch."""
+    """build_stepper's strata variants: state on the host or on NVMe."""
     import strata.torch as st
     offload: dict[str, Any] = {"device": "cpu"}
     if variant.startswith("nvme"):
@@ -185,8 +170,7 @@ def strata_stepper(args: argparse.Namespace, variant: str, model: Any
         "train_micro_batch_size_per_gpu": args.batch,
         "optimizer": {"type": "AdamW", "params": params},
         "zero_optimization": {"stage": 3, "offload_optimizer": offload},
-        "strata": {"device": "host",
-                   "prefetch": not variant.endswith("-noprefetch")}})
+        "strata": {"device": "host"}})
 
     def step(x: Any, y: Any) -> dict[str, float]:
         stalled = engine.store.stats()["stall_seconds"]

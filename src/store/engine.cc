@@ -70,6 +70,8 @@ class Engine::Impl {
  private:
   sched::PlanInput MakePlanInput() const;
   void SubmitPrefetches(int position);
+  // Note [Updates below the device] in src/store/residency.h.
+  void SubmitRefetch(int group, RoleMask roles, int position);
 
   // Guarded by plan_mu_: the plan of the last trace adopted, replaced at
   // EndStep while prefetches read it.
@@ -124,6 +126,11 @@ Status Engine::Impl::Open(const EngineOptions& options,
   residency_ = std::make_unique<store::Residency>(device_.get(), host_.get(),
                                                   nvme_.get(), mover_.get());
   executor_ = std::make_unique<sched::Executor>(options.io_threads);
+  if (options.prefetch) {
+    residency_->SetRefetchHook([this](int group, RoleMask roles, int position) {
+      SubmitRefetch(group, roles, position);
+    });
+  }
   info_.device = std::string(tier::DeviceKindName(dev.kind));
   info_.device_name = dev.name;
   info_.device_reason = dev.reason;
@@ -185,6 +192,15 @@ void Engine::Impl::SubmitPrefetches(int position) {
                                                    a.entry);
                       });
   }
+}
+
+void Engine::Impl::SubmitRefetch(int group, RoleMask roles, int position) {
+  store::Residency* residency = residency_.get();
+  executor_->Submit(PrefetchKey(group, Tier::kDevice, roles, PrefetchBy::kPlan),
+                    [residency, group, roles, position] {
+                      return residency->Prefetch(group, Tier::kDevice, roles,
+                                                 position);
+                    });
 }
 
 Status Engine::Impl::Prefetch(int group, Tier tier, RoleMask roles,
@@ -285,6 +301,7 @@ EngineStats Engine::Impl::Stats() const {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
+  if (impl_->residency_ != nullptr) impl_->residency_->SetRefetchHook(nullptr);
   if (impl_->executor_ != nullptr) (void)impl_->executor_->Drain();
 }
 

@@ -101,6 +101,21 @@
 // chunks homed on the host or the device are not kept: a caller
 // restores those itself.
 //
+// Note [Updates below the device]
+// The optimizer writes a group's new compute copy at its home, below the
+// device, and so leaves the device copy stale. The plan is for a steady
+// state in which only fetches happen: a group the device window keeps was
+// never prefetched, and the next forward's first fetch of it waited for
+// its copy (0.09 to 0.11 s a step for a 107M-parameter model on the
+// host-emulated device; on a GPU, a stall per group over PCIe). So the
+// release of a write hold below the device reports the roles it wrote that
+// the trace fetches to the device, with the trace position of the first
+// such fetch (RefetchHook), and the engine queues a planned prefetch for
+// that position: it evicts nothing needed before it (Note [Eviction
+// order]), lands while the step's backward or the next forward runs, and
+// is abandoned when no room is free. An update that lands under the next
+// forward (pending) releases its hold later, and the prefetch follows it.
+//
 // Note [Discarded bytes]
 // Some roles' contents end with a step: the optimizer reads a group's
 // gradients for its step, and the next step's first micro-batch
@@ -121,6 +136,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -150,6 +166,14 @@ class Residency {
   Residency(tier::Device* device, tier::PinnedPool* host, tier::NvmeStore* nvme,
             transport::Mover* mover);
   ~Residency();
+
+  // Note [Updates below the device]: called, without the lock, after the
+  // release of a write hold below the device whose written `roles` the
+  // trace fetches to the device, first at trace `position`. Set (or
+  // cleared with null) while no hold is being released.
+  using RefetchHook =
+      std::function<void(int group, RoleMask roles, int position)>;
+  void SetRefetchHook(RefetchHook hook);
 
   // Allocates the group's home copies and checks that fetching it can ever
   // fit; on failure nothing is registered.
@@ -457,6 +481,14 @@ class Residency {
   // copy is not landing.
   Result<bool> PinLanding(int id, Tier tier, const ChunkAccess& how);
   void Unpin(const Hold& hold);
+  // What a released write hold leaves stale on the device that the trace
+  // fetches there (Note [Updates below the device]): the roles (0: none)
+  // and the position of their first fetch.
+  struct Refetch {
+    RoleMask roles = 0;
+    int position = -1;
+  };
+  Refetch RefetchOf(const Hold& hold) const;
   // The copy at `tier` may not be filled or written into: a view holds its
   // old bytes. It is retired instead (Note [Retired copies]).
   static bool HeldStale(const Copy& copy) {
@@ -549,6 +581,7 @@ class Residency {
   uint64_t next_serial_ = 1;
   std::condition_variable fence_added_;
   bool stopping_ = false;
+  RefetchHook refetch_hook_;
 
   // Last: starts once everything above exists; joined by the destructor.
   std::thread watcher_;

@@ -10,7 +10,7 @@ namespace strata::store {
 
 Status Residency::Release(uint64_t pin, const Fence& after) {
   STRATA_ASSIGN_OR_RETURN(tier::Event fence, device_->Record(after));
-  std::lock_guard<std::mutex> lock(mu_);
+  Lock lk(mu_);
   const auto it = holds_.find(pin);
   if (it == holds_.end()) {
     return Status::FailedPrecondition(
@@ -27,7 +27,28 @@ Status Residency::Release(uint64_t pin, const Fence& after) {
     fence_added_.notify_one();
   }
   Unpin(hold);
+  const Refetch again = RefetchOf(hold);
+  const RefetchHook hook = again.roles != 0 ? refetch_hook_ : nullptr;
+  lk.unlock();
+  if (hook) hook(hold.group, again.roles, again.position);
   return Status();
+}
+
+void Residency::SetRefetchHook(RefetchHook hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  refetch_hook_ = std::move(hook);
+}
+
+Residency::Refetch Residency::RefetchOf(const Hold& hold) const {
+  if (hold.tier == Tier::kDevice || hold.written == 0 || !trace_.valid()) {
+    return {};
+  }
+  const std::vector<sched::TraceEntry>& entries = trace_.entries();
+  for (int p : trace_.UsesOf(hold.group)) {
+    const RoleMask roles = entries[p].roles & hold.written;
+    if (entries[p].tier == Tier::kDevice && roles != 0) return {roles, p};
+  }
+  return {};
 }
 
 void Residency::Unpin(const Hold& hold) {

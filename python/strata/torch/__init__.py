@@ -153,7 +153,7 @@ def _runtime(store: strata.Engine, cfg: Config, plans: list[GroupPlan],
                      for _, t in p.params],
             [t.dtype for _, t in p.params], roles, "master" in roles,
             flat=flat))
-    runtime = Runtime(store, device, records, units, cfg.prefetch)
+    runtime = Runtime(store, device, records, units)
     runtime.ranks = ranks
     runtime.optimizer = strata.Optimizer(
         store, algo=cfg.algo, mode=cfg.mode,

@@ -92,7 +92,6 @@ class Config:
     groups: Optional[list[str]] = None
     threads: int = 0
     grad_buffers: int = 4
-    prefetch: bool = True  # Note [Prefetch of the updated weights]
     io_threads: Optional[int] = None
     # save_16bit_model writes only with this (DeepSpeed's ZeRO-3 rule).
     gather_16bit_on_save: bool = False
@@ -363,10 +362,15 @@ def _scheduler(sched: dict[str, Any], out: Config) -> None:
 
 
 def _strata(block: dict[str, Any], out: Config) -> None:
+    if isinstance(block, dict) and "prefetch" in block:
+        raise ConfigError(
+            "strata.prefetch is gone: the engine prefetches the updated "
+            "weights itself (and across ranks the all-gathers always run "
+            "ahead); remove the key")
     block = _take(block, "strata",
                   {"device", "device_budget", "host_budget", "nvme_budget",
                    "mode", "groups", "threads", "io_threads", "grad_buffers",
-                   "prefetch", "max_consecutive_skips", "rank_timeout"},
+                   "max_consecutive_skips", "rank_timeout"},
                   set(), out)
     out.device = str(block.get("device", out.device))
     if out.device not in ("auto", "cuda", "host"):
@@ -381,10 +385,9 @@ def _strata(block: dict[str, Any], out: Config) -> None:
                           f"after_backward")
     if block.get("groups") is not None:
         out.groups = [str(name) for name in block["groups"]]
-    out.threads = int(block.get("threads", 0))
-    out.grad_buffers = int(block.get("grad_buffers", out.grad_buffers))
-    if "prefetch" in block:
-        out.prefetch = _bool(block["prefetch"], "strata.prefetch")
+    out.threads = _number(block.get("threads", 0), "strata.threads", int)
+    out.grad_buffers = _number(block.get("grad_buffers", out.grad_buffers),
+                               "strata.grad_buffers", int)
     out.max_consecutive_skips = _number(
         block.get("max_consecutive_skips", out.max_consecutive_skips),
         "strata.max_consecutive_skips", int)
@@ -396,4 +399,5 @@ def _strata(block: dict[str, Any], out: Config) -> None:
         raise ConfigError("strata.rank_timeout must be > 0 (seconds a "
                           "collective waits for the other ranks)")
     if block.get("io_threads") is not None:
-        out.io_threads = int(block["io_threads"])
+        out.io_threads = _number(block["io_threads"], "strata.io_threads",
+                                 int)

@@ -39,27 +39,9 @@ neither reaches (a unit whose inputs need no
 gradient, a group whose parameters got no gradient) is released or handed
 off (zeros) by Runtime.end_backward.
 
-Note [Prefetch of the updated weights]
-The optimizer writes each group's new compute copy at its home (the
-host), which leaves the copy at the device stale. The engine's plan
-prefetches only what leaves its device window, so when the device budget
-holds the whole model (the default) it prefetches nothing, and every
-first fetch of the next forward waited for its copy: 0.09 to 0.11 s a
-step for a 107M-parameter model on the host-emulated device
-(docs/PERF.md), and on a GPU a stall per group for the copy over PCIe.
-So the hooks prefetch each unit's groups one unit ahead, in the order of
-the last training forward: the first unit's when a step ends, the next
-unit's when a unit's forward has fetched its own. A prefetch of a valid
-copy does nothing, and one is never a correctness matter: a copy of
-bytes that an update then replaces is invalidated by the engine, and the
-fetch waits for the update (engine.h). Where updates may land under the
-next forward (clipping or fp16 skip-on-overflow in overlap mode), some
-copies are made twice, and the prefetch still pays: a 4-layer GPT (width
-256) whose clipping fired at every one of 6 steps waited 0.02 s for
-fetches instead of 0.10 with the state on the host, 0.06 instead of 0.10
-with it on NVMe. The root fix is the engine's: its planner
-(src/sched/planner.h) does not know that a step rewrites the compute
-copies, and when it does, this prefetch goes."""
+The updated weights need no prefetch here: the engine queues one when
+the optimizer writes a compute copy below the device (Note [Updates below
+the device] in src/store/residency.h)."""
 from __future__ import annotations
 
 import contextlib
@@ -145,8 +127,7 @@ class Runtime:
     """The hooks' state over one model (owned by StrataEngine)."""
 
     def __init__(self, engine: strata.Engine, device: torch.device,
-                 groups: list[Group], units: list[UnitPlan],
-                 prefetch: bool) -> None:
+                 groups: list[Group], units: list[UnitPlan]) -> None:
         self.engine = engine
         self.optimizer: Optional[strata.Optimizer] = None
         self.device = device
@@ -167,8 +148,7 @@ class Runtime:
                 self.index_of[id(p)] = index
         self.handles: list[Any] = []
         self.ranks = Ranks()  # Note [Partitions] in ranks.py
-        # Note [Prefetch of the updated weights]
-        self.prefetch = prefetch
+        # The forward order, for gathering ahead (Note [Gathering ahead]).
         self.order: dict[int, Unit] = {}  # this step's forward, in order
         self.after: dict[int, Unit] = {}  # id(unit) -> the next, last step
         self.before: dict[int, Unit] = {}  # id(unit) -> the one before
@@ -233,27 +213,19 @@ class Runtime:
         pairs = [(unit.groups[i % n], v) for i, v in enumerate(views)]
         self.release(pairs)
 
-    def _prefetch(self, unit: Unit) -> None:
-        """Starts copying `unit`'s compute copies to the device."""
-        for group in unit.groups:
-            self.engine.prefetch(group.id, "device", "compute")
-
     def _forward_started(self, unit: Unit) -> None:
-        """Records `unit` in this step's forward order and prefetches the
-        unit that followed it in the last step's (across ranks: gathers
-        it, and prefetches the one after, Note [Gathering ahead])."""
+        """Records `unit` in this step's forward order and, across ranks,
+        gathers the unit that followed it in the last step's (Note
+        [Gathering ahead])."""
         self.order.setdefault(id(unit), unit)
         following = self.after.get(id(unit))
-        if self.prefetch and following is not None:
-            if self.ranks.sharded():
-                self._gather_ahead(following)
-                following = self.after.get(id(following), following)
-            self._prefetch(following)
+        if following is not None and self.ranks.sharded():
+            self._gather_ahead(following)
 
     def _gather_ahead(self, unit: Optional[Unit]) -> None:
         """Starts the all-gathers of `unit`'s groups: Note [Gathering
         ahead] in ranks.py."""
-        for group in unit.groups if unit and self.prefetch else []:
+        for group in unit.groups if unit else []:
             if group.flat is not None and group.flat.idle():
                 view = self.engine.fetch(group.id, "device", roles="compute",
                                          stream=self.stream())
@@ -266,7 +238,7 @@ class Runtime:
 
     def end_step(self) -> None:
         """After the optimizer step: the forward order of this step is the
-        next one's, whose first unit is prefetched now."""
+        next one's."""
         for group in self.groups:
             if group.flat is not None:
                 group.flat.stepped()
@@ -275,9 +247,7 @@ class Runtime:
         units = list(self.order.values())
         self.after = {id(a): b for a, b in zip(units, units[1:])}
         self.before = {id(b): a for a, b in zip(units, units[1:])}
-        first, self.order = units[0], {}
-        if self.prefetch:
-            self._prefetch(first)
+        self.order = {}
 
     def finish_step(self) -> strata.StepReport:
         """The optimizer's FinishStep, deciding clipping and skipping from

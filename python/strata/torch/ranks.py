@@ -37,12 +37,11 @@ Collectives are issued in module order in forward and in autograd's order
 in backward, the same on every rank.
 
 Note [Gathering ahead]
-A fetch's all-gather stalls the rank for the whole collective. With
-strata.prefetch on, therefore, when a unit starts its forward the hooks
-fetch the shards of the unit that followed it in the last step's forward
-(which the prefetch one unit earlier brought), start their all-gathers
-(async_op) and prefetch the unit after that; when a unit's backward fetch
-runs they start the gathers of the unit before it. The gathers run on
+A fetch's all-gather stalls the rank for the whole collective. So when
+a unit starts its forward the hooks fetch the shards of the unit that
+followed it in the last step's forward and start their all-gathers
+(async_op); when a unit's backward fetch runs they start the gathers of
+the unit before it. The gathers run on
 gloo's thread or NCCL's stream while the current unit computes, and the
 next unit's fetch only waits for their end (Flat.gather). Every rank
 issues the same gathers in the same order, since every rank runs the same

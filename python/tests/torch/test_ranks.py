@@ -86,7 +86,6 @@ def test_two_ranks_train_like_one_with_both_batches(scratch: Path) -> None:
         # gradients get a buffer] in handoff.py).
         "stage2": dict(clip, zero_optimization={"stage": 2},
                        strata={"grad_buffers": 1}),
-        "no_ahead": dict(clip, strata={"prefetch": False}),
         "written": dict(clip, _scale=0.5),
         "llama": dict(clip, _model="llama"),
     })
@@ -146,12 +145,9 @@ def test_two_ranks_train_like_one_with_both_batches(scratch: Path) -> None:
     first, again = runs["stage2"]["collectives"].pop("reload")
     assert first == again
     # Note [Gathering ahead]: from the second step on stage 3 starts its
-    # gathers a unit ahead, and each one is taken (none is repeated).
-    ahead, alone = runs["stage3"]["collectives"], runs["no_ahead"][
-        "collectives"]
-    assert alone["ahead"] == 0 < ahead["ahead"], (ahead, alone)
-    assert (ahead["count"], ahead["bytes"]) == (alone["count"],
-                                                alone["bytes"])
+    # gathers a unit ahead, and each one is taken (none is repeated: the
+    # bytes above).
+    assert runs["stage3"]["collectives"]["ahead"] > 0
 
 
 def test_a_checkpoint_loads_at_any_world_size(scratch: Path) -> None:
