@@ -21,6 +21,26 @@ inline uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
 }
 
+// Stochastic rounding: the 16 bits dropped are added to the noise's low 16
+// bits first, so the result rounds up with the probability of the fraction
+// it drops (NaN as F32ToBf16).
+inline uint16_t F32ToBf16Stochastic(float f, uint32_t noise) {
+  uint32_t b = std::bit_cast<uint32_t>(f);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (b >> 16) | 0x0040u;
+  return static_cast<uint16_t>((b + (noise & 0xFFFFu)) >> 16);
+}
+
+// A 32-bit integer hash (an xorshift-multiply avalanche); every ISA's
+// Noise computes it lane by lane.
+inline uint32_t MixBits(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+
 inline float Bf16ToF32(uint16_t h) {
   return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
 }

@@ -33,13 +33,36 @@ struct Avx2 {
     __m256i hi = _mm256_srli_epi32(b, 16);
     __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
     __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, bias), 16);
+    StorePacked(p, _mm256_srli_epi32(_mm256_add_epi32(b, bias), 16), v);
+  }
+  // The rounded top halves `r` of `v`'s lanes, NaN quieted (convert.h).
+  static void StorePacked(Bf16* p, __m256i r, F v) {
+    __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
     __m256i qnan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
     __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(nan));
     __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm256_castsi256_si128(packed));
+  }
+  // MixBits lane by lane of (i + lane) ^ seed.
+  static __m256i Noise(uint32_t seed, size_t i) {
+    __m256i x = _mm256_xor_si256(
+        _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(i)),
+                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+        _mm256_set1_epi32(static_cast<int>(seed)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7FEB352D));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x846CA68B));
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  }
+  // F32ToBf16Stochastic lane by lane.
+  static void StoreStochastic(Bf16* p, F v, __m256i noise) {
+    __m256i b = _mm256_castps_si256(v);
+    __m256i bits = _mm256_and_si256(noise, _mm256_set1_epi32(0xFFFF));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, bits), 16);
+    StorePacked(p, r, v);
   }
   static void Store(F16* p, F v) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),

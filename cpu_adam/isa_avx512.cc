@@ -32,11 +32,36 @@ struct Avx512 {
     __m512i hi = _mm512_srli_epi32(b, 16);
     __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
     __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, bias), 16);
+    StorePacked(p, _mm512_srli_epi32(_mm512_add_epi32(b, bias), 16), v);
+  }
+  // The rounded top halves `r` of `v`'s lanes, NaN quieted (convert.h).
+  static void StorePacked(Bf16* p, __m512i r, F v) {
+    __m512i hi = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtepi32_epi16(r));
+  }
+  // MixBits lane by lane of (i + lane) ^ seed.
+  static __m512i Noise(uint32_t seed, size_t i) {
+    __m512i x = _mm512_xor_si512(
+        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(i)),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                           12, 13, 14, 15)),
+        _mm512_set1_epi32(static_cast<int>(seed)));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7FEB352D));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x846CA68B));
+    return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  }
+  // F32ToBf16Stochastic lane by lane.
+  static void StoreStochastic(Bf16* p, F v, __m512i noise) {
+    __m512i bits = _mm512_and_si512(noise, _mm512_set1_epi32(0xFFFF));
+    StorePacked(
+        p,
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(v), bits), 16),
+        v);
   }
   static void Store(F16* p, F v) {
     _mm256_storeu_si256(

@@ -37,6 +37,13 @@ struct Scalar {
     uint16_t h = F32ToBf16(v);
     std::memcpy(p, &h, sizeof h);
   }
+  static uint32_t Noise(uint32_t seed, size_t i) {
+    return MixBits(static_cast<uint32_t>(i) ^ seed);
+  }
+  static void StoreStochastic(Bf16* p, F v, uint32_t noise) {
+    uint16_t h = F32ToBf16Stochastic(v, noise);
+    std::memcpy(p, &h, sizeof h);
+  }
   static void Store(F16* p, F v) {
     uint16_t h = F32ToF16(v);
     std::memcpy(p, &h, sizeof h);

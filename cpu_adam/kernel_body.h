@@ -22,7 +22,8 @@
 // where set) and Select, int32 lanes I with SetI, CountIf (+1 where a mask
 // is set), MinI, AddI and Exponent, a Table of 8 floats with MakeTable and
 // Lut8 (indexed by I), and LoadCodes/StoreCodes (W bytes as floats
-// 0..255).
+// 0..255); for bf16 state Noise (MixBits of each lane's index, mod 2^32,
+// xor a seed) and StoreStochastic.
 #ifndef STRATA_CPU_ADAM_KERNEL_BODY_H_
 #define STRATA_CPU_ADAM_KERNEL_BODY_H_
 
@@ -79,17 +80,36 @@ struct VConsts {
         inv_bc2_sqrt(V::Set1(c.inv_bc2_sqrt)),
         neg_lr(V::Set1(c.neg_lr)),
         eps(V::Set1(c.eps)),
-        has_l2(c.has_l2) {}
+        has_l2(c.has_l2),
+        noise_seed(c.noise_seed) {}
   F grad_mul, decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2,
       inv_bc2_sqrt, neg_lr, eps;
   bool has_l2;
+  uint32_t noise_seed;
 };
 
-// The update of W elements, in torch's operation order. Returns false, having
-// stored nothing, when a scaled gradient is inf or NaN.
+// The streams of state1's and state2's stochastic rounding, apart.
+constexpr uint32_t kNoiseStream1 = 0;
+constexpr uint32_t kNoiseStream2 = 0x68E31DA4u;
+
+// Stores W state elements, the first of them element i of the buffers:
+// bf16 state rounded stochastically (strata/cpu_adam.h, StateFormat).
+template <class V, OptimAlgo A, class S>
+inline void StoreState(const VConsts<V, A>& k, S* s, typename V::F v, size_t i,
+                       uint32_t stream) {
+  if constexpr (std::is_same_v<S, Bf16>) {
+    V::StoreStochastic(s, v, V::Noise(k.noise_seed ^ stream, i));
+  } else {
+    V::Store(s, v);
+  }
+}
+
+// The update of W elements, the first of them element i of the buffers, in
+// torch's operation order. Returns false, having stored nothing, when a
+// scaled gradient is inf or NaN.
 template <class V, OptimAlgo A, class G, class S, class O>
-inline bool UpdateVector(const VConsts<V, A>& k, float* p, const G* g, S* s1,
-                         S* s2, O* out) {
+inline bool UpdateVector(const VConsts<V, A>& k, size_t i, float* p, const G* g,
+                         S* s1, S* s2, O* out) {
   using F = typename V::F;
   F gv = V::Mul(V::Load(g), k.grad_mul);
   if (V::AnyNonFinite(gv)) return false;
@@ -106,7 +126,7 @@ inline bool UpdateVector(const VConsts<V, A>& k, float* p, const G* g, S* s1,
     v = V::Add(V::Mul(v, k.beta2), V::Mul(V::Mul(k.one_minus_beta2, gv), gv));
     F denom = V::Add(V::Mul(V::Sqrt(v), k.inv_bc2_sqrt), k.eps);
     pv = V::Add(pv, V::Div(V::Mul(k.neg_lr, m), denom));
-    V::Store(s2, v);
+    StoreState(k, s2, v, i, kNoiseStream2);
   } else if constexpr (A == OptimAlgo::kAdagrad) {
     m = V::Add(m, V::Mul(gv, gv));
     F denom = V::Add(V::Sqrt(m), k.eps);
@@ -116,7 +136,7 @@ inline bool UpdateVector(const VConsts<V, A>& k, float* p, const G* g, S* s1,
     pv = V::Add(pv, V::Mul(k.neg_lr, V::Sign(c)));
     m = V::Add(V::Mul(m, k.beta2), V::Mul(k.one_minus_beta2, gv));
   }
-  V::Store(s1, m);
+  StoreState(k, s1, m, i, kNoiseStream1);
   V::Store(p, pv);
   if constexpr (!std::is_same_v<O, NoOut>) V::Store(out, pv);
   return true;
@@ -143,7 +163,7 @@ struct StepKernel {
     if constexpr (kHasState2<A>) {
       std::memcpy(s2, static_cast<S*>(x.state2) + i, cnt * sizeof(S));
     }
-    if (!UpdateVector<V, A, G, S, O>(k, p, g, s1, s2, out)) return false;
+    if (!UpdateVector<V, A, G, S, O>(k, i, p, g, s1, s2, out)) return false;
     std::memcpy(x.params + i, p, cnt * sizeof(float));
     std::memcpy(static_cast<S*>(x.state1) + i, s1, cnt * sizeof(S));
     if constexpr (kHasState2<A>) {
@@ -177,7 +197,7 @@ struct StepKernel {
       if constexpr (kHasState2<A>) PrefetchAhead<V>(s2 + i);
       S* s2i = kHasState2<A> ? s2 + i : nullptr;
       O* outi = std::is_same_v<O, NoOut> ? nullptr : out + i;
-      if (!UpdateVector<V, A, G, S, O>(k, p + i, g + i, s1 + i, s2i, outi)) {
+      if (!UpdateVector<V, A, G, S, O>(k, i, p + i, g + i, s1 + i, s2i, outi)) {
         return i;
       }
     }
@@ -341,7 +361,7 @@ struct Q8StepKernel {
     for (size_t j = 0; j < full; j += W) {
       PrefetchAhead<V>(p + j);
       PrefetchAhead<V>(g + j);
-      UpdateVector<V, A, G, float, O>(k, p + j, g + j, s.m + j, s.v + j,
+      UpdateVector<V, A, G, float, O>(k, i + j, p + j, g + j, s.m + j, s.v + j,
                                       out ? out + j : nullptr);
     }
     if (full == cnt) return;
@@ -350,7 +370,8 @@ struct Q8StepKernel {
     O ot[W] = {};
     std::memcpy(pt, p + full, (cnt - full) * sizeof(float));
     std::memcpy(gt, g + full, (cnt - full) * sizeof(G));
-    UpdateVector<V, A, G, float, O>(k, pt, gt, s.m + full, s.v + full, ot);
+    UpdateVector<V, A, G, float, O>(k, i + full, pt, gt, s.m + full, s.v + full,
+                                    ot);
     std::memcpy(p + full, pt, (cnt - full) * sizeof(float));
     if (out) std::memcpy(out + full, ot, (cnt - full) * sizeof(O));
   }

@@ -26,6 +26,9 @@ struct StepConsts {
   // kQ8 state: the code books of state1 (signed) and state2 (unsigned).
   const QMap* map1;
   const QMap* map2;
+  // kBF16 state: the seed of this call's stochastic rounding, from the
+  // step and OptimBuffers::seed.
+  uint32_t noise_seed;
 };
 
 // Base pointers; element i of each buffer is at index i.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_adam/convert.h"
 #include "cpu_adam/dispatch.h"
 #include "strata/cpu_adam.h"
 
@@ -365,8 +366,11 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
   }
   STRATA_RETURN_IF_ERROR(CheckHyper(options));
   STRATA_RETURN_IF_ERROR(CheckBuffers(options.algo, b));
-  const StepConsts c = MakeStepConsts(options);
+  StepConsts c = MakeStepConsts(options);
   STRATA_RETURN_IF_ERROR(CheckStepConsts(options.algo, c));
+  c.noise_seed = cpu_adam::MixBits(
+      b.seed * 0x9E3779B9u ^
+      cpu_adam::MixBits(static_cast<uint32_t>(options.hyper.step)));
   StepReport report;
   if (b.n == 0) return report;
   const KernelTable& k = *impl_->kernels;

@@ -83,11 +83,15 @@ struct GradPrep {
 
 // How the optimizer state is stored (OptimBuffers::state_format).
 //   kF32   4 bytes an element.
-//   kBF16  2 bytes, rounded to nearest even after every step. An update
-//          smaller than half a bf16 ulp (2^-9 relative) is lost, so with
-//          beta2 >= 0.996 a bf16 exp_avg_sq no longer decays towards a
-//          smaller gradient and acts more like a running maximum, which
-//          shrinks steps. Prefer f32 state unless memory decides.
+//   kBF16  2 bytes, rounded stochastically after every step: up with the
+//          probability of the fraction bf16 cannot hold, from a hash of the
+//          element's index in the buffers (mod 2^32), the step and
+//          OptimBuffers::seed, so the same on every ISA, at every thread
+//          count and in a resumed run. Rounded to nearest, an update
+//          smaller than half a bf16 ulp (2^-9 relative) would be lost, and
+//          with beta2 >= 0.996 a bf16 exp_avg_sq would stop decaying
+//          towards a smaller gradient; rounded stochastically it decays on
+//          average, with 8 significant bits of noise per element.
 //   kQ8    Adam/AdamW only: 1 byte an element plus 4 bytes a block of
 //          kQ8Block elements (Note [8-bit state]).
 enum class StateFormat : uint8_t { kF32, kBF16, kQ8 };
@@ -144,6 +148,9 @@ struct OptimBuffers {
   void* params_out = nullptr;
   FloatType out_type = FloatType::kBF16;
   size_t n = 0;
+  // kBF16 state: the stream of its stochastic rounding (a distinct value
+  // per buffer the caller steps, such as a group's id).
+  uint32_t seed = 0;
 };
 
 enum class OverflowPolicy : uint8_t {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "cpu_adam/dispatch.h"
 #include "tests/cpu_adam/cpu_adam_util.h"
@@ -449,6 +450,43 @@ TEST(CpuAdamThreads, ResultDoesNotDependOnThreadsOrArena) {
   });
   EXPECT_EQ(two.Snapshot(), three.Snapshot());
   EXPECT_EQ(two.Snapshot(), caller.Snapshot());
+}
+
+// bf16 state rounds stochastically (StateFormat::kBF16): m = 1 times beta1
+// = 0.999 lies between the bf16 values 0.99609375 and 1, and rounded to
+// nearest it would stay 1 for good; rounded stochastically each element
+// takes one of the two and their mean is 0.999 (its standard error here is
+// 7e-6). The same seed and step give the same bytes, another seed others.
+TEST(CpuAdamBf16State, RoundsStochasticallyAndDecaysOnAverage) {
+  STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto);
+  constexpr size_t kN = 1 << 16;
+  auto run = [&](uint32_t seed) {
+    std::vector<float> p(kN, 0.0f), g(kN, 0.0f);
+    std::vector<uint16_t> m(kN, cpu_adam::F32ToBf16(1.0f)), v(kN, 0);
+    OptimBuffers b;
+    b.params = p.data();
+    b.grads = g.data();
+    b.state1 = m.data();
+    b.state2 = v.data();
+    b.state_format = StateFormat::kBF16;
+    b.seed = seed;
+    b.n = kN;
+    StepOptions o = Options(OverflowPolicy::kSkipStep);
+    o.algo = OptimAlgo::kAdam;
+    o.hyper = {.lr = 0.0, .beta1 = 0.999, .beta2 = 0.999, .step = 1};
+    EXPECT_TRUE(opt->Step(o, b).ok());
+    return m;
+  };
+  const std::vector<uint16_t> m = run(7);
+  double sum = 0;
+  for (uint16_t h : m) {
+    const float x = cpu_adam::Bf16ToF32(h);
+    ASSERT_TRUE(x == 1.0f || x == 0.99609375f) << x;
+    sum += x;
+  }
+  EXPECT_NEAR(sum / kN, 0.999, 5e-5);
+  EXPECT_EQ(run(7), m);
+  EXPECT_NE(run(8), m);
 }
 
 }  // namespace

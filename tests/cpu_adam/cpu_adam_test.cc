@@ -34,9 +34,8 @@ namespace {
   RefOut r = RefStep(o.algo, MakeRefConsts(o), p0, g0, s10, s20);
   const bool bf16_state = s.combo.state == FloatType::kBF16;
   auto state_tol = [&](double tol, double got, double want) {
-    return bf16_state
-               ? tol + 0.5 * UlpBf16(std::max(std::fabs(got), std::fabs(want)))
-               : tol;
+    return bf16_state ? tol + UlpBf16(std::max(std::fabs(got), std::fabs(want)))
+                      : tol;
   };
   if (!r.p_sign_ambiguous) {
     auto res = Near("params", i, s.p.Get(i), r.p, r.tol_p);
