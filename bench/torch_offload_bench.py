@@ -35,9 +35,10 @@ strata variants must match torch's within --loss-rtol (the optimizers
 round differently). Prints per variant the median step, tokens/s, the
 ratio to torch's median step, the peak RSS and how much of strata's
 optimizer step was hidden under backward (the means per step of
-StepReport.hidden_seconds and of step_seconds), the median forward,
-backward and update (torch's optimizer step, strata's step()) of each,
-then the acceptance of
+StepReport.hidden_seconds and of step_seconds), the NVMe bytes a step
+read and wrote and the dirty bytes it dropped unwritten (EngineStats),
+the median forward, backward and update (torch's optimizer step,
+strata's step()) of each, then the acceptance of
 issue #19: strata/torch <= 1.0 with state on the host and <= 1.1 with it
 on NVMe, each PASS or FAIL. Exits 0 with either (timings are the
 reader's to judge), non-zero when the losses disagree or a worker
@@ -173,18 +174,24 @@ def strata_stepper(args: argparse.Namespace, variant: str, model: Any
         "strata": {"device": "host"}})
 
     def step(x: Any, y: Any) -> dict[str, float]:
-        stalled = engine.store.stats()["stall_seconds"]
+        before = engine.store.stats()
         t = [time.perf_counter()]
         loss = engine(x, y).loss
         t.append(time.perf_counter())
         engine.backward(loss)
         t.append(time.perf_counter())
         report = engine.step()
+        after = engine.store.stats()
         return {"loss": loss.item(), **phases(t),
                 "hidden": report.hidden_seconds,
                 "optimizer": report.step_seconds,
                 "finish_wait": report.finish_wait_seconds,
-                "stall": engine.store.stats()["stall_seconds"] - stalled}
+                "stall": after["stall_seconds"] - before["stall_seconds"],
+                **{k: after["bytes"][a][b] - before["bytes"][a][b]
+                   for k, a, b in (("nvme_read", "nvme", "host"),
+                                   ("nvme_written", "host", "nvme"))},
+                "discarded": after["discarded_bytes"]
+                - before["discarded_bytes"]}
 
     def close() -> dict[str, Any]:
         tiers = engine.store.stats()["tiers"]
@@ -386,6 +393,10 @@ def summarize(args: argparse.Namespace, runs: dict[str, dict[str, Any]]
                            s["finish_wait"] for s in measured),
                        fetch_stall_s=statistics.median(
                            s["stall"] for s in measured),
+                       **{f"{k}_bytes": statistics.median(
+                           s[k] for s in measured)
+                          for k in ("nvme_read", "nvme_written",
+                                    "discarded")},
                        strata_peak_bytes=runs[v]["strata_peak_bytes"])
         out[v] = row
     return out
@@ -448,6 +459,12 @@ def report(args: argparse.Namespace, rows: dict[str, dict[str, Any]],
         f"{v} {rows[v]['fetch_stall_s']:.3f}" for v in strata) + "; the "
         "optimizer's finish: " + ", ".join(
         f"{v} {rows[v]['finish_wait_s']:.3f}" for v in strata))
+    print("NVMe bytes a step (median, GB: read / written / dirty and "
+          "dropped unwritten): " + ", ".join(
+              f"{v} " + " / ".join(f"{rows[v][k + '_bytes'] / 1e9:.3f}"
+                                   for k in ("nvme_read", "nvme_written",
+                                             "discarded"))
+              for v in strata))
     print("phases (median s per step: forward, backward, update): " +
           ", ".join(f"{v} " + "/".join(
               f"{x:.3f}" for x in rows[v]["phases_s"].values())

@@ -36,4 +36,7 @@ def test_the_offload_bench_runs_and_reports(scratch: Path) -> None:
         if name != "torch":
             assert 0 <= row["hidden_s"] <= row["optimizer_s"], name
     assert summary["variants"]["nvme"]["strata_peak_bytes"]["nvme"] > 0
+    assert summary["variants"]["nvme"]["nvme_read_bytes"] > 0
+    assert summary["variants"]["host"]["nvme_written_bytes"] == 0
+    assert "NVMe bytes a step" in done.stdout
     assert summary["variants"]["host"]["strata_peak_bytes"]["nvme"] == 0
