@@ -27,6 +27,7 @@
 #ifndef STRATA_CPU_ADAM_KERNEL_BODY_H_
 #define STRATA_CPU_ADAM_KERNEL_BODY_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -274,11 +275,12 @@ struct QCodec {
   F edge[7];  // QMap::b[1..7]: where decades 0..6 start
 };
 
-// Note [8-bit state] in strata/cpu_adam.h, one block at a time: its m and
-// v dequantized into fp32 scratch, updated there by UpdateVector as fp32
-// state, then quantized against the block's new scales. A block with a
-// non-finite scaled gradient is left untouched, so a stop leaves whole
-// blocks updated or not.
+// Note [8-bit state] in strata/cpu_adam.h, one block at a time: its params,
+// m and v (dequantized) in fp32 scratch, updated there by UpdateVector as
+// fp32 state, then committed: codes against the block's new scales, and
+// params. A block with a non-finite scaled gradient, or whose new m or v
+// would not be finite, is left untouched, so a stop leaves whole blocks
+// updated or not.
 template <class V, OptimAlgo A, class G, class O>
 struct Q8StepKernel {
   static constexpr size_t W = V::W;
@@ -287,6 +289,7 @@ struct Q8StepKernel {
   using F = typename V::F;
 
   struct Scratch {
+    alignas(64) float p[B];
     alignas(64) float m[B];
     alignas(64) float v[B];
   };
@@ -319,61 +322,71 @@ struct Q8StepKernel {
     }
   }
 
-  // The scale of cnt values (their largest magnitude; NaN when one is not
-  // finite), then their codes.
-  template <bool kSigned>
-  static float Quant(const QCodec<V, kSigned> codec, const float* in,
-                     size_t cnt, uint8_t* q) {
-    const size_t full = cnt / W * W;
-    F tail = V::Set1(0.0f);
-    if (full < cnt) {
-      float t[W] = {};
-      std::memcpy(t, in + full, (cnt - full) * sizeof(float));
-      tail = V::Load(t);
-    }
-    bool bad = V::AnyNonFinite(tail);
-    F mx = V::Abs(tail);
-    for (size_t j = 0; j < full; j += W) {
+  // The scale of `in`'s first cnt values (whole vectors: the scratch is
+  // zero past cnt): their largest magnitude, 0 when it is below FLT_MIN
+  // (too small to invert; the values become zeros), NaN when one is not
+  // finite.
+  static float Scale(const float* in, size_t cnt) {
+    bool bad = false;
+    F mx = V::Set1(0.0f);
+    for (size_t j = 0; j < cnt; j += W) {
       const F x = V::Load(in + j);
       bad = bad || V::AnyNonFinite(x);
       if (!bad) mx = V::Max(mx, V::Abs(x));
     }
-    const float scale =
-        bad ? std::numeric_limits<float>::quiet_NaN() : V::MaxLanes(mx);
-    const F inv = V::Set1(scale > 0.0f ? 1.0f / scale : scale);
+    if (bad) return std::numeric_limits<float>::quiet_NaN();
+    const float scale = V::MaxLanes(mx);
+    return scale < std::numeric_limits<float>::min() ? 0.0f : scale;
+  }
+
+  template <bool kSigned>
+  static void Encode(const QCodec<V, kSigned> codec, const float* in,
+                     size_t cnt, float scale, uint8_t* q) {
+    const F inv = V::Set1(scale > 0.0f ? 1.0f / scale : 0.0f);
+    const size_t full = cnt / W * W;
     for (size_t j = 0; j < full; j += W) {
       V::StoreCodes(q + j, codec.Quantize(V::Mul(V::Load(in + j), inv)));
     }
     if (full < cnt) {
       uint8_t t[W];
-      V::StoreCodes(t, codec.Quantize(V::Mul(tail, inv)));
+      V::StoreCodes(t, codec.Quantize(V::Mul(V::Load(in + full), inv)));
       std::memcpy(q + full, t, cnt - full);
     }
-    return scale;
   }
 
+  // The new params of the block in s.p, from its params and gradients.
   static void Update(const VConsts<V, A>& k, const StepPtrs& x, size_t i,
                      size_t cnt, Scratch& s) {
-    float* p = x.params + i;
     const G* g = static_cast<const G*>(x.grads) + i;
-    O* out = std::is_same_v<O, NoOut> ? nullptr : static_cast<O*>(x.out) + i;
+    std::memcpy(s.p, x.params + i, cnt * sizeof(float));
+    std::memset(s.p + cnt, 0, (B - cnt) * sizeof(float));
     const size_t full = cnt / W * W;
     for (size_t j = 0; j < full; j += W) {
-      PrefetchAhead<V>(p + j);
       PrefetchAhead<V>(g + j);
-      UpdateVector<V, A, G, float, O>(k, i + j, p + j, g + j, s.m + j, s.v + j,
-                                      out ? out + j : nullptr);
+      UpdateVector<V, A, G, float, NoOut>(k, i + j, s.p + j, g + j, s.m + j,
+                                          s.v + j, nullptr);
     }
     if (full == cnt) return;
-    float pt[W] = {};
     G gt[W] = {};
-    O ot[W] = {};
-    std::memcpy(pt, p + full, (cnt - full) * sizeof(float));
     std::memcpy(gt, g + full, (cnt - full) * sizeof(G));
-    UpdateVector<V, A, G, float, O>(k, i + full, pt, gt, s.m + full, s.v + full,
-                                    ot);
-    std::memcpy(p + full, pt, (cnt - full) * sizeof(float));
-    if (out) std::memcpy(out + full, ot, (cnt - full) * sizeof(O));
+    UpdateVector<V, A, G, float, NoOut>(k, i + full, s.p + full, gt, s.m + full,
+                                        s.v + full, nullptr);
+  }
+
+  // The block's new params, and their copy in out_type.
+  static void Commit(const StepPtrs& x, size_t i, size_t cnt,
+                     const Scratch& s) {
+    std::memcpy(x.params + i, s.p, cnt * sizeof(float));
+    if constexpr (!std::is_same_v<O, NoOut>) {
+      O* out = static_cast<O*>(x.out) + i;
+      const size_t full = cnt / W * W;
+      for (size_t j = 0; j < full; j += W) V::Store(out + j, V::Load(s.p + j));
+      if (full < cnt) {
+        O t[W];
+        V::Store(t, V::Load(s.p + full));
+        std::memcpy(out + full, t, (cnt - full) * sizeof(O));
+      }
+    }
   }
 
   static size_t Run(const StepConsts& c, const StepPtrs& x, size_t begin,
@@ -391,8 +404,15 @@ struct Q8StepKernel {
       Dequant(m_codec, q1 + i, x.scale1[b], cnt, s.m);
       Dequant(v_codec, q2 + i, x.scale2[b], cnt, s.v);
       Update(k, x, i, cnt, s);
-      x.scale1[b] = Quant(m_codec, s.m, cnt, q1 + i);
-      x.scale2[b] = Quant(v_codec, s.v, cnt, q2 + i);
+      std::memset(s.m + cnt, 0, (B - cnt) * sizeof(float));
+      std::memset(s.v + cnt, 0, (B - cnt) * sizeof(float));
+      const float m_scale = Scale(s.m, cnt), v_scale = Scale(s.v, cnt);
+      if (std::isnan(m_scale) || std::isnan(v_scale)) return i;
+      Encode(m_codec, s.m, cnt, m_scale, q1 + i);
+      Encode(v_codec, s.v, cnt, v_scale, q2 + i);
+      x.scale1[b] = m_scale;
+      x.scale2[b] = v_scale;
+      Commit(x, i, cnt, s);
     }
     return end;
   }

@@ -104,21 +104,23 @@ STRATA_EXPORT std::string_view StateFormatName(StateFormat format);
 // both use; 4 bytes of scale per 256 elements, 1.6% over 1 byte an element,
 // and an outlier only coarsens its own block) has an fp32 scale, the
 // block's largest |m| (or v) after the step, and each element one byte: the
-// index of the nearest value of a 256-entry code book, times the scale.
+// index of a value of a 256-entry code book, times the scale.
 // The code books are the dynamic tree maps of that paper: per decade
 // 10^-6..1, values spaced evenly within it, twice as many in each higher
 // decade, plus 0 and 1; m's is signed (127 values of each sign), v's
 // unsigned (254 positive), so both keep 7 decades of range and about 2
 // significant digits at the top of a block. One pass per block, in
-// registers and a 2 KiB scratch: dequantize, the fp32 update of the other
-// formats, the new scales, quantize to the nearest code (exact fp32
-// comparisons with the midpoints between codes; a tie takes the lower
-// code), so scalar, AVX2 and AVX-512 agree bit for bit. A block whose new m
-// or v is not finite gets a NaN scale (its state is lost, as fp32 state
-// would be). Element i belongs to block i / kQ8Block of the buffers given;
-// partitions start on block boundaries. A model converges like fp32
-// state within the bounds docs/PERF.md states; tensors too small to gain
-// (under a few blocks) are better kept in fp32 by the caller.
+// registers and a 3 KiB scratch: dequantize, the fp32 update of the other
+// formats, the new scales, and each value to the code of its bucket
+// (cpu_adam/qmap.h: the map's nearest value, except at a decade's edge),
+// in fp32 expressions that scalar, AVX2 and AVX-512 evaluate alike, bit
+// for bit. A block whose new m or v would not be finite (a finite
+// gradient whose square overflows) is not stored: the step stops there as
+// at a non-finite gradient (kPartial). A block whose largest value is
+// below FLT_MIN stores zeros. Element i belongs to block i / kQ8Block of
+// the buffers given; partitions start on block boundaries. Tensors too
+// small to gain (under a few blocks) are better kept in fp32 by the
+// caller.
 inline constexpr size_t kQ8Block = 256;
 inline constexpr size_t Q8Blocks(size_t n) {
   return (n + kQ8Block - 1) / kQ8Block;

@@ -86,7 +86,8 @@
 //   nor after the caller wrote them). In kAfterBackward mode FinishStep
 //   runs them. A
 //   skipped step changes no byte of the model: no master weight, optimizer
-//   state or compute copy (the kGrad chunks, scratch, hold its gradients).
+//   state or compute copy (its gradients in the kGrad chunks end with the
+//   step: they are discarded, not written to NVMe).
 // - The step counter is the pipeline's: a step that is skipped does not
 //   advance it. It is part of the state Save() writes.
 //

@@ -292,7 +292,7 @@ class OffloadOptimizer::Impl {
   // Discards the gradients of this step's groups that no deferred step
   // will read: all of them unless `stepping` (Note [Discarded bytes] in
   // src/store/residency.h). Called with mu_ held; unlocks it meanwhile.
-  Status EndGradients(std::unique_lock<std::mutex>& lk, bool stepping);
+  void EndGradients(std::unique_lock<std::mutex>& lk, bool stepping);
   float ClipCoef(double grad_norm) const;
   // Queues, marked pending, in the next forward's order: the step of every
   // trained group whose update was not kept (`restore`: the compute copy

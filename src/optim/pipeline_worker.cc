@@ -250,8 +250,8 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
       hold.fetched.base[Role::kGrad] != nullptr) {
     // The step stands and read the gradients last: they are not written
     // down when the write-behind evicts the group (Note [Discarded bytes]
-    // in src/store/residency.h).
-    released = parts_.residency->Discard(group, kGradBit);
+    // in src/store/residency.h). A discard refused costs only that write.
+    static_cast<void>(parts_.residency->Discard(group, kGradBit));
   }
   const Clock::time_point end = Clock::now();
   if (!report.ok()) return report.status();
@@ -319,7 +319,11 @@ void OffloadOptimizer::Impl::WriterLoop() {
     writes_.pop_front();
     ++writing_;
     lk.unlock();
-    Status status = engine_->Evict(group, Tier::kHost);
+    // The gradients stay: a speculative step's are kept until FinishStep
+    // settles it, and discarded then when the host still holds them (Note
+    // [Discarded bytes]); under pressure they are written as any copy.
+    Status status =
+        parts_.residency->Evict(group, Tier::kHost, kAllRoles & ~kGradBit);
     // Fetched again meanwhile: it stays, and is written when evicted.
     if (status.code() == StatusCode::kFailedPrecondition) status = Status();
     lk.lock();

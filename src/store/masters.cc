@@ -46,8 +46,8 @@ Result<GroupView> FetchHost(Engine& engine, int group, Role role, bool write) {
 // Whether the group may have an unset master, before fetching anything.
 bool Candidate(const store::Residency& residency, int group) {
   return residency.layout(group).chunk_of_role[Role::kMaster] >= 0 &&
-         residency.Version(group, Role::kCompute) != 0 &&
-         (residency.Version(group, Role::kMaster) == 0 ||
+         !residency.Blank(group, Role::kCompute) &&
+         (residency.Blank(group, Role::kMaster) ||
           residency.WrittenTogether(group, Role::kCompute, Role::kMaster));
 }
 
@@ -56,7 +56,7 @@ bool Candidate(const store::Residency& residency, int group) {
 // step: it writes the master).
 Result<bool> Unset(Engine& engine, const store::Residency& residency, int group,
                    const GroupView& compute) {
-  if (residency.Version(group, Role::kMaster) == 0) return true;
+  if (residency.Blank(group, Role::kMaster)) return true;
   if (!residency.WrittenTogether(group, Role::kCompute, Role::kMaster) ||
       AllZero(compute)) {
     return false;

@@ -301,12 +301,12 @@ Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int position) {
 // at rest and before the first goes. A fetch that comes in while copies are
 // written down stops the eviction at its chunk (the copies dropped before
 // it were written down first).
-Status Residency::Evict(int group, Tier tier) {
+Status Residency::Evict(int group, Tier tier, RoleMask roles) {
   Lock lk(mu_);
   if (group < 0 || group >= static_cast<int>(groups_.size())) {
     return Status::InvalidArgument("no group " + std::to_string(group));
   }
-  const std::vector<int> ids = ChunksOf(group, kAllRoles);
+  const std::vector<int> ids = ChunksOf(group, roles);
   auto at_rest = [&] {
     for (int id : ids) {
       const Copy& copy = chunks_[id].copy[tier];

@@ -167,13 +167,16 @@ class Residency {
             transport::Mover* mover);
   ~Residency();
 
-  // Note [Updates below the device]: called, without the lock, after the
-  // release of a write hold below the device whose written `roles` the
-  // trace fetches to the device, first at trace `position`. Set (or
-  // cleared with null) while no hold is being released.
+  // Note [Updates below the device]: called, without the residency's lock,
+  // after the release of a write hold below the device whose written
+  // `roles` the trace fetches to the device, first at trace `position`.
+  // Setting it (null: none) waits for a call in progress.
   using RefetchHook =
       std::function<void(int group, RoleMask roles, int position)>;
   void SetRefetchHook(RefetchHook hook);
+  // The chunk of `role` reads as zeros: never written, or its bytes
+  // discarded (or restored to never written).
+  bool Blank(int group, Role role) const;
 
   // Allocates the group's home copies and checks that fetching it can ever
   // fit; on failure nothing is registered.
@@ -239,7 +242,8 @@ class Residency {
   // explicit prefetch, which may evict like a demand fetch, except its own
   // group's copies). Pins nothing (Note [Eviction order]).
   Status Prefetch(int group, Tier tier, RoleMask roles, int position);
-  Status Evict(int group, Tier tier);
+  // Drops the group's cached copies of `roles` at `tier` (Engine::Evict).
+  Status Evict(int group, Tier tier, RoleMask roles = kAllRoles);
   // Ends the bytes of the group's chunks in `roles` (Note [Discarded
   // bytes]). kFailedPrecondition while one of them is fetched for writing
   // or holds speculative bytes.
@@ -581,6 +585,10 @@ class Residency {
   uint64_t next_serial_ = 1;
   std::condition_variable fence_added_;
   bool stopping_ = false;
+
+  // Guarded by hook_mu_, which is held while the hook runs (and taken
+  // after mu_ is released, never before it).
+  std::mutex hook_mu_;
   RefetchHook refetch_hook_;
 
   // Last: starts once everything above exists; joined by the destructor.

@@ -28,14 +28,16 @@ Status Residency::Release(uint64_t pin, const Fence& after) {
   }
   Unpin(hold);
   const Refetch again = RefetchOf(hold);
-  const RefetchHook hook = again.roles != 0 ? refetch_hook_ : nullptr;
   lk.unlock();
-  if (hook) hook(hold.group, again.roles, again.position);
+  if (again.roles != 0) {
+    std::lock_guard<std::mutex> hook_lock(hook_mu_);
+    if (refetch_hook_) refetch_hook_(hold.group, again.roles, again.position);
+  }
   return Status();
 }
 
 void Residency::SetRefetchHook(RefetchHook hook) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(hook_mu_);
   refetch_hook_ = std::move(hook);
 }
 

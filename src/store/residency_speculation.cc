@@ -132,6 +132,13 @@ Status Residency::RestoreOldBytes(Lock& lk, int id) {
   return Status();
 }
 
+bool Residency::Blank(int group, Role role) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Group& g = groups_.at(group);
+  const int index = g.layout.chunk_of_role[role];
+  return index < 0 || chunks_[g.chunks[index]].blank;
+}
+
 uint64_t Residency::Version(int group, Role role) const {
   Lock lk(mu_);
   const Group& g = groups_[group];

@@ -1,8 +1,8 @@
 // 8-bit state (Note [8-bit state] in strata/cpu_adam.h): the code books,
 // every path bit-identical to the scalar one at every thread count, each
 // step against a float64 reference of the same quantized algorithm, a zero
-// state that steps as fp32's does, and non-finite values that stop at a
-// block or lose only their own block.
+// state that steps as fp32's does, non-finite gradients and states that
+// stop the step at their block, and blocks too small to scale.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -321,17 +321,40 @@ TEST(Q8Step, ANonFiniteGradientStopsAtItsBlock) {
   }
 }
 
-// A finite gradient whose square overflows loses its own block's v (a NaN
-// scale), as fp32 state would hold inf; the other blocks are unharmed.
-TEST(Q8Step, AStateThatOverflowsLosesOnlyItsBlock) {
+// A finite gradient whose square overflows: its block's new v would not
+// be finite, so the step stops there as at a non-finite gradient (blocks
+// before it updated, none from it on), and no param becomes NaN. The
+// same step with fp32 state stores an inf v and goes on.
+TEST(Q8Step, AStateThatWouldOverflowStopsTheStepAtItsBlock) {
   STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto);
   Q8Problem pr(4 * kQ8Block);
   pr.g[2 * kQ8Block + 5] = 1e30f;
-  ASSERT_TRUE(
-      opt->Step(AdamW(1, OverflowPolicy::kStopAtNonFinite), pr.View()).ok());
-  EXPECT_TRUE(std::isnan(pr.vs[2]));
-  EXPECT_TRUE(std::isfinite(pr.ms[2]));
-  for (size_t b : {0, 1, 3}) EXPECT_TRUE(std::isfinite(pr.vs[b])) << b;
+  const Q8Problem before = pr;
+  Result<StepReport> r =
+      opt->Step(AdamW(1, OverflowPolicy::kStopAtNonFinite), pr.View());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->outcome, StepOutcome::kPartial);
+  const size_t cut = 2 * kQ8Block;
+  EXPECT_NE(std::memcmp(pr.p.data(), before.p.data(), cut * 4), 0);
+  EXPECT_EQ(std::memcmp(pr.p.data() + cut, before.p.data() + cut, cut * 4), 0);
+  EXPECT_EQ(std::memcmp(pr.v.data() + cut, before.v.data() + cut, cut), 0);
+  EXPECT_EQ(pr.vs[2], before.vs[2]);
+  for (float p : pr.p) ASSERT_TRUE(std::isfinite(p));
+}
+
+// A block whose largest m is below FLT_MIN (its inverse would be inf)
+// stores zeros with a zero scale, and comes back as zeros.
+TEST(Q8Step, ABlockTooSmallToScaleStoresZeros) {
+  STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto);
+  Q8Problem pr(2 * kQ8Block);
+  std::fill(pr.g.begin(), pr.g.end(), 0.0f);
+  for (size_t k = 0; k < kQ8Block; ++k) pr.g[k] = 1e-38f;  // m = 1e-39
+  ASSERT_TRUE(opt->Step(AdamW(1, OverflowPolicy::kSkipStep), pr.View()).ok());
+  EXPECT_EQ(pr.ms[0], 0.0f);
+  for (size_t k = 0; k < kQ8Block; ++k) {
+    ASSERT_EQ(cpu_adam::SignedMap().code[pr.m[k]], 0.0f) << k;
+  }
+  for (float p : pr.p) ASSERT_TRUE(std::isfinite(p));
 }
 
 }  // namespace

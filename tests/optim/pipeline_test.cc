@@ -517,6 +517,40 @@ TEST(OffloadOptimizerTest, KeptGradientsGoToNvmeOncePerStep) {
   }
 }
 
+// Issue #34 §1: a speculative step keeps its gradients until FinishStep
+// settles it; when the host holds them meanwhile (the write-behind leaves
+// them) and the step stands, they are discarded: no gradient byte reaches
+// NVMe, even when every group is evicted afterwards.
+TEST(OffloadOptimizerTest, KeptGradientsTheHostHoldsAreNeverWritten) {
+  testutil::ScratchDir scratch;
+  auto engine = NvmeStateEngine(scratch.path(), 8 * kMiB, 12 * kMiB);
+  ASSERT_NE(engine, nullptr);
+  auto opt = OffloadOptimizer::Create(
+      engine.get(), {.mode = OptimMode::kOverlap, .clip_norm = 1e9});
+  ASSERT_TRUE(opt.ok()) << opt.status().message();
+  int speculated = 0;
+  for (int s = 0; s < 4; ++s) {
+    ASSERT_TRUE((*opt)->BeginStep({}).ok());
+    for (int g = 3; g >= 0; --g) {
+      auto buffer = (*opt)->AcquireGradients(g);
+      ASSERT_TRUE(buffer.ok()) << buffer.status().message();
+      ASSERT_TRUE((*opt)->HandOff(*buffer).ok());
+    }
+    auto report = (*opt)->FinishStep();
+    ASSERT_TRUE(report.ok()) << report.status().message();
+    speculated += report->speculated;
+  }
+  ASSERT_TRUE(engine->Drain().ok());
+  for (int g = 0; g < 4; ++g) {
+    ASSERT_TRUE(engine->Evict(g, Tier::kHost).ok());
+  }
+  const EngineStats stats = engine->stats();
+  constexpr int kGrad = static_cast<int>(Role::kGrad);
+  EXPECT_GT(speculated, 0);
+  EXPECT_EQ(stats.role_bytes[kGrad][1][2], 0u);
+  EXPECT_GT(stats.discarded_bytes, 0u);
+}
+
 TEST(OffloadOptimizerTest, CallsOutOfOrderAreRefused) {
   auto engine = OneGroupEngine(kAllRoles);
   auto opt = OffloadOptimizer::Create(engine.get(), {});

@@ -362,16 +362,13 @@ def _scheduler(sched: dict[str, Any], out: Config) -> None:
 
 
 def _strata(block: dict[str, Any], out: Config) -> None:
-    if isinstance(block, dict) and "prefetch" in block:
-        raise ConfigError(
-            "strata.prefetch is gone: the engine prefetches the updated "
-            "weights itself (and across ranks the all-gathers always run "
-            "ahead); remove the key")
+    # strata.prefetch (before issue #34) is ignored: the engine prefetches
+    # the updated weights itself, and the all-gathers always run ahead.
     block = _take(block, "strata",
                   {"device", "device_budget", "host_budget", "nvme_budget",
                    "mode", "groups", "threads", "io_threads", "grad_buffers",
                    "max_consecutive_skips", "rank_timeout"},
-                  set(), out)
+                  {"prefetch"}, out)
     out.device = str(block.get("device", out.device))
     if out.device not in ("auto", "cuda", "host"):
         raise ConfigError(f"strata.device {out.device!r}: use auto, cuda "

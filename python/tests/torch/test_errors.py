@@ -20,9 +20,8 @@ def test_an_unknown_key_is_named() -> None:
             "offload_optimizer": {"ratio2": 1}}))
     with pytest.raises(st.ConfigError, match="unknown config key 'amp'"):
         st.initialize(model(), config(amp={"enabled": True}))
-    with pytest.raises(st.ConfigError, match="strata.prefetch is gone: "
-                       "the engine prefetches the updated weights itself"):
-        st.initialize(model(), config(strata={"prefetch": False}))
+    with pytest.warns(UserWarning, match="ignored: strata.prefetch"):
+        st.initialize(model(), config(strata={"prefetch": False})).close()
     with pytest.raises(st.ConfigError, match="strata.threads: 'no' is not "
                        "a number"):
         st.initialize(model(), config(strata={"threads": "no"}))
