@@ -70,7 +70,7 @@ class Engine::Impl {
  private:
   sched::PlanInput MakePlanInput() const;
   void SubmitPrefetches(int position);
-  // Note [Updates below the device] in src/store/residency.h.
+  // Note [Updates below the device] in src/store/residency_holds.cc.
   void SubmitRefetch(int group, RoleMask roles, int position);
 
   // Guarded by plan_mu_: the plan of the last trace adopted, replaced at

@@ -101,21 +101,6 @@
 // chunks homed on the host or the device are not kept: a caller
 // restores those itself.
 //
-// Note [Updates below the device]
-// The optimizer writes a group's new compute copy at its home, below the
-// device, and so leaves the device copy stale. The plan is for a steady
-// state in which only fetches happen: a group the device window keeps was
-// never prefetched, and the next forward's first fetch of it waited for
-// its copy (0.09 to 0.11 s a step for a 107M-parameter model on the
-// host-emulated device; on a GPU, a stall per group over PCIe). So the
-// release of a write hold below the device reports the roles it wrote that
-// the trace fetches to the device, with the trace position of the first
-// such fetch (RefetchHook), and the engine queues a planned prefetch for
-// that position: it evicts nothing needed before it (Note [Eviction
-// order]), lands while the step's backward or the next forward runs, and
-// is abandoned when no room is free. An update that lands under the next
-// forward (pending) releases its hold later, and the prefetch follows it.
-//
 // Note [Discarded bytes]
 // Some roles' contents end with a step: the optimizer reads a group's
 // gradients for its step, and the next step's first micro-batch
@@ -167,7 +152,8 @@ class Residency {
             transport::Mover* mover);
   ~Residency();
 
-  // Note [Updates below the device]: called, without the residency's lock,
+  // Note [Updates below the device] (residency_holds.cc): called, without
+  // the residency's lock,
   // after the release of a write hold below the device whose written
   // `roles` the trace fetches to the device, first at trace `position`.
   // Setting it (null: none) waits for a call in progress.

@@ -5,7 +5,8 @@
 // steps stay bit-identical to in-memory AdamW while clipping fires on some
 // steps and not on others and non-finite gradients skip chosen steps, with
 // state on the host and on NVMe, 1 and 4 micro-batches, across a save and a
-// load in the middle; every forward sees the last step's update.
+// load in the middle; every forward sees the last step's update. And
+// non-finite gradients skip a step, or fail it naming the group.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -93,6 +94,65 @@ INSTANTIATE_TEST_SUITE_P(
                     Config{OptimMode::kOverlap, false, 200, 4, true},
                     Config{OptimMode::kOverlap, true, 200, 4, true},
                     Config{OptimMode::kAfterBackward, true, 100, 1, true}),
+    Name);
+
+using OverflowTest = PipelineTest;
+
+TEST_P(OverflowTest, NonFiniteGradientsSkipOrFailNamingTheGroup) {
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(Step(s).ok());
+  const uint64_t discarded = engine_->stats().discarded_bytes;
+  const Result<OptimStepReport> poisoned = Step(3, /*poison=*/2);
+  const Config& c = GetParam();
+  if (c.state_on_nvme && c.mode == OptimMode::kAfterBackward) {
+    // Nothing steps: the gradients the host still holds end unwritten
+    // (Note [Discarded bytes]).
+    EXPECT_GT(engine_->stats().discarded_bytes, discarded);
+  }
+  if (c.skip_on_overflow) {
+    ASSERT_TRUE(poisoned.ok()) << poisoned.status().message();
+    EXPECT_TRUE(poisoned->skipped);
+    EXPECT_EQ(poisoned->overflow_group, 2);
+    EXPECT_EQ(poisoned->step, 3);
+    EXPECT_EQ(optimizer_->step(), 3);
+    ExpectEqualToReference();  // not one byte changed
+    ASSERT_TRUE(Step(4).ok());
+    ExpectEqualToReference();
+  } else {
+    ASSERT_FALSE(poisoned.ok());
+    EXPECT_EQ(poisoned.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(poisoned.status().message().find("group 'layer.2'"),
+              std::string::npos)
+        << poisoned.status().message();
+    EXPECT_EQ(optimizer_->step(), 3);
+  }
+}
+
+// The group with the highest id is handed off first in backward and last
+// in the global checks: a NaN there must be caught like anywhere else.
+TEST_P(OverflowTest, NonFiniteGradientsInTheLastGroupAreCaught) {
+  ASSERT_TRUE(Step(0).ok());
+  const Result<OptimStepReport> poisoned = Step(1, /*poison=*/kGroups - 1);
+  if (GetParam().skip_on_overflow) {
+    ASSERT_TRUE(poisoned.ok()) << poisoned.status().message();
+    EXPECT_TRUE(poisoned->skipped);
+    EXPECT_EQ(optimizer_->step(), 1);
+    ExpectEqualToReference();
+  } else {
+    ASSERT_FALSE(poisoned.ok());
+    EXPECT_NE(poisoned.status().message().find("group 'layer.3'"),
+              std::string::npos)
+        << poisoned.status().message();
+    EXPECT_EQ(optimizer_->step(), 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, OverflowTest,
+    testing::Values(Config{OptimMode::kOverlap, false, 0, 1, true},
+                    Config{OptimMode::kOverlap, true, 200, 4, true},
+                    Config{OptimMode::kAfterBackward, false, 0, 1, true},
+                    Config{OptimMode::kAfterBackward, true, 0, 1, true},
+                    Config{OptimMode::kOverlap, false, 0, 1, false}),
     Name);
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Note [Updates below the device] in src/store/residency.h: a write below
-// the device of a role the trace fetches to the device (the optimizer's
+// Note [Updates below the device] in src/store/residency_holds.cc: a write
+// below the device of a role the trace fetches to the device (the optimizer's
 // update of a compute copy at its home) queues a planned prefetch, so the
 // next step's first fetches find the new bytes on the device.
 #include <gtest/gtest.h>

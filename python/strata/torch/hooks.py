@@ -41,7 +41,7 @@ off (zeros) by Runtime.end_backward.
 
 The updated weights need no prefetch here: the engine queues one when
 the optimizer writes a compute copy below the device (Note [Updates below
-the device] in src/store/residency.h)."""
+the device] in src/store/residency_holds.cc)."""
 from __future__ import annotations
 
 import contextlib

@@ -245,7 +245,7 @@ def test_close_puts_the_trained_weights_back() -> None:
 @pytest.mark.parametrize("clip", [0.0, 1.0])
 def test_the_next_forward_finds_the_updated_weights_on_the_device(
         clip: float) -> None:
-    """Note [Updates below the device] in src/store/residency.h: the
+    """Note [Updates below the device] in src/store/residency_holds.cc: the
     optimizer's update of a compute copy at its home queues a prefetch of
     it to the device, so the next forward finds the new weights there,
     whether they landed under backward or (clipping) under the next
