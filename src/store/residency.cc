@@ -285,14 +285,17 @@ Status Residency::Prefetch(int group, Tier tier, RoleMask roles, int position) {
   const Reason why = position < 0 ? Reason{Reason::Kind::kPrefetch}
                                   : Reason::Planned(position);
   for (int id : ChunksOf(group, roles)) {
-    bool hit = false;
-    Status s = Ensure(lk, id, tier, why, &hit);
+    const Copy& dst = chunks_[id].copy[tier];
+    // Counted only where this prefetch started the copy: not when it joined
+    // one in flight, nor when it gave up on a copy being written.
+    const bool started = !dst.usable() && !dst.busy();
+    Status s = Ensure(lk, id, tier, why, nullptr);
     if (s.code() == StatusCode::kUnavailable) {
       ++counters_.abandoned_prefetches;
       return Status();
     }
     if (!s.ok()) return s;
-    if (!hit) ++counters_.prefetches;
+    if (started && dst.usable()) ++counters_.prefetches;
   }
   return Status();
 }

@@ -564,6 +564,33 @@ TEST_F(ResidencyTest, AFencedCopyStaysUntilItsWorkRan) {
   EXPECT_TRUE(evict.get().ok());
 }
 
+// `prefetches` counts the transfers a prefetch started: one that joins a
+// copy already in flight, or gives up on a copy being written, adds none
+// (a refetch of the updated weights raced the plan's prefetch so, and a
+// group counted twice).
+TEST_F(ResidencyTest, APrefetchCountsOnlyTheTransfersItStarted) {
+  Open(2);
+  const int g = AddGroup("g"), w = AddGroup("w");
+  WriteHost(g, 1);
+  std::future<Status> first = PrefetchHeld(g);
+  std::future<Status> joined = std::async(std::launch::async, [&] {
+    return residency_->Prefetch(g, kDevice, kCompute, -1);
+  });
+  EXPECT_EQ(joined.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout)
+      << "the second prefetch did not wait for the copy in flight";
+  device_->Release();
+  ASSERT_TRUE(first.get().ok());
+  ASSERT_TRUE(joined.get().ok());
+  EXPECT_EQ(residency_->counters().prefetches, 1u);
+
+  Pin writing = Hold(w, kHost, {.roles = kCompute, .write = true});
+  ASSERT_TRUE(residency_->Prefetch(w, kDevice, kCompute, -1).ok());
+  EXPECT_EQ(residency_->counters().prefetches, 1u)
+      << "a prefetch that gave up on a copy being written was counted";
+  ASSERT_TRUE(writing.Release().ok());
+}
+
 // A discard fetch (the caller overwrites every tensor byte) reads nothing:
 // the device holds g's only valid bytes, and a discard write at the host
 // copies none of them down; the padding between g's tensors reads as zeros
