@@ -37,13 +37,22 @@ std::string_view FloatTypeName(FloatType type) {
 std::string_view StateFormatName(StateFormat format) {
   switch (format) {
     case StateFormat::kF32:
-      return "f32";
+      return "fp32";
     case StateFormat::kBF16:
       return "bf16";
     case StateFormat::kQ8:
-      return "q8";
+      return "int8";
   }
   return "?";
+}
+
+Result<StateFormat> ParseStateFormat(std::string_view name) {
+  for (StateFormat f :
+       {StateFormat::kF32, StateFormat::kBF16, StateFormat::kQ8}) {
+    if (name == StateFormatName(f)) return f;
+  }
+  return Status::InvalidArgument("state dtype '" + std::string(name) +
+                                 "' is not one of fp32, bf16, int8");
 }
 
 std::string_view CpuIsaName(CpuIsa isa) {

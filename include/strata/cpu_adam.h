@@ -38,6 +38,7 @@
 #include <string_view>
 
 #include "strata/export.h"
+#include "strata/state_format.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -81,7 +82,8 @@ struct GradPrep {
   float clip_coef = 1.0f;
 };
 
-// How the optimizer state is stored (OptimBuffers::state_format).
+// How the optimizer state is stored (OptimBuffers::state_format; the enum
+// is in strata/state_format.h).
 //   kF32   4 bytes an element.
 //   kBF16  2 bytes, rounded stochastically after every step: up with the
 //          probability of the fraction bf16 cannot hold, from a hash of the
@@ -94,8 +96,6 @@ struct GradPrep {
 //          average, with 8 significant bits of noise per element.
 //   kQ8    Adam/AdamW only: 1 byte an element plus 4 bytes a block of
 //          kQ8Block elements (Note [8-bit state]).
-enum class StateFormat : uint8_t { kF32, kBF16, kQ8 };
-STRATA_EXPORT std::string_view StateFormatName(StateFormat format);
 
 // Note [8-bit state]
 // kQ8 keeps m and v as bitsandbytes' and torchao's 8-bit Adam do: block-wise

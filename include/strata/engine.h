@@ -118,6 +118,7 @@
 #include <vector>
 
 #include "strata/export.h"
+#include "strata/state_format.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -142,8 +143,8 @@ enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 enum class Role : int {
   kCompute = 0,  // the compute copy, in the tensor's dtype
   kMaster = 1,   // fp32 master weights
-  kState1 = 2,   // fp32 optimizer state (Adam's m)
-  kState2 = 3,   // fp32 optimizer state (Adam's v)
+  kState1 = 2,   // optimizer state (Adam's m), in the state format
+  kState2 = 3,   // optimizer state (Adam's v), in the state format
   kGrad = 4,     // fp32 gradient accumulator
 };
 inline constexpr int kNumRoles = 5;
@@ -158,8 +159,11 @@ STRATA_EXPORT std::string_view RoleName(Role role);     // "compute", ...
 STRATA_EXPORT std::string_view DTypeName(DType dtype);  // "bf16", ...
 STRATA_EXPORT Result<DType> ParseDType(std::string_view name);
 STRATA_EXPORT size_t DTypeSize(DType dtype);
-// The dtype a role is stored in: the tensor's dtype for kCompute, else fp32.
-STRATA_EXPORT DType RoleDType(Role role, DType compute);
+// The dtype a role is stored in: the tensor's dtype for kCompute, bf16 for
+// kState1 and kState2 in StateFormat::kBF16, else fp32. (kQ8 has no dtype;
+// the engine refuses it.)
+STRATA_EXPORT DType RoleDType(Role role, DType compute,
+                              StateFormat state = StateFormat::kF32);
 
 // Home tier of every role, and the roles that may be fetched to the device
 // (registration checks the device budget against those only; with the
@@ -207,6 +211,10 @@ struct EngineOptions {
                            // effort, with advice printed once)
   int numa_node = -1;      // host tier node; -1: the GPU's, else caller's
   Bandwidths bandwidths;
+  // How every group's kState1 and kState2 are stored: kF32 or kBF16 (2
+  // bytes an element, as the optimizer rounds them); Save records it and
+  // Load refuses a checkpoint of another format.
+  StateFormat state_format = StateFormat::kF32;
 };
 
 struct TensorView {

@@ -122,14 +122,22 @@ typedef enum strata_role {
                               while the compute copy was takes its exact
                               widening before the first step or a save
                               (strata/engine.h, Roles) */
-  STRATA_ROLE_STATE1 = 2,  /* fp32 optimizer state (Adam's m) */
-  STRATA_ROLE_STATE2 = 3,  /* fp32 optimizer state (Adam's v) */
+  STRATA_ROLE_STATE1 = 2,  /* optimizer state (Adam's m), in the engine's
+                              strata_state_format */
+  STRATA_ROLE_STATE2 = 3,  /* optimizer state (Adam's v), likewise */
   STRATA_ROLE_GRAD = 4     /* fp32 gradient accumulator */
 } strata_role;
 #define STRATA_NUM_ROLES 5
 /* Role masks: a bit per role. */
 #define STRATA_ROLE_BIT(role) (1u << (role))
 #define STRATA_ALL_ROLES ((1u << STRATA_NUM_ROLES) - 1u)
+
+/* How the state roles are stored (strata/state_format.h). */
+typedef enum strata_state_format {
+  STRATA_STATE_FP32 = 0, /* 4 bytes an element, exact */
+  STRATA_STATE_BF16 = 1, /* 2 bytes, rounded stochastically by the step */
+  STRATA_STATE_INT8 = 2  /* not stored by the engine yet: refused */
+} strata_state_format;
 
 typedef enum strata_device_kind {
   STRATA_DEVICE_AUTO = 0, /* CUDA when a GPU is usable, else host-emulated */
@@ -193,6 +201,9 @@ typedef struct strata_engine_options {
   double device_to_host_gbps;
   double nvme_read_gbps;
   double nvme_write_gbps;
+  /* strata_state_format of every group's state roles; default FP32. A
+   * checkpoint loads only into an engine of its format. */
+  int32_t state_format;
 } strata_engine_options;
 
 /* Sets struct_size and every default. */

@@ -43,6 +43,7 @@ __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
 TIERS = {"device": 0, "host": 1, "nvme": 2}
 ROLES = {"compute": 0, "master": 1, "state1": 2, "state2": 3, "grad": 4}
 DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+STATE_DTYPES = {"fp32": 0, "bf16": 1, "int8": 2}
 ALL_ROLES = (1 << len(ROLES)) - 1
 _DEVICES = {"auto": 0, "cuda": 1, "host": 2}
 _ALGOS = {"adam": 0, "adamw": 1, "adagrad": 2, "lion": 3}
@@ -127,7 +128,9 @@ class Engine(Tracked):
     device budget must hold the largest group's fetch of them, so with the
     optimizer on the CPU, device_roles="compute" lets it count the compute
     copies alone. `cuda_device` is the GPU's index (torch's cuda:N) when
-    the device is CUDA.
+    the device is CUDA. `state_dtype` is how the state roles are stored:
+    "fp32" (exact) or "bf16" (half the bytes, rounded stochastically by
+    the optimizer's step); a checkpoint loads only at its own.
 
     close() frees it and removes its swap files; it refuses while views
     or optimizers of it are open, unless close(force=True), which releases
@@ -145,7 +148,7 @@ class Engine(Tracked):
                  home: Optional[dict[str, str]] = None,
                  device_roles: Union[None, str, Iterable[str]] = None,
                  io_threads: Optional[int] = None,
-                 cuda_device: int = 0) -> None:
+                 cuda_device: int = 0, state_dtype: str = "fp32") -> None:
         options = _native.EngineOptions()
         lib().call("strata_engine_options_init", C.byref(options))
         options.device = _choice(_DEVICES, device, "device")
@@ -161,6 +164,8 @@ class Engine(Tracked):
         options.device_roles = _roles(device_roles)
         if io_threads is not None:
             options.io_threads = io_threads
+        options.state_format = _choice(STATE_DTYPES, state_dtype,
+                                       "state_dtype")
         handle = C.c_void_p()
         lib().call("strata_engine_open", C.byref(options), C.byref(handle))
         self._handle: Optional[int] = handle.value

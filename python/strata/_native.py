@@ -53,7 +53,8 @@ EngineOptions = _struct("EngineOptions", [
     ("prefetch", C.c_int32), ("lock_host", C.c_int32),
     ("numa_node", C.c_int32), ("device_roles", C.c_uint32),
     ("host_to_device_gbps", C.c_double), ("device_to_host_gbps", C.c_double),
-    ("nvme_read_gbps", C.c_double), ("nvme_write_gbps", C.c_double)])
+    ("nvme_read_gbps", C.c_double), ("nvme_write_gbps", C.c_double),
+    ("state_format", C.c_int32)])
 
 EngineInfo = _struct("EngineInfo", [
     ("struct_size", C.c_uint32), ("on_cuda", C.c_int32),

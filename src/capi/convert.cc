@@ -48,7 +48,8 @@ Status WriteVersioned(T value, size_t v1_size, const char* type, T* out) {
 }
 
 // The first released layouts.
-constexpr size_t kOptionsV1Size = sizeof(strata_engine_options);
+// Options gained state_format after v1.
+constexpr size_t kOptionsV1Size = offsetof(strata_engine_options, state_format);
 constexpr size_t kEngineInfoV1Size = sizeof(strata_engine_info);
 // Stats gained update_wait_seconds after v1.
 constexpr size_t kStatsV1Size =
@@ -114,6 +115,14 @@ Result<EngineOptions> ToEngineOptions(const strata_engine_options& c) {
   cc.numa_node = c.numa_node;
   cc.bandwidths = {c.host_to_device_gbps, c.device_to_host_gbps,
                    c.nvme_read_gbps, c.nvme_write_gbps};
+  if (c.state_format < STRATA_STATE_FP32 ||
+      c.state_format > STRATA_STATE_INT8) {
+    return Status::InvalidArgument(
+        "options->state_format " + std::to_string(c.state_format) +
+        " is not a strata_state_format; use STRATA_STATE_FP32, "
+        "STRATA_STATE_BF16 or STRATA_STATE_INT8");
+  }
+  cc.state_format = static_cast<StateFormat>(c.state_format);
   return cc;
 }
 
@@ -274,6 +283,7 @@ strata_engine_options DefaultOptions() {
   c.device_to_host_gbps = cc.bandwidths.device_to_host;
   c.nvme_read_gbps = cc.bandwidths.nvme_read;
   c.nvme_write_gbps = cc.bandwidths.nvme_write;
+  c.state_format = static_cast<int32_t>(cc.state_format);
   return c;
 }
 

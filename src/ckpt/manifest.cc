@@ -21,6 +21,9 @@ using Json = nlohmann::ordered_json;
 
 constexpr char kFormatName[] = "strata-checkpoint";
 constexpr char kChecksumKey[] = "manifest_xxh3";
+// A tensor's state format; absent for fp32 (and in checkpoints from before
+// the field).
+constexpr char kStateKey[] = "state_dtype";
 
 std::string Hex(uint64_t value) {
   char text[17];
@@ -63,10 +66,14 @@ Json GroupJson(const GroupEntry& g) {
       if ((t.roles & RoleBit(role)) == 0) continue;
       roles[std::string(RoleName(role))] = t.offset[role];
     }
-    tensors.push_back({{"name", t.name},
-                       {"shape", t.shape},
-                       {"dtype", std::string(DTypeName(t.dtype))},
-                       {"roles", std::move(roles)}});
+    Json tensor = {{"name", t.name},
+                   {"shape", t.shape},
+                   {"dtype", std::string(DTypeName(t.dtype))},
+                   {"roles", std::move(roles)}};
+    if (t.state != StateFormat::kF32) {
+      tensor[kStateKey] = std::string(StateFormatName(t.state));
+    }
+    tensors.push_back(std::move(tensor));
   }
   return {{"name", g.name},
           {"file", g.file},
@@ -152,6 +159,10 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
   if (t.elements == 0) return Status::DataLoss("empty shape");
   STRATA_ASSIGN_OR_RETURN(t.dtype,
                           ParseDType(Get<std::string>(j, at, "dtype", where)));
+  if (j.contains(kStateKey)) {
+    STRATA_ASSIGN_OR_RETURN(
+        t.state, ParseStateFormat(Get<std::string>(j, at, kStateKey, where)));
+  }
   const Json roles = Get<Json>(j, at, "roles", where);
   for (const auto& [name, offset] : roles.items()) {
     where = at + ".roles." + name;
@@ -313,6 +324,13 @@ Status MatchGroup(const GroupEntry& g, const store::GroupLayout& layout) {
                              sep + std::string(DTypeName(mine->dtype)) +
                              " in this engine");
     }
+    if (mine->state != t.state) {
+      return Mismatch(g, what + "has optimizer state in " +
+                             std::string(StateFormatName(t.state)) + sep +
+                             std::string(StateFormatName(mine->state)) +
+                             " in this engine: open the engine with the "
+                             "checkpoint's state format");
+    }
     if (mine->roles != t.roles) {
       return Mismatch(g, what + "has roles " + RolesText(t.roles) + sep +
                              RolesText(mine->roles) + " in this engine");
@@ -331,7 +349,8 @@ Status Damaged(const std::string& what) {
 }
 
 uint64_t RoleBytes(const TensorEntry& tensor, Role role) {
-  return tensor.elements * DTypeSize(RoleDType(role, tensor.dtype));
+  return tensor.elements *
+         DTypeSize(RoleDType(role, tensor.dtype, tensor.state));
 }
 
 const TensorEntry* GroupEntry::Find(std::string_view tensor) const {

@@ -231,6 +231,8 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   b.grad_type = grad_type;
   b.state1 = chunk(Role::kState1);
   b.state2 = UsesState2(options_.algo) ? chunk(Role::kState2) : nullptr;
+  b.state_format = g.state;
+  b.seed = static_cast<uint32_t>(group);  // bf16 rounding: per group
   b.params_out = g.compute == FloatType::kF32 ? nullptr : chunk(Role::kCompute);
   b.out_type = g.compute == FloatType::kF32 ? FloatType::kBF16 : g.compute;
   b.n = g.n;

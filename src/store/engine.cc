@@ -97,6 +97,12 @@ Status Engine::Impl::Open(const EngineOptions& options,
     return Status::InvalidArgument("io_threads must be in 1..64, not " +
                                    std::to_string(options.io_threads));
   }
+  if (options.state_format != StateFormat::kF32 &&
+      options.state_format != StateFormat::kBF16) {
+    return Status::InvalidArgument(
+        "state_format " + std::string(StateFormatName(options.state_format)) +
+        " is not stored by the engine yet; use fp32 or bf16");
+  }
   STRATA_ASSIGN_OR_RETURN(tier::DeviceKind kind,
                           tier::ParseDeviceKind(options.device));
   aio::IoOptions aio_options;
@@ -141,8 +147,9 @@ Status Engine::Impl::Open(const EngineOptions& options,
 }
 
 Result<int> Engine::Impl::Register(const GroupSpec& spec) {
-  STRATA_ASSIGN_OR_RETURN(store::GroupLayout layout,
-                          store::BuildGroupLayout(spec, options_.placement));
+  STRATA_ASSIGN_OR_RETURN(
+      store::GroupLayout layout,
+      store::BuildGroupLayout(spec, options_.placement, options_.state_format));
   return residency_->AddGroup(std::move(layout));
 }
 
@@ -169,7 +176,7 @@ Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
   for (const store::TensorLayout& t : layout.tensors) {
     for (Role role : kRoles) {
       if ((t.roles & RoleBit(role) & opt.roles) == 0) continue;
-      const DType dtype = RoleDType(role, t.dtype);
+      const DType dtype = RoleDType(role, t.dtype, t.state);
       view.tensors.push_back({t.name, role, dtype, t.shape,
                               fetched.base[role] + t.offset[role],
                               t.elements * DTypeSize(dtype), tier, cuda});

@@ -64,7 +64,8 @@ Status CheckTensor(const GroupSpec& spec, const TensorSpec& t,
 
 // Pass 1: checks every tensor and gives it its first element, aligned, in
 // the order registered; every role of a tensor starts at the same element.
-Result<RoleExtents> PlaceTensors(const GroupSpec& spec, GroupLayout& layout) {
+Result<RoleExtents> PlaceTensors(const GroupSpec& spec, StateFormat state,
+                                 GroupLayout& layout) {
   std::set<std::string> names;
   RoleExtents extents;
   uint64_t element = 0;
@@ -77,11 +78,13 @@ Result<RoleExtents> PlaceTensors(const GroupSpec& spec, GroupLayout& layout) {
     tl.roles = t.roles;
     tl.elements = ShapeElements(t.shape);
     tl.element = element;
+    const RoleMask states = RoleBit(Role::kState1) | RoleBit(Role::kState2);
+    tl.state = (t.roles & states) != 0 ? state : StateFormat::kF32;
     element = AlignUp(element + tl.elements, kTensorAlignElements);
     for (Role role : kRoles) {
       if ((t.roles & RoleBit(role)) == 0) continue;
       extents.width[role] = std::max<uint64_t>(
-          extents.width[role], DTypeSize(RoleDType(role, t.dtype)));
+          extents.width[role], DTypeSize(RoleDType(role, t.dtype, state)));
       extents.end[role] = tl.element + tl.elements;
     }
     layout.roles |= t.roles;
@@ -117,17 +120,19 @@ Status AddChunks(const GroupSpec& spec, const Placement& placement,
 }  // namespace
 
 Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
-                                     const Placement& defaults) {
+                                     const Placement& defaults,
+                                     StateFormat state) {
   if (spec.name.empty()) {
     return Status::InvalidArgument("a group needs a name");
   }
   if (spec.tensors.empty()) return Invalid(spec, "has no tensors");
+  STRATA_CHECK(state == StateFormat::kF32 || state == StateFormat::kBF16);
   const Placement& placement =
       spec.use_default_placement ? defaults : spec.placement;
   GroupLayout layout;
   layout.name = spec.name;
   STRATA_ASSIGN_OR_RETURN(const RoleExtents extents,
-                          PlaceTensors(spec, layout));
+                          PlaceTensors(spec, state, layout));
   // Pass 2: element offsets become byte offsets at each role's width.
   for (TensorLayout& tl : layout.tensors) {
     for (Role role : kRoles) {

@@ -32,8 +32,9 @@ struct TensorLayout {
   DType dtype = DType::kFloat32;
   RoleMask roles = 0;
   uint64_t elements = 0;
-  uint64_t element = 0;        // first element index
-  RoleArray<uint64_t> offset;  // bytes, within the chunk
+  uint64_t element = 0;                   // first element index
+  RoleArray<uint64_t> offset;             // bytes, within the chunk
+  StateFormat state = StateFormat::kF32;  // of kState1 and kState2
 };
 
 struct ChunkLayout {
@@ -58,10 +59,13 @@ struct GroupLayout {
 // the product overflows 2^62 (BuildGroupLayout refuses such shapes).
 uint64_t ShapeElements(const std::vector<int64_t>& shape);
 
-// Validates `spec` (names, shapes, dtypes, roles, placements) and packs it.
-// Errors name the group and tensor at fault.
+// Validates `spec` (names, shapes, dtypes, roles, placements) and packs it,
+// its state roles in `state` (kF32 or kBF16: Engine::Open refuses the
+// rest). Errors name the group and
+// tensor at fault.
 Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
-                                     const Placement& defaults);
+                                     const Placement& defaults,
+                                     StateFormat state = StateFormat::kF32);
 
 }  // namespace strata::store
 

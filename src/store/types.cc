@@ -54,8 +54,11 @@ Result<DType> ParseDType(std::string_view name) {
 
 size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
 
-DType RoleDType(Role role, DType compute) {
-  return role == Role::kCompute ? compute : DType::kFloat32;
+DType RoleDType(Role role, DType compute, StateFormat state) {
+  if (role == Role::kCompute) return compute;
+  const bool state_role = role == Role::kState1 || role == Role::kState2;
+  return state_role && state == StateFormat::kBF16 ? DType::kBFloat16
+                                                   : DType::kFloat32;
 }
 
 const TensorView* GroupView::Find(std::string_view name, Role role) const {

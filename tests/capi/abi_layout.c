@@ -45,6 +45,7 @@ int main(void) {
   FIELD(strata_engine_options, device_to_host_gbps);
   FIELD(strata_engine_options, nvme_read_gbps);
   FIELD(strata_engine_options, nvme_write_gbps);
+  FIELD(strata_engine_options, state_format);
   END();
   BEGIN(strata_engine_info);
   FIELD(strata_engine_info, struct_size);

@@ -140,6 +140,7 @@ class CheckpointTest : public ::testing::Test {
     o.host_budget = host;
     o.nvme_budget = nvme;
     o.placement.home.fill(home);
+    o.state_format = state_;
     if (nvme > 0) {
       o.swap_dir = dir_.File("swap-" + std::to_string(getpid()) + "-" +
                              std::to_string(swaps_++));
@@ -161,6 +162,7 @@ class CheckpointTest : public ::testing::Test {
 
   testutil::ScratchDir dir_;
   int swaps_ = 0;
+  StateFormat state_ = StateFormat::kF32;  // of the engines opened
 };
 
 TEST_F(CheckpointTest, RoundTripIntoAnotherPlacement) {
@@ -202,6 +204,47 @@ TEST_F(CheckpointTest, RoundTripIntoAnotherPlacement) {
   s = source->Load(Ckpt());
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(Differs(*source, 1), "");
+}
+
+// State in bf16 (EngineOptions::state_format) is 2 bytes an element in the
+// engine and the file and is named in the manifest; an engine of another
+// format is refused, naming both and the fix. fp32 state is not named, as
+// in checkpoints from before the field.
+TEST_F(CheckpointTest, TheStateFormatIsSavedAndAnotherRefused) {
+  state_ = StateFormat::kBF16;
+  auto source = Source();
+  ASSERT_NE(source, nullptr);
+  Write(*source, 1);
+  ASSERT_TRUE(source->Save(Ckpt()).ok());
+  // "embed": w (bf16 compute, master) and b (fp32 compute and master, two
+  // state roles of 2 bytes).
+  EXPECT_EQ(fs::file_size(Ckpt() + "/group-000000.bin"),
+            64 * 96 * (2 + 4) + 96 * (4 + 4 + 2 + 2));
+  auto target = Target();
+  ASSERT_NE(target, nullptr);
+  Status s = target->Load(Ckpt());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Differs(*target, 1), "");
+
+  state_ = StateFormat::kF32;
+  auto fp32 = Target();
+  ASSERT_NE(fp32, nullptr);
+  Write(*fp32, 7);
+  s = fp32->Load(Ckpt());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  for (const char* part : {"group 'embed'", "tensor 'b'", "state in bf16",
+                           "fp32 in this engine", "state format"}) {
+    EXPECT_NE(s.message().find(part), std::string::npos)
+        << "'" << part << "' not in: " << s.message();
+  }
+  EXPECT_EQ(Differs(*fp32, 7), "");
+  const std::string saved = dir_.File("fp32");
+  ASSERT_TRUE(fp32->Save(saved).ok());
+  std::ifstream manifest(saved + "/manifest.json");
+  const std::string text((std::istreambuf_iterator<char>(manifest)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"dtype\""), std::string::npos);
+  EXPECT_EQ(text.find("state_dtype"), std::string::npos);
 }
 
 TEST_F(CheckpointTest, SaveReplacesAnExistingCheckpoint) {

@@ -5,7 +5,8 @@
 // written, the rest left as the zeros AcquireGradients promises). Each
 // trained group is checked against cpu_adam stepping a flat copy of its
 // chunks in memory, bit for bit: with the state on the host, and on NVMe
-// with speculative steps and a skipped one.
+// with speculative steps and a skipped one; with the state in fp32 and in
+// bf16 (the reference rounding as the pipeline must: seed = group id).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "strata/cpu_adam.h"
@@ -47,24 +49,32 @@ FloatType FloatTypeOf(DType dtype) {
                                     : FloatType::kBF16;
 }
 
-// The parameter: optimizer state (and masters, kept gradients) homed on
+// The parameters: optimizer state (and masters, kept gradients) homed on
 // NVMe, with clipping that never fires and skip-on-overflow, so groups
-// with a master step speculatively and one step is skipped.
-class MixedModelTest : public testing::TestWithParam<bool> {
+// with a master step speculatively and one step is skipped; the state
+// format.
+class MixedModelTest
+    : public testing::TestWithParam<std::tuple<bool, StateFormat>> {
  protected:
   struct Group {
     DType dtype = DType::kFloat32;
     bool has_master = true;
     uint64_t n = 0;  // elements of each role's chunk, padding included
-    std::vector<float> master, m, v, grads;
+    std::vector<float> master, grads;
     std::vector<char> compute;  // n elements of dtype
+    std::vector<char> m, v;     // n elements of the state format
   };
+
+  bool OnNvme() const { return std::get<0>(GetParam()); }
+  StateFormat State() const { return std::get<1>(GetParam()); }
+  size_t StateWidth() const { return State() == StateFormat::kF32 ? 4 : 2; }
 
   void SetUp() override {
     EngineOptions options;
     options.device = "host";
     options.device_budget = options.host_budget = 4 * kMiB;
-    if (GetParam()) {
+    options.state_format = State();
+    if (OnNvme()) {
       options.nvme_budget = 16 * kMiB;
       options.swap_dir = scratch_.path();
       for (Role role :
@@ -94,7 +104,7 @@ class MixedModelTest : public testing::TestWithParam<bool> {
     }
     OffloadOptimizerOptions o;
     o.threads = 2;
-    if (GetParam()) {
+    if (OnNvme()) {
       o.clip_norm = 1e6;
       o.skip_on_overflow = true;
     }
@@ -132,8 +142,8 @@ class MixedModelTest : public testing::TestWithParam<bool> {
         r.n = std::max(r.n, end);
       }
       r.master.assign(r.n, 0.0f);
-      r.m.assign(r.n, 0.0f);
-      r.v.assign(r.n, 0.0f);
+      r.m.assign(r.n * StateWidth(), 0);
+      r.v.assign(r.n * StateWidth(), 0);
       r.compute.assign(r.n * DTypeSize(r.dtype), 0);
       for (const TensorView& t : view->tensors) {
         auto* data = static_cast<float*>(t.data);
@@ -200,6 +210,8 @@ class MixedModelTest : public testing::TestWithParam<bool> {
       b.grad_type = FloatType::kF32;
       b.state1 = r.m.data();
       b.state2 = r.v.data();
+      b.state_format = State();
+      b.seed = static_cast<uint32_t>(g);
       b.params_out = f32 ? nullptr : r.compute.data();
       b.out_type = f32 ? FloatType::kBF16 : FloatTypeOf(r.dtype);
       b.n = r.n;
@@ -227,6 +239,11 @@ class MixedModelTest : public testing::TestWithParam<bool> {
         const char* base = static_cast<const char*>(view->tensors[0].data);
         for (const TensorView& t : view->tensors) {
           base = std::min(base, static_cast<const char*>(t.data));
+          if (role == Role::kState1 || role == Role::kState2) {
+            EXPECT_EQ(t.dtype, RoleDType(role, r.dtype, State()));
+            EXPECT_EQ(t.bytes, t.name == "w" ? 37 * 29 * StateWidth()
+                                             : 333 * StateWidth());
+          }
         }
         const void* expect = role == Role::kCompute  ? r.compute.data()
                              : role == Role::kMaster ? r.master.data()
@@ -234,7 +251,9 @@ class MixedModelTest : public testing::TestWithParam<bool> {
                                  ? static_cast<const void*>(r.m.data())
                                  : r.v.data();
         const uint64_t bytes =
-            r.n * (role == Role::kCompute ? DTypeSize(r.dtype) : 4);
+            r.n * (role == Role::kCompute  ? DTypeSize(r.dtype)
+                   : role == Role::kMaster ? 4
+                                           : StateWidth());
         EXPECT_EQ(std::memcmp(base, expect, bytes), 0)
             << "group '" << engine_->group_name(g) << "' role "
             << RoleName(role) << " differs after " << steps << " steps";
@@ -281,7 +300,7 @@ TEST_P(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
     }
     // The NaN is in the first hand-off (the group without a master), so
     // every other group still steps speculatively, to be undone.
-    const bool poison = GetParam() && s == kPoisoned;
+    const bool poison = OnNvme() && s == kPoisoned;
     const int last = engine_->group_count() - 1;
     for (int g = last; g >= 1; --g) Backward(s, g, poison && g == last);
     Result<OptimStepReport> report = optimizer_->FinishStep();
@@ -289,17 +308,22 @@ TEST_P(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
     ASSERT_EQ(report->skipped, poison);
     if (!poison) ReferenceStep(h, ++steps);
     ASSERT_EQ(report->step, steps);
-    EXPECT_EQ(report->speculated, GetParam() && s > 0 ? kWithMaster : 0)
+    EXPECT_EQ(report->speculated, OnNvme() && s > 0 ? kWithMaster : 0)
         << "step " << s + 1;
     ASSERT_TRUE(engine_->Drain().ok());
     ExpectEqualToReference(s + 1);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(StateHome, MixedModelTest, testing::Bool(),
-                         [](const testing::TestParamInfo<bool>& info) {
-                           return info.param ? "nvme_speculative" : "host";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    StateHome, MixedModelTest,
+    testing::Combine(testing::Bool(),
+                     testing::Values(StateFormat::kF32, StateFormat::kBF16)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "nvme_speculative"
+                                                 : "host") +
+             "_" + std::string(StateFormatName(std::get<1>(info.param)));
+    });
 
 // Only an fp32 compute copy can be its own master: a bf16 group with state
 // but no master is refused, naming the group and the fix.

@@ -269,7 +269,10 @@ def _group_bytes(cfg: Config, p: GroupPlan, dtype: torch.dtype,
     """(compute bytes, bytes of every other role) of one group."""
     numel = _numel(p, ranks)
     compute = numel * torch.empty(0, dtype=dtype).element_size()
-    return compute, 4 * numel * (len(_roles(cfg, p.trainable)) - 1)
+    state = 2 if cfg.state_dtype == "bf16" else 4
+    return compute, numel * sum(
+        state if role.startswith("state") else 4
+        for role in _roles(cfg, p.trainable) if role != "compute")
 
 
 def _engine_options(cfg: Config, plans: list[GroupPlan],
@@ -304,6 +307,7 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
             "nvme_budget": _pick(cfg.nvme_budget, nvme),
             "swap_dir": cfg.nvme_path if homed["nvme"] else None,
             "home": cfg.homes(), "io_threads": cfg.io_threads,
+            "state_dtype": cfg.state_dtype,
             "device_roles": "compute"}  # the optimizer is on the CPU
 
 

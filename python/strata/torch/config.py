@@ -79,6 +79,7 @@ class Config:
     lr_decay: float = 0.0
     clip_norm: float = 0.0
     dtype: str = "fp32"  # of the compute copies: fp32, bf16 or fp16
+    state_dtype: str = "fp32"  # of the optimizer state: fp32 or bf16
     fp16: dict[str, float] = field(default_factory=dict)
     scheduler: Optional[tuple[str, dict[str, Any]]] = None
     param_tier: str = "host"
@@ -367,7 +368,7 @@ def _strata(block: dict[str, Any], out: Config) -> None:
     block = _take(block, "strata",
                   {"device", "device_budget", "host_budget", "nvme_budget",
                    "mode", "groups", "threads", "io_threads", "grad_buffers",
-                   "max_consecutive_skips", "rank_timeout"},
+                   "max_consecutive_skips", "rank_timeout", "state_dtype"},
                   {"prefetch"}, out)
     out.device = str(block.get("device", out.device))
     if out.device not in ("auto", "cuda", "host"):
@@ -376,6 +377,13 @@ def _strata(block: dict[str, Any], out: Config) -> None:
     for key in ("device_budget", "host_budget", "nvme_budget"):
         if key in block:
             setattr(out, key, parse_bytes(block[key], f"strata.{key}"))
+    out.state_dtype = str(block.get("state_dtype", out.state_dtype))
+    if out.state_dtype == "int8":
+        raise ConfigError("strata.state_dtype int8: the engine does not "
+                          "store 8-bit state yet; use fp32 or bf16")
+    if out.state_dtype not in ("fp32", "bf16"):
+        raise ConfigError(f"strata.state_dtype {out.state_dtype!r}: use "
+                          f"fp32 (exact) or bf16 (half the bytes)")
     out.mode = str(block.get("mode", out.mode))
     if out.mode not in ("overlap", "after_backward"):
         raise ConfigError(f"strata.mode {out.mode!r}: use overlap or "

@@ -33,6 +33,7 @@ import torch
 import strata
 from strata._native import StrataError
 from strata.torch.flat import offsets
+from strata.torch.groups import dtype_name
 
 if TYPE_CHECKING:
     from strata.torch.engine import StrataEngine
@@ -162,14 +163,24 @@ class Saved:
                 for at, s, t in zip(offsets(saved), saved, tensors)]
 
     def read(self, name: str, shapes: list[torch.Size], role: str,
-             start: int, count: int) -> np.ndarray:
-        """Elements [start, start + count) of the flat layout of `role`."""
+             start: int, count: int, want: str) -> np.ndarray:
+        """Elements [start, start + count) of the flat layout of `role`,
+        whose dtype in the engine is `want`."""
         out: np.ndarray = np.zeros(0)
         for first, size, file, tensor in self.segments(name, shapes):
             if role not in tensor["roles"]:
                 raise _error(f"group {name!r} of the checkpoint has no "
                              f"{role}: it was saved under another config")
-            kind = _NUMPY[tensor["dtype"] if role == "compute" else "fp32"]
+            saved = (tensor["dtype"] if role == "compute"
+                     else tensor.get("state_dtype", "fp32")
+                     if role.startswith("state") else "fp32")
+            if saved != want:
+                raise StrataError(9, "failed precondition", (
+                    f"strata.torch: group {name!r}: {role} is {saved} in "
+                    f"the checkpoint but {want} in this engine; load it "
+                    f"with the config it was saved with (dtype, "
+                    f"strata.state_dtype)"))
+            kind = _NUMPY[saved]
             if out.size == 0:
                 out = np.zeros(count, dtype=kind)
             lo, hi = max(first, start), min(first + size, start + count)
@@ -197,7 +208,8 @@ def _fill(engine: "StrataEngine", group: "Group", source: Saved) -> None:
             else:
                 start = rt.ranks.rank * group.flat.shard
                 count = group.flat.shard
-            raw = source.read(group.name, shapes, info.role, start, count)
+            raw = source.read(group.name, shapes, info.role, start, count,
+                              dtype_name(target.dtype))
             value = torch.from_numpy(raw)
             if target.dtype == torch.bfloat16:
                 value = value.view(torch.bfloat16)

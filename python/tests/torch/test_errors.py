@@ -25,6 +25,12 @@ def test_an_unknown_key_is_named() -> None:
     with pytest.raises(st.ConfigError, match="strata.threads: 'no' is not "
                        "a number"):
         st.initialize(model(), config(strata={"threads": "no"}))
+    with pytest.raises(st.ConfigError, match="strata.state_dtype 'fp8': "
+                       "use fp32 .* or bf16"):
+        st.initialize(model(), config(strata={"state_dtype": "fp8"}))
+    with pytest.raises(st.ConfigError, match="int8: the engine does not "
+                       "store 8-bit state yet; use fp32 or bf16"):
+        st.initialize(model(), config(strata={"state_dtype": "int8"}))
 
 
 def test_ranks_keys_are_checked() -> None:

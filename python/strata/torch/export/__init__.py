@@ -156,7 +156,8 @@ def _sharded_tensors(path: Path, dtype: str
         kind = shard["dtype"] if role == "compute" else "fp32"
         for (name, _), shape, at in zip(group["params"], shapes,
                                         offsets(shapes)):
-            raw = saved.read(group["name"], shapes, role, at, shape.numel())
+            raw = saved.read(group["name"], shapes, role, at, shape.numel(),
+                             kind)
             value = torch.from_numpy(raw).view(_NUMPY[kind][1])
             value = value.reshape(shape)
             yield name, value.float() if dtype == "fp32" else value
