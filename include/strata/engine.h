@@ -131,7 +131,15 @@ class PinOwner;       // the store's side of a Pin (src/store/pin_owner.h)
 enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
 inline constexpr int kNumTiers = 3;
 
-enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+// kUInt8 is raw bytes: only a view of 8-bit optimizer state (its codes
+// and scales, Note [8-bit state] in strata/cpu_adam.h) has it; tensors are
+// registered in the other three.
+enum class DType : int {
+  kFloat32 = 0,
+  kBFloat16 = 1,
+  kFloat16 = 2,
+  kUInt8 = 3
+};
 
 // Roles. The master is the truth of a trained group's weights once set;
 // a group whose compute copy alone was written (its master never fetched
@@ -159,9 +167,9 @@ STRATA_EXPORT std::string_view RoleName(Role role);     // "compute", ...
 STRATA_EXPORT std::string_view DTypeName(DType dtype);  // "bf16", ...
 STRATA_EXPORT Result<DType> ParseDType(std::string_view name);
 STRATA_EXPORT size_t DTypeSize(DType dtype);
-// The dtype a role is stored in: the tensor's dtype for kCompute, bf16 for
-// kState1 and kState2 in StateFormat::kBF16, else fp32. (kQ8 has no dtype;
-// the engine refuses it.)
+// The dtype a role is stored in: the tensor's dtype for kCompute, for
+// kState1 and kState2 bf16 in StateFormat::kBF16 and raw bytes in kQ8,
+// else fp32.
 STRATA_EXPORT DType RoleDType(Role role, DType compute,
                               StateFormat state = StateFormat::kF32);
 
@@ -211,9 +219,11 @@ struct EngineOptions {
                            // effort, with advice printed once)
   int numa_node = -1;      // host tier node; -1: the GPU's, else caller's
   Bandwidths bandwidths;
-  // How every group's kState1 and kState2 are stored: kF32 or kBF16 (2
-  // bytes an element, as the optimizer rounds them); Save records it and
-  // Load refuses a checkpoint of another format.
+  // How every group's kState1 and kState2 are stored: kF32, kBF16 (2 bytes
+  // an element, as the optimizer rounds them) or kQ8 (a byte an element
+  // and a scale per 256, for tensors of at least 4096 elements; smaller
+  // ones stay fp32): their views are of dtype kUInt8 and shape {bytes}.
+  // Save records it and Load refuses a checkpoint of another format.
   StateFormat state_format = StateFormat::kF32;
 };
 

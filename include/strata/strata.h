@@ -113,7 +113,8 @@ typedef enum strata_tier {
 typedef enum strata_dtype {
   STRATA_DTYPE_FLOAT32 = 0,
   STRATA_DTYPE_BFLOAT16 = 1,
-  STRATA_DTYPE_FLOAT16 = 2
+  STRATA_DTYPE_FLOAT16 = 2,
+  STRATA_DTYPE_UINT8 = 3 /* raw bytes: views of 8-bit optimizer state only */
 } strata_dtype;
 
 typedef enum strata_role {
@@ -136,7 +137,9 @@ typedef enum strata_role {
 typedef enum strata_state_format {
   STRATA_STATE_FP32 = 0, /* 4 bytes an element, exact */
   STRATA_STATE_BF16 = 1, /* 2 bytes, rounded stochastically by the step */
-  STRATA_STATE_INT8 = 2  /* not stored by the engine yet: refused */
+  STRATA_STATE_INT8 = 2  /* a byte an element and a scale per 256 (tensors
+                            of 4096 elements or more; smaller ones fp32);
+                            views of it are STRATA_DTYPE_UINT8 bytes */
 } strata_state_format;
 
 typedef enum strata_device_kind {

@@ -42,7 +42,7 @@ __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
 
 TIERS = {"device": 0, "host": 1, "nvme": 2}
 ROLES = {"compute": 0, "master": 1, "state1": 2, "state2": 3, "grad": 4}
-DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2, "u8": 3}  # u8: int8 state
 STATE_DTYPES = {"fp32": 0, "bf16": 1, "int8": 2}
 ALL_ROLES = (1 << len(ROLES)) - 1
 _DEVICES = {"auto": 0, "cuda": 1, "host": 2}
@@ -129,8 +129,10 @@ class Engine(Tracked):
     optimizer on the CPU, device_roles="compute" lets it count the compute
     copies alone. `cuda_device` is the GPU's index (torch's cuda:N) when
     the device is CUDA. `state_dtype` is how the state roles are stored:
-    "fp32" (exact) or "bf16" (half the bytes, rounded stochastically by
-    the optimizer's step); a checkpoint loads only at its own.
+    "fp32" (exact), "bf16" (half the bytes, rounded stochastically by the
+    optimizer's step) or "int8" (a byte an element and a scale per 256,
+    for tensors of 4096 elements or more: views of it are "u8" bytes); a
+    checkpoint loads only at its own.
 
     close() frees it and removes its swap files; it refuses while views
     or optimizers of it are open, unless close(force=True), which releases

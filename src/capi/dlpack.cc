@@ -42,6 +42,10 @@ DLDataType ToDLDataType(DType dtype) {
       out.code = kDLFloat;
       out.bits = 16;
       return out;
+    case DType::kUInt8:
+      out.code = kDLUInt;
+      out.bits = 8;
+      return out;
   }
   STRATA_CHECK(!"unknown DType");
   return out;

@@ -19,6 +19,9 @@
 #include "src/ckpt/manifest.h"
 
 namespace strata::ckpt {
+
+using store::TensorBytes;
+
 namespace {
 
 std::atomic<SaveStageHook> stage_hook{nullptr};
@@ -197,7 +200,7 @@ Status WriteGroup(Env& env, Engine& engine, int g, const std::string& path,
         for (const TensorEntry& t : entry.tensors) {
           if ((t.roles & RoleBit(role)) == 0) continue;
           const TensorView* data = view.Find(t.name, role);
-          STRATA_CHECK(data != nullptr && data->bytes == RoleBytes(t, role));
+          STRATA_CHECK(data != nullptr && data->bytes == TensorBytes(t, role));
           STRATA_RETURN_IF_ERROR(
               file->Write(t.offset[role], data->data, data->bytes));
           XXH3_64bits_update(hasher.get(), data->data, data->bytes);
@@ -353,18 +356,18 @@ Status VerifyFiles(Env& env, const std::string& dir, const Manifest& manifest) {
 Status LoadGroup(Env& env, Engine& engine, int g, const std::string& path,
                  const GroupEntry& entry, uint64_t* bytes) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, env.OpenFile(path));
-  return ForEachRole(
-      engine, g, entry.roles, Access::kOverwrite,
-      [&](Role role, const GroupView& view) {
-        for (const TensorView& t : view.tensors) {
-          const TensorEntry* saved = entry.Find(t.name);
-          STRATA_CHECK(saved != nullptr && t.bytes == RoleBytes(*saved, role));
-          STRATA_RETURN_IF_ERROR(
-              file->Read(saved->offset[role], t.data, t.bytes));
-          *bytes += t.bytes;
-        }
-        return Status();
-      });
+  return ForEachRole(engine, g, entry.roles, Access::kOverwrite,
+                     [&](Role role, const GroupView& view) {
+                       for (const TensorView& t : view.tensors) {
+                         const TensorEntry* saved = entry.Find(t.name);
+                         STRATA_CHECK(saved != nullptr &&
+                                      t.bytes == TensorBytes(*saved, role));
+                         STRATA_RETURN_IF_ERROR(
+                             file->Read(saved->offset[role], t.data, t.bytes));
+                         *bytes += t.bytes;
+                       }
+                       return Status();
+                     });
 }
 
 }  // namespace

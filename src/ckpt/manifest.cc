@@ -170,7 +170,7 @@ Result<TensorEntry> ParseTensor(const Json& j, const std::string& at,
     t.roles |= RoleBit(role);
     const uint64_t at_byte = Integer<uint64_t>(offset);
     t.offset[role] = at_byte;
-    const uint64_t bytes = RoleBytes(t, role);
+    const uint64_t bytes = store::TensorBytes(t, role);
     if (bytes > file_bytes || at_byte > file_bytes - bytes) {
       return Status::DataLoss("the tensor lies beyond the file");
     }
@@ -188,7 +188,7 @@ uint64_t Pack(std::vector<TensorEntry>& tensors) {
     for (TensorEntry& t : tensors) {
       if ((t.roles & RoleBit(role)) == 0) continue;
       t.offset[role] = bytes;
-      bytes += RoleBytes(t, role);
+      bytes += store::TensorBytes(t, role);
     }
   }
   return bytes;
@@ -346,11 +346,6 @@ Status Damaged(const std::string& what) {
       what +
       "; the checkpoint is damaged: restore it from a backup "
       "or save a new one");
-}
-
-uint64_t RoleBytes(const TensorEntry& tensor, Role role) {
-  return tensor.elements *
-         DTypeSize(RoleDType(role, tensor.dtype, tensor.state));
 }
 
 const TensorEntry* GroupEntry::Find(std::string_view tensor) const {

@@ -31,8 +31,6 @@ inline constexpr char kManifestName[] = "manifest.json";
 // A tensor of a group's file: its layout, with `offset` the byte offset of
 // each role in the file (not in a chunk).
 using TensorEntry = store::TensorLayout;
-// Bytes of `role` in the file: the elements times the role's dtype size.
-uint64_t RoleBytes(const TensorEntry& tensor, Role role);
 
 struct GroupEntry {
   std::string name;

@@ -21,6 +21,8 @@ FloatType FloatTypeOf(DType dtype) {
       return FloatType::kBF16;
     case DType::kFloat16:
       return FloatType::kF16;
+    case DType::kUInt8:  // no compute copy has it
+      break;
   }
   STRATA_CHECK(false);
   return FloatType::kF32;
@@ -117,12 +119,19 @@ Status OffloadOptimizer::Impl::InspectGroups() {
           "in place; register its tensors with 'master'",
           layout.name, DTypeName(layout.tensors[0].dtype)));
     }
+    if (layout.packed_state && !UsesState2(options_.algo)) {
+      return Status::FailedPrecondition(fmt::format(
+          "group '{}' keeps its optimizer state in int8, which {} cannot "
+          "step (Adam and AdamW only); open the engine with fp32 or bf16 "
+          "state",
+          layout.name, OptimAlgoName(options_.algo)));
+    }
     g.trainable = true;
     ++trainable;
     g.n = layout.elements[master ? Role::kMaster : Role::kCompute];
     g.compute = FloatTypeOf(layout.tensors[0].dtype);
     g.compute_bytes = g.n * FloatTypeSize(g.compute);
-    g.state = layout.tensors[0].state;  // every tensor's: it has state1
+    g.state = layout.tensors[0].state;  // unless packed_state: per tensor
     g.step_roles = roles & ~kGradBit;
     ReadHomes(layout, roles, g);
     speculates_ = speculates_ || g.speculative;

@@ -263,6 +263,8 @@ class OffloadOptimizer::Impl {
   };
   Result<StepHold> HoldForStep(int group, store::Residency::Access extra,
                                bool speculative);
+  Result<StepReport> Step(int group, const StepOptions& step,
+                          const OptimBuffers& whole);
   Status StepGroup(int group, StepHold& hold, const void* grads,
                    FloatType grad_type, const StepParams& params);
   // Prefetches the state of the groups that step after `group` (-1: the

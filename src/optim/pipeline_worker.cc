@@ -243,7 +243,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
                 h.weight_decay, h.lr_decay, params.step};
   step.prep = {static_cast<float>(1.0 / h.loss_scale), params.clip_coef};
   step.overflow = OverflowPolicy::kStopAtNonFinite;
-  Result<StepReport> report = cpu_->Step(step, b);
+  Result<StepReport> report = Step(group, step, b);
   if (report.ok() && g.compute == FloatType::kF32 && !g.in_place) {
     std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
   }
@@ -271,6 +271,44 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
     changed_.notify_all();
   }
   return released;
+}
+
+// Steps the group's buffers `whole` in one pass, or with packed state (kQ8:
+// src/store/layout.h) tensor by tensor, each in its own format, stopping at
+// the first that does not apply.
+Result<StepReport> OffloadOptimizer::Impl::Step(int group,
+                                                const StepOptions& step,
+                                                const OptimBuffers& whole) {
+  const store::GroupLayout& layout = parts_.residency->layout(group);
+  if (!layout.packed_state) return cpu_->Step(step, whole);
+  auto at = [](const void* base, uint64_t bytes) {
+    return static_cast<char*>(const_cast<void*>(base)) + bytes;
+  };
+  const size_t grad_width = FloatTypeSize(whole.grad_type);
+  const size_t out_width = FloatTypeSize(whole.out_type);
+  StepReport report;
+  for (const store::TensorLayout& t : layout.tensors) {
+    OptimBuffers b = whole;
+    b.params = whole.params + t.element;
+    b.grads = at(whole.grads, t.element * grad_width);
+    b.state1 = at(whole.state1, t.offset[Role::kState1]);
+    b.state2 = whole.state2 == nullptr
+                   ? nullptr
+                   : at(whole.state2, t.offset[Role::kState2]);
+    b.state_format = t.state;
+    if (t.state == StateFormat::kQ8) {
+      const uint64_t codes = Q8Blocks(t.elements) * kQ8Block;
+      b.state1_scale = reinterpret_cast<float*>(at(b.state1, codes));
+      b.state2_scale = reinterpret_cast<float*>(at(b.state2, codes));
+    }
+    if (whole.params_out != nullptr) {
+      b.params_out = at(whole.params_out, t.element * out_width);
+    }
+    b.n = t.elements;
+    STRATA_ASSIGN_OR_RETURN(report, cpu_->Step(step, b));
+    if (report.overflow()) break;
+  }
+  return report;
 }
 
 void OffloadOptimizer::Impl::ReadAhead(int group) {

@@ -97,12 +97,6 @@ Status Engine::Impl::Open(const EngineOptions& options,
     return Status::InvalidArgument("io_threads must be in 1..64, not " +
                                    std::to_string(options.io_threads));
   }
-  if (options.state_format != StateFormat::kF32 &&
-      options.state_format != StateFormat::kBF16) {
-    return Status::InvalidArgument(
-        "state_format " + std::string(StateFormatName(options.state_format)) +
-        " is not stored by the engine yet; use fp32 or bf16");
-  }
   STRATA_ASSIGN_OR_RETURN(tier::DeviceKind kind,
                           tier::ParseDeviceKind(options.device));
   aio::IoOptions aio_options;
@@ -177,9 +171,12 @@ Result<GroupView> Engine::Impl::Fetch(int group, Tier tier,
     for (Role role : kRoles) {
       if ((t.roles & RoleBit(role) & opt.roles) == 0) continue;
       const DType dtype = RoleDType(role, t.dtype, t.state);
-      view.tensors.push_back({t.name, role, dtype, t.shape,
-                              fetched.base[role] + t.offset[role],
-                              t.elements * DTypeSize(dtype), tier, cuda});
+      const uint64_t bytes = store::TensorBytes(t, role);
+      view.tensors.push_back(
+          {t.name, role, dtype,
+           dtype == DType::kUInt8 ? std::vector{static_cast<int64_t>(bytes)}
+                                  : t.shape,
+           fetched.base[role] + t.offset[role], bytes, tier, cuda});
     }
   }
   return view;

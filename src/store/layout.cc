@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <set>
 
+#include "strata/cpu_adam.h"
+
 namespace strata::store {
 namespace {
+
+constexpr RoleMask kStateRoles =
+    RoleBit(Role::kState1) | RoleBit(Role::kState2);
 
 uint64_t AlignUp(uint64_t value, uint64_t align) {
   return (value + align - 1) / align * align;
@@ -20,6 +25,14 @@ bool ValidTier(Tier tier) {
 
 }  // namespace
 
+uint64_t TensorBytes(const TensorLayout& t, Role role) {
+  const bool state = (RoleBit(role) & kStateRoles) != 0;
+  if (state && t.state == StateFormat::kQ8) {
+    return Q8Blocks(t.elements) * (kQ8Block + sizeof(float));
+  }
+  return t.elements * DTypeSize(RoleDType(role, t.dtype, t.state));
+}
+
 uint64_t ShapeElements(const std::vector<int64_t>& shape) {
   uint64_t n = 1;
   for (int64_t dim : shape) {
@@ -34,12 +47,23 @@ uint64_t ShapeElements(const std::vector<int64_t>& shape) {
 
 namespace {
 
-// The element width of each role (its widest dtype) and the element index
-// just past its last tensor (0: no tensor has the role).
+// The element width of each role (its widest dtype), the element index
+// just past its last tensor (0: no tensor has the role) and the bytes its
+// tensors span.
 struct RoleExtents {
   RoleArray<uint64_t> width;
   RoleArray<uint64_t> end;
+  RoleArray<uint64_t> bytes;
 };
+
+// A tensor's state format in a group whose state is in `state`.
+StateFormat TensorState(const TensorSpec& t, StateFormat state) {
+  if ((t.roles & kStateRoles) == 0) return StateFormat::kF32;
+  if (state == StateFormat::kQ8 && ShapeElements(t.shape) < kQ8MinElements) {
+    return StateFormat::kF32;
+  }
+  return state;
+}
 
 Status CheckTensor(const GroupSpec& spec, const TensorSpec& t,
                    std::set<std::string>& names) {
@@ -78,13 +102,12 @@ Result<RoleExtents> PlaceTensors(const GroupSpec& spec, StateFormat state,
     tl.roles = t.roles;
     tl.elements = ShapeElements(t.shape);
     tl.element = element;
-    const RoleMask states = RoleBit(Role::kState1) | RoleBit(Role::kState2);
-    tl.state = (t.roles & states) != 0 ? state : StateFormat::kF32;
+    tl.state = TensorState(t, state);
     element = AlignUp(element + tl.elements, kTensorAlignElements);
     for (Role role : kRoles) {
       if ((t.roles & RoleBit(role)) == 0) continue;
       extents.width[role] = std::max<uint64_t>(
-          extents.width[role], DTypeSize(RoleDType(role, t.dtype, state)));
+          extents.width[role], DTypeSize(RoleDType(role, t.dtype, tl.state)));
       extents.end[role] = tl.element + tl.elements;
     }
     layout.roles |= t.roles;
@@ -108,11 +131,9 @@ Status AddChunks(const GroupSpec& spec, const Placement& placement,
                                "device_roles");
     }
     layout.chunk_of_role[r] = static_cast<int>(layout.chunks.size());
-    layout.chunks.push_back(
-        {.role = r,
-         .home = home,
-         .bytes = AlignUp(extents.end[r] * extents.width[r], kChunkAlign),
-         .width = extents.width[r]});
+    layout.chunks.push_back({.role = r,
+                             .home = home,
+                             .bytes = AlignUp(extents.bytes[r], kChunkAlign)});
   }
   return Status();
 }
@@ -126,18 +147,24 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
     return Status::InvalidArgument("a group needs a name");
   }
   if (spec.tensors.empty()) return Invalid(spec, "has no tensors");
-  STRATA_CHECK(state == StateFormat::kF32 || state == StateFormat::kBF16);
   const Placement& placement =
       spec.use_default_placement ? defaults : spec.placement;
   GroupLayout layout;
   layout.name = spec.name;
-  STRATA_ASSIGN_OR_RETURN(const RoleExtents extents,
+  layout.packed_state = state == StateFormat::kQ8;
+  STRATA_ASSIGN_OR_RETURN(RoleExtents extents,
                           PlaceTensors(spec, state, layout));
-  // Pass 2: element offsets become byte offsets at each role's width.
+  // Pass 2: element offsets become byte offsets at each role's width, or
+  // packed state follows the previous tensor's.
   for (TensorLayout& tl : layout.tensors) {
     for (Role role : kRoles) {
-      if ((tl.roles & RoleBit(role)) != 0) {
+      if ((tl.roles & RoleBit(role)) == 0) continue;
+      if (layout.packed_state && (RoleBit(role) & kStateRoles) != 0) {
+        tl.offset[role] = AlignUp(extents.bytes[role], kQ8Block);
+        extents.bytes[role] = tl.offset[role] + TensorBytes(tl, role);
+      } else {
         tl.offset[role] = tl.element * extents.width[role];
+        extents.bytes[role] = extents.end[role] * extents.width[role];
       }
     }
   }

@@ -9,6 +9,13 @@
 // optimizer state and the gradients of a group line up, and the optimizer
 // can update a whole group in one pass over flat arrays. Gaps (alignment,
 // and tensors that lack a role) are never handed out and stay zero.
+//
+// Except the state roles in 8-bit (StateFormat::kQ8, Note [8-bit state] in
+// strata/cpu_adam.h): there a tensor of at least kQ8MinElements elements
+// keeps its codes (padded to whole blocks) followed by its scales, a
+// smaller one fp32 elements (a few blocks gain nothing, and bitsandbytes
+// and torchao keep them so too), each tensor's bytes packed in order at
+// 256-byte boundaries; the optimizer steps such a group tensor by tensor.
 // Pure: validation and arithmetic, no memory.
 #ifndef STRATA_SRC_STORE_LAYOUT_H_
 #define STRATA_SRC_STORE_LAYOUT_H_
@@ -25,6 +32,7 @@ namespace strata::store {
 
 inline constexpr uint64_t kTensorAlignElements = 128;
 inline constexpr uint64_t kChunkAlign = 4096;
+inline constexpr uint64_t kQ8MinElements = 4096;
 
 struct TensorLayout {
   std::string name;
@@ -37,11 +45,14 @@ struct TensorLayout {
   StateFormat state = StateFormat::kF32;  // of kState1 and kState2
 };
 
+// The bytes of `role` of tensor `t`: its elements at the role's dtype, or
+// in kQ8, the codes of whole blocks and a 4-byte scale a block.
+uint64_t TensorBytes(const TensorLayout& t, Role role);
+
 struct ChunkLayout {
   Role role = Role::kCompute;
   Tier home = Tier::kHost;
   uint64_t bytes = 0;  // a multiple of kChunkAlign
-  uint64_t width = 0;  // bytes per element
 };
 
 struct GroupLayout {
@@ -53,6 +64,9 @@ struct GroupLayout {
   RoleMask device_roles = kAllRoles;  // Placement::device_roles
   // Per role: the element index just past its last tensor (0: unused).
   RoleArray<uint64_t> elements;
+  // The state roles hold each tensor's bytes packed, not element e at
+  // e * width (kQ8): the optimizer steps the group tensor by tensor.
+  bool packed_state = false;
 };
 
 // Element count of `shape`, or 0 when a dimension is zero or negative or
@@ -60,8 +74,7 @@ struct GroupLayout {
 uint64_t ShapeElements(const std::vector<int64_t>& shape);
 
 // Validates `spec` (names, shapes, dtypes, roles, placements) and packs it,
-// its state roles in `state` (kF32 or kBF16: Engine::Open refuses the
-// rest). Errors name the group and
+// its state roles in `state`. Errors name the group and
 // tensor at fault.
 Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
                                      const Placement& defaults,

@@ -25,6 +25,8 @@ void Widen(const TensorView& compute, const TensorView& master) {
     case DType::kFloat16:
       for (uint64_t i = 0; i < n; ++i) out[i] = cpu_adam::F16ToF32(in[i]);
       return;
+    case DType::kUInt8:  // no compute copy has it
+      STRATA_CHECK(false);
   }
 }
 

@@ -152,11 +152,11 @@ Status Residency::Transfer(Lock& lk, int id, Tier tier, Tier from, Reason why) {
 // The layout is fixed after registration, so this reads it without the lock.
 Status Residency::ZeroPadding(const Chunk& c, const transport::Place& to) {
   const GroupLayout& layout = groups_[c.group].layout;
-  const uint64_t width = layout.chunks[layout.chunk_of_role[c.role]].width;
   std::vector<std::pair<uint64_t, uint64_t>> used;  // byte ranges of tensors
   for (const TensorLayout& t : layout.tensors) {
     if ((t.roles & RoleBit(c.role)) == 0) continue;
-    used.emplace_back(t.offset[c.role], t.offset[c.role] + t.elements * width);
+    used.emplace_back(t.offset[c.role],
+                      t.offset[c.role] + TensorBytes(t, c.role));
   }
   std::sort(used.begin(), used.end());
   uint64_t at = 0;

@@ -40,6 +40,8 @@ std::string_view DTypeName(DType dtype) {
       return "bf16";
     case DType::kFloat16:
       return "fp16";
+    case DType::kUInt8:
+      return "u8";
   }
   return "unknown";
 }
@@ -52,13 +54,16 @@ Result<DType> ParseDType(std::string_view name) {
                                  "' is not one of bf16, fp16, fp32");
 }
 
-size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+size_t DTypeSize(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : dtype == DType::kUInt8 ? 1 : 2;
+}
 
 DType RoleDType(Role role, DType compute, StateFormat state) {
   if (role == Role::kCompute) return compute;
-  const bool state_role = role == Role::kState1 || role == Role::kState2;
-  return state_role && state == StateFormat::kBF16 ? DType::kBFloat16
-                                                   : DType::kFloat32;
+  if (role != Role::kState1 && role != Role::kState2) return DType::kFloat32;
+  return state == StateFormat::kBF16 ? DType::kBFloat16
+         : state == StateFormat::kQ8 ? DType::kUInt8
+                                     : DType::kFloat32;
 }
 
 const TensorView* GroupView::Find(std::string_view name, Role role) const {

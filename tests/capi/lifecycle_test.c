@@ -285,28 +285,21 @@ static void CheckCudaExport(void) {
   CHECK_OK(strata_engine_close(engine));
 }
 
-/* The state roles are stored in the engine's strata_state_format: bf16
- * views of them are 2 bytes an element; a value outside the enum, and
- * int8 (not stored by the engine yet), are refused at open. */
-static void CheckStateFormat(void) {
+/* Opens a host engine of `format` with one group, a bf16 tensor of
+ * `elements` with every role, and checks its state1 view: `dtype` and
+ * `bytes`. */
+static void CheckStateView(int32_t format, int64_t elements, int32_t dtype,
+                           uint64_t bytes) {
   strata_engine_options options;
   CHECK_OK(strata_engine_options_init(&options));
-  CHECK(options.state_format == STRATA_STATE_FP32);
   options.device = STRATA_DEVICE_HOST;
   options.device_budget = 1 * MIB;
   options.host_budget = 2 * MIB;
+  options.state_format = format;
   strata_engine* engine = NULL;
-  options.state_format = 7;
-  CHECK_FAILS(STRATA_INVALID_ARGUMENT, strata_engine_open(&options, &engine));
-  CHECK(strstr(strata_last_error(), "strata_state_format") != NULL);
-  options.state_format = STRATA_STATE_INT8;
-  CHECK_FAILS(STRATA_INVALID_ARGUMENT, strata_engine_open(&options, &engine));
-  CHECK(strstr(strata_last_error(), "use fp32 or bf16") != NULL);
-  options.state_format = STRATA_STATE_BF16;
   CHECK_OK(strata_engine_open(&options, &engine));
-  const int64_t shape[1] = {1000};
   strata_tensor_spec tensor = {
-      "w", shape, 1, STRATA_DTYPE_BFLOAT16, STRATA_ALL_ROLES, 0};
+      "w", &elements, 1, STRATA_DTYPE_BFLOAT16, STRATA_ALL_ROLES, 0};
   strata_group_spec spec;
   CHECK_OK(strata_group_spec_init(&spec));
   spec.name = "layer";
@@ -320,10 +313,33 @@ static void CheckStateFormat(void) {
   strata_tensor_info info;
   info.struct_size = sizeof(info);
   CHECK_OK(strata_view_get_tensor(view, 0, &info));
-  CHECK(info.role == STRATA_ROLE_STATE1 &&
-        info.dtype == STRATA_DTYPE_BFLOAT16 && info.bytes == 2000);
+  CHECK(info.role == STRATA_ROLE_STATE1 && info.dtype == dtype &&
+        info.bytes == bytes);
+  DLManagedTensor* managed = NULL;
+  CHECK_OK(strata_view_export_dlpack(view, 0, &managed));
+  CHECK(managed->dl_tensor.dtype.bits ==
+        (dtype == STRATA_DTYPE_UINT8 ? 8 : 16));
+  managed->deleter(managed);
   CHECK_OK(strata_view_release(view));
   CHECK_OK(strata_engine_close(engine));
+}
+
+/* The state roles are stored in the engine's strata_state_format: bf16
+ * views are 2 bytes an element, int8 ones bytes (codes and a scale per
+ * 256 elements); a value outside the enum is refused at open. */
+static void CheckStateFormat(void) {
+  strata_engine_options options;
+  CHECK_OK(strata_engine_options_init(&options));
+  CHECK(options.state_format == STRATA_STATE_FP32);
+  options.device = STRATA_DEVICE_HOST;
+  options.device_budget = 1 * MIB;
+  options.host_budget = 2 * MIB;
+  options.state_format = 7;
+  strata_engine* engine = NULL;
+  CHECK_FAILS(STRATA_INVALID_ARGUMENT, strata_engine_open(&options, &engine));
+  CHECK(strstr(strata_last_error(), "strata_state_format") != NULL);
+  CheckStateView(STRATA_STATE_BF16, 1000, STRATA_DTYPE_BFLOAT16, 2000);
+  CheckStateView(STRATA_STATE_INT8, 5000, STRATA_DTYPE_UINT8, 20 * 260);
 }
 
 static void* FailInThread(void* arg) {

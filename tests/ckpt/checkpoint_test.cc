@@ -206,39 +206,64 @@ TEST_F(CheckpointTest, RoundTripIntoAnotherPlacement) {
   EXPECT_EQ(Differs(*source, 1), "");
 }
 
-// State in bf16 (EngineOptions::state_format) is 2 bytes an element in the
+// State in bf16 or int8 (EngineOptions::state_format) is stored so in the
 // engine and the file and is named in the manifest; an engine of another
 // format is refused, naming both and the fix. fp32 state is not named, as
 // in checkpoints from before the field.
 TEST_F(CheckpointTest, TheStateFormatIsSavedAndAnotherRefused) {
-  state_ = StateFormat::kBF16;
-  auto source = Source();
-  ASSERT_NE(source, nullptr);
-  Write(*source, 1);
-  ASSERT_TRUE(source->Save(Ckpt()).ok());
-  // "embed": w (bf16 compute, master) and b (fp32 compute and master, two
-  // state roles of 2 bytes).
-  EXPECT_EQ(fs::file_size(Ckpt() + "/group-000000.bin"),
-            64 * 96 * (2 + 4) + 96 * (4 + 4 + 2 + 2));
-  auto target = Target();
-  ASSERT_NE(target, nullptr);
-  Status s = target->Load(Ckpt());
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(Differs(*target, 1), "");
+  struct Case {
+    StateFormat state;
+    int group;       // whose file size is checked
+    uint64_t bytes;  // ... and its bytes
+    std::vector<std::string> said;
+  };
+  const std::vector<Case> cases = {
+      // "embed": w (bf16 compute, master) and b (fp32 compute and master,
+      // two state roles of 2 bytes).
+      {StateFormat::kBF16,
+       0,
+       64 * 96 * (2 + 4) + 96 * (4 + 4 + 2 + 2),
+       {"group 'embed'", "tensor 'b'", "state in bf16"}},
+      // "layer.0": w (4224 fp16 elements, a master, gradients and 17
+      // blocks of codes and scales in each state role) and n (7 bf16).
+      {StateFormat::kQ8,
+       1,
+       4224 * (2 + 4 + 4) + 2 * 17 * (256 + 4) + 7 * 2,
+       {"group 'layer.0'", "tensor 'w'", "state in int8"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(StateFormatName(c.state)));
+    const std::string ckpt = Ckpt() + std::string(StateFormatName(c.state));
+    state_ = c.state;
+    auto source = Source();
+    ASSERT_NE(source, nullptr);
+    Write(*source, 1);
+    ASSERT_TRUE(source->Save(ckpt).ok());
+    EXPECT_EQ(
+        fs::file_size(ckpt + "/group-00000" + std::to_string(c.group) + ".bin"),
+        c.bytes);
+    auto target = Target();
+    ASSERT_NE(target, nullptr);
+    Status s = target->Load(ckpt);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(Differs(*target, 1), "");
 
-  state_ = StateFormat::kF32;
-  auto fp32 = Target();
-  ASSERT_NE(fp32, nullptr);
-  Write(*fp32, 7);
-  s = fp32->Load(Ckpt());
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
-  for (const char* part : {"group 'embed'", "tensor 'b'", "state in bf16",
-                           "fp32 in this engine", "state format"}) {
-    EXPECT_NE(s.message().find(part), std::string::npos)
-        << "'" << part << "' not in: " << s.message();
+    state_ = StateFormat::kF32;
+    auto fp32 = Target();
+    ASSERT_NE(fp32, nullptr);
+    Write(*fp32, 7);
+    s = fp32->Load(ckpt);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    std::vector<std::string> said = c.said;
+    said.insert(said.end(), {"fp32 in this engine", "state format"});
+    for (const std::string& part : said) {
+      EXPECT_NE(s.message().find(part), std::string::npos)
+          << "'" << part << "' not in: " << s.message();
+    }
+    EXPECT_EQ(Differs(*fp32, 7), "");
   }
-  EXPECT_EQ(Differs(*fp32, 7), "");
   const std::string saved = dir_.File("fp32");
+  auto fp32 = Target();
   ASSERT_TRUE(fp32->Save(saved).ok());
   std::ifstream manifest(saved + "/manifest.json");
   const std::string text((std::istreambuf_iterator<char>(manifest)),

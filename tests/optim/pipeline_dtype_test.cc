@@ -5,8 +5,10 @@
 // written, the rest left as the zeros AcquireGradients promises). Each
 // trained group is checked against cpu_adam stepping a flat copy of its
 // chunks in memory, bit for bit: with the state on the host, and on NVMe
-// with speculative steps and a skipped one; with the state in fp32 and in
-// bf16 (the reference rounding as the pipeline must: seed = group id).
+// with speculative steps and a skipped one; with the state in fp32, in bf16
+// (the reference rounding as the pipeline must: seed = group id) and in
+// int8 (stepped tensor by tensor: the tensor of 4096 elements or more in
+// 8 bits, the smaller ones in fp32).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -56,18 +58,28 @@ FloatType FloatTypeOf(DType dtype) {
 class MixedModelTest
     : public testing::TestWithParam<std::tuple<bool, StateFormat>> {
  protected:
+  // A tensor's place in the flat arrays and, with int8 state, its own
+  // state (codes and scales, or fp32 for a small tensor).
+  struct Tensor {
+    std::string name;
+    uint64_t element = 0, elements = 0;
+    StateFormat state = StateFormat::kF32;
+    std::vector<char> m, v;
+  };
   struct Group {
     DType dtype = DType::kFloat32;
     bool has_master = true;
     uint64_t n = 0;  // elements of each role's chunk, padding included
     std::vector<float> master, grads;
     std::vector<char> compute;  // n elements of dtype
-    std::vector<char> m, v;     // n elements of the state format
+    std::vector<char> m, v;     // n elements of the state format (not int8)
+    std::vector<Tensor> tensors;
   };
 
   bool OnNvme() const { return std::get<0>(GetParam()); }
   StateFormat State() const { return std::get<1>(GetParam()); }
-  size_t StateWidth() const { return State() == StateFormat::kF32 ? 4 : 2; }
+  bool Packed() const { return State() == StateFormat::kQ8; }
+  size_t StateWidth() const { return State() == StateFormat::kBF16 ? 2 : 4; }
 
   void SetUp() override {
     EngineOptions options;
@@ -100,6 +112,7 @@ class MixedModelTest
       // between the tensors, and the last element is a real one.
       spec.tensors.push_back({"w", {37, 29}, t.dtype, roles});
       spec.tensors.push_back({"b", {333}, t.dtype, roles});
+      spec.tensors.push_back({"u", {65, 64}, t.dtype, roles});  // 8-bit
       ASSERT_TRUE(engine_->RegisterGroup(spec).ok());
     }
     OffloadOptimizerOptions o;
@@ -137,9 +150,19 @@ class MixedModelTest
         base = std::min(base, at);
       }
       for (const TensorView& t : view->tensors) {
-        const uint64_t end =
-            (static_cast<const char*>(t.data) - base + t.bytes) / 4;
-        r.n = std::max(r.n, end);
+        const uint64_t at = (static_cast<const char*>(t.data) - base) / 4;
+        r.n = std::max(r.n, at + t.bytes / 4);
+        Tensor& rt = r.tensors.emplace_back();
+        rt.name = t.name;
+        rt.element = at;
+        rt.elements = t.bytes / 4;
+        rt.state = Packed() && rt.elements >= 4096 ? StateFormat::kQ8
+                                                   : StateFormat::kF32;
+        const uint64_t bytes = rt.state == StateFormat::kQ8
+                                   ? Q8Blocks(rt.elements) * (kQ8Block + 4)
+                                   : rt.elements * 4;
+        rt.m.assign(bytes, 0);
+        rt.v.assign(bytes, 0);
       }
       r.master.assign(r.n, 0.0f);
       r.m.assign(r.n * StateWidth(), 0);
@@ -201,6 +224,10 @@ class MixedModelTest
   }
 
   void ReferenceStep(const StepHyper& h, int64_t step) {
+    StepOptions o;
+    o.algo = OptimAlgo::kAdamW;
+    o.hyper = {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.lr_decay, step};
+    o.prep = {static_cast<float>(1.0 / h.loss_scale), 1.0f};
     for (size_t g = 1; g < groups_.size(); ++g) {
       Group& r = groups_[g];
       const bool f32 = r.dtype == DType::kFloat32;
@@ -215,15 +242,50 @@ class MixedModelTest
       b.params_out = f32 ? nullptr : r.compute.data();
       b.out_type = f32 ? FloatType::kBF16 : FloatTypeOf(r.dtype);
       b.n = r.n;
-      StepOptions o;
-      o.algo = OptimAlgo::kAdamW;
-      o.hyper = {h.lr,           h.beta1,    h.beta2, h.eps,
-                 h.weight_decay, h.lr_decay, step};
-      o.prep = {static_cast<float>(1.0 / h.loss_scale), 1.0f};
-      auto report = cpu_->Step(o, b);
-      ASSERT_TRUE(report.ok() && !report->overflow());
+      if (Packed()) {
+        StepTensors(o, b, r);
+      } else {
+        auto report = cpu_->Step(o, b);
+        ASSERT_TRUE(report.ok() && !report->overflow());
+      }
       if (f32) std::memcpy(r.compute.data(), r.master.data(), r.n * 4);
     }
+  }
+
+  // The reference of a group with int8 state: a step per tensor, each in
+  // its own format, over the group's buffers `b`.
+  void StepTensors(const StepOptions& o, const OptimBuffers& b, Group& r) {
+    for (Tensor& t : r.tensors) {
+      OptimBuffers tb = b;
+      tb.params = r.master.data() + t.element;
+      tb.grads = r.grads.data() + t.element;
+      tb.state1 = t.m.data();
+      tb.state2 = t.v.data();
+      tb.state_format = t.state;
+      if (t.state == StateFormat::kQ8) {
+        const uint64_t codes = Q8Blocks(t.elements) * kQ8Block;
+        tb.state1_scale = reinterpret_cast<float*>(t.m.data() + codes);
+        tb.state2_scale = reinterpret_cast<float*>(t.v.data() + codes);
+      }
+      if (b.params_out != nullptr) {
+        tb.params_out = r.compute.data() + t.element * DTypeSize(r.dtype);
+      }
+      tb.n = t.elements;
+      auto report = cpu_->Step(o, tb);
+      ASSERT_TRUE(report.ok() && !report->overflow());
+    }
+  }
+
+  // The reference's bytes of state role `role` of tensor `name`.
+  const char* ReferenceState(const Group& r, const std::string& name,
+                             Role role) const {
+    for (const Tensor& t : r.tensors) {
+      if (t.name != name) continue;
+      if (Packed()) return (role == Role::kState1 ? t.m : t.v).data();
+      return (role == Role::kState1 ? r.m : r.v).data() +
+             t.element * StateWidth();
+    }
+    return nullptr;
   }
 
   // Every trained chunk, padding included, against the reference; the
@@ -239,11 +301,24 @@ class MixedModelTest
         const char* base = static_cast<const char*>(view->tensors[0].data);
         for (const TensorView& t : view->tensors) {
           base = std::min(base, static_cast<const char*>(t.data));
-          if (role == Role::kState1 || role == Role::kState2) {
-            EXPECT_EQ(t.dtype, RoleDType(role, r.dtype, State()));
-            EXPECT_EQ(t.bytes, t.name == "w" ? 37 * 29 * StateWidth()
-                                             : 333 * StateWidth());
-          }
+          if (role != Role::kState1 && role != Role::kState2) continue;
+          const bool q8 = Packed() && t.name == "u";
+          EXPECT_EQ(t.dtype, q8         ? DType::kUInt8
+                             : Packed() ? DType::kFloat32
+                                        : RoleDType(role, r.dtype, State()));
+          EXPECT_EQ(t.bytes, t.name == "w"   ? 37 * 29 * StateWidth()
+                             : t.name == "b" ? 333 * StateWidth()
+                             : q8            ? 17 * (256 + 4)
+                                             : 65 * 64 * StateWidth());
+          EXPECT_EQ(
+              std::memcmp(t.data, ReferenceState(r, t.name, role), t.bytes), 0)
+              << "tensor '" << t.name << "' of group '"
+              << engine_->group_name(g) << "' role " << RoleName(role)
+              << " differs after " << steps << " steps";
+        }
+        if (Packed() && role != Role::kCompute && role != Role::kMaster) {
+          ASSERT_TRUE(view->pin.Release().ok());
+          continue;  // compared tensor by tensor
         }
         const void* expect = role == Role::kCompute  ? r.compute.data()
                              : role == Role::kMaster ? r.master.data()
@@ -318,7 +393,8 @@ TEST_P(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
 INSTANTIATE_TEST_SUITE_P(
     StateHome, MixedModelTest,
     testing::Combine(testing::Bool(),
-                     testing::Values(StateFormat::kF32, StateFormat::kBF16)),
+                     testing::Values(StateFormat::kF32, StateFormat::kBF16,
+                                     StateFormat::kQ8)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param) ? "nvme_speculative"
                                                  : "host") +
@@ -345,6 +421,29 @@ TEST(OffloadOptimizerCreateTest, ANarrowGroupWithoutAMasterIsRefused) {
   EXPECT_NE(opt.status().message().find("register its tensors with 'master'"),
             std::string::npos)
       << opt.status().message();
+}
+
+// int8 state is Adam's and AdamW's alone: another algorithm is refused at
+// Create, naming the group and the formats it can step.
+TEST(OffloadOptimizerCreateTest, Int8StateOfAnotherAlgorithmIsRefused) {
+  EngineOptions options;
+  options.device = "host";
+  options.device_budget = options.host_budget = 4 * kMiB;
+  options.state_format = StateFormat::kQ8;
+  auto opened = Engine::Open(options);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  GroupSpec spec;
+  spec.name = "layer.0";
+  spec.tensors.push_back(
+      {"w", {5000}, DType::kBFloat16, kAllRoles & ~RoleBit(Role::kState2)});
+  ASSERT_TRUE((*opened)->RegisterGroup(spec).ok());
+  auto opt =
+      OffloadOptimizer::Create(opened->get(), {.algo = OptimAlgo::kLion});
+  ASSERT_EQ(opt.status().code(), StatusCode::kFailedPrecondition);
+  for (const char* part : {"group 'layer.0'", "int8", "fp32 or bf16"}) {
+    EXPECT_NE(opt.status().message().find(part), std::string::npos)
+        << opt.status().message();
+  }
 }
 
 // The device budget holds the gradient buffers beside a compute copy, but a

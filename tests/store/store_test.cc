@@ -289,23 +289,6 @@ TEST_F(StoreTest, MissingSwapDirectoryIsAClearError) {
             std::string::npos);
 }
 
-// The engine stores state in fp32 or bf16; int8 (a cpu_adam format only,
-// for now) is refused at Open, naming the formats it takes.
-TEST_F(StoreTest, StateTheEngineCannotStoreIsRefusedAtOpen) {
-  EngineOptions o;
-  o.device = "host";
-  o.device_budget = o.host_budget = 1 << 20;
-  o.state_format = StateFormat::kQ8;
-  auto engine = Engine::Open(o);
-  ASSERT_FALSE(engine.ok());
-  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(engine.status().message().find("int8"), std::string::npos)
-      << engine.status().message();
-  EXPECT_NE(engine.status().message().find("use fp32 or bf16"),
-            std::string::npos)
-      << engine.status().message();
-}
-
 // Two groups fill the device; while both are fetched a third cannot come
 // in, and the pinned ones keep their bytes. Releasing one makes room.
 TEST_F(StoreTest, PinnedGroupsAreNeverEvicted) {

@@ -86,6 +86,29 @@ TEST(SimCliTest, StreamsStateFromNvmeAndReportsEveryFigure) {
   }
 }
 
+// --state-dtype int8: m and v move in a byte an element and a scale per
+// 256, about a quarter of the fp32 master's bytes.
+TEST(SimCliTest, Int8StateMovesAQuarterOfTheBytes) {
+  strata::testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  const Outcome run = Sim(
+      "--params 4M --layers 4 --device-budget 8M --host-budget 32M --nvme " +
+          dir.path() +
+          " --steps 2 --mode after_backward --state-dtype int8 --json " + json,
+      dir.path());
+  ASSERT_EQ(run.status, 0) << run.err;
+  std::ifstream in(json);
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(doc.is_object());
+  const nlohmann::json& roles = doc["runs"][0]["steps"][1]["role_bytes"];
+  const uint64_t master = roles["master"]["nvme->host"].get<uint64_t>();
+  for (const char* state : {"state1", "state2"}) {
+    const uint64_t read = roles[state]["nvme->host"].get<uint64_t>();
+    EXPECT_GT(read, master / 5) << state;
+    EXPECT_LT(read, master / 3) << state;
+  }
+}
+
 // Issue #18: the clipping and overflow paths, each step reported as it
 // went, and the unclipped overlap run beside them.
 TEST(SimCliTest, ClippingAndSkippedStepsAreInjectedAndReported) {
@@ -173,6 +196,8 @@ TEST(SimCliTest, BadInputExitsOneWithTheReason) {
        "give --clip-norm too"},
       {"--params 4M --layers 4 --state-home host --overflow-every 2",
        "give --skip-on-overflow too"},
+      {"--params 4M --layers 4 --state-home host --state-dtype fp8",
+       "--state-dtype"},
   };
   for (const auto& [args, why] : cases) {
     const Outcome run = Sim(args, dir.path());

@@ -23,9 +23,9 @@ namespace {
 // The options given as text, resolved after parsing so that every error
 // names its flag.
 struct Texts {
-  std::string params = "1G", dtype = "bf16", device_budget = "256M",
-              host_budget = "3G", nvme_budget, params_home = "host",
-              state_home = "nvme";
+  std::string params = "1G", dtype = "bf16", state_dtype = "fp32",
+              device_budget = "256M", host_budget = "3G", nvme_budget,
+              params_home = "host", state_home = "nvme";
   std::vector<std::string> modes = {"overlap"};
 };
 
@@ -35,6 +35,9 @@ void AddModelOptions(CLI::App& app, SimOptions& o, Texts& text) {
       ->capture_default_str();
   app.add_option("--layers", o.layers, "Layers (one group each)")->required();
   app.add_option("--dtype", text.dtype, "Compute dtype: bf16, fp16, fp32")
+      ->capture_default_str();
+  app.add_option("--state-dtype", text.state_dtype,
+                 "Optimizer state: fp32, bf16 or int8")
       ->capture_default_str();
   app.add_option("--device", o.device, "auto, cuda or host (emulated)")
       ->capture_default_str();
@@ -110,6 +113,9 @@ Status ResolveModel(const Texts& text, SimOptions* o) {
     return Status::InvalidArgument("--layers must be in 1..params");
   }
   STRATA_ASSIGN_OR_RETURN(o->dtype, ForFlag("--dtype", ParseDType(text.dtype)));
+  STRATA_ASSIGN_OR_RETURN(
+      o->state_format,
+      ForFlag("--state-dtype", ParseStateFormat(text.state_dtype)));
   return Status::Ok();
 }
 
@@ -215,7 +221,11 @@ namespace {
 // optimizer state where the simulation homes them, gradients on the device.
 plan::Floor PlanFloor(const CliOptions& cli, double* host_gb) {
   const SimOptions& o = cli.sim;
-  plan::Model model{.params = o.params, .dtype = o.dtype, .k = 12};
+  // The master's 4 bytes and m's and v's (int8's scales, 1.6%, left out).
+  const uint32_t k = o.state_format == StateFormat::kF32    ? 12
+                     : o.state_format == StateFormat::kBF16 ? 8
+                                                            : 6;
+  plan::Model model{.params = o.params, .dtype = o.dtype, .k = k};
   plan::Placement placement;
   const plan::Tier tiers[] = {static_cast<plan::Tier>(o.params_home),
                               plan::Tier::kDevice,

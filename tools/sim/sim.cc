@@ -53,6 +53,7 @@ EngineOptions EngineOptionsFor(const SimOptions& o, bool resident) {
   e.placement.home = {resident ? Tier::kDevice : o.params_home, state, state,
                       state, state};
   e.placement.device_roles = RoleBit(Role::kCompute);
+  e.state_format = o.state_format;
   return e;
 }
 

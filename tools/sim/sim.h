@@ -45,6 +45,7 @@ struct SimOptions {
   uint64_t params = 0;  // total, split evenly over the layers
   int layers = 0;
   DType dtype = DType::kBFloat16;
+  StateFormat state_format = StateFormat::kF32;  // of m and v
   std::string device = "host";
   uint64_t device_budget = 0;
   uint64_t host_budget = 0;

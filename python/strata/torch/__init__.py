@@ -269,10 +269,21 @@ def _group_bytes(cfg: Config, p: GroupPlan, dtype: torch.dtype,
     """(compute bytes, bytes of every other role) of one group."""
     numel = _numel(p, ranks)
     compute = numel * torch.empty(0, dtype=dtype).element_size()
-    state = 2 if cfg.state_dtype == "bf16" else 4
-    return compute, numel * sum(
-        state if role.startswith("state") else 4
-        for role in _roles(cfg, p.trainable) if role != "compute")
+    roles = [r for r in _roles(cfg, p.trainable) if r != "compute"]
+    states = sum(r.startswith("state") for r in roles)
+    return compute, 4 * numel * (len(roles) - states) + states * _state_bytes(
+        cfg, [numel] if ranks.sharded() else
+        [t.numel() for _, t in p.params])
+
+
+def _state_bytes(cfg: Config, tensors: list[int]) -> int:
+    """Bytes of one state role of tensors of these sizes (Note [8-bit
+    state] in strata/cpu_adam.h; src/store/layout.h packs them), an upper
+    bound."""
+    if cfg.state_dtype != "int8":
+        return sum(tensors) * (2 if cfg.state_dtype == "bf16" else 4)
+    return sum(-(-n // 256) * 260 + 256 if n >= 4096 else 4 * n + 256
+               for n in tensors)
 
 
 def _engine_options(cfg: Config, plans: list[GroupPlan],

@@ -79,7 +79,7 @@ class Config:
     lr_decay: float = 0.0
     clip_norm: float = 0.0
     dtype: str = "fp32"  # of the compute copies: fp32, bf16 or fp16
-    state_dtype: str = "fp32"  # of the optimizer state: fp32 or bf16
+    state_dtype: str = "fp32"  # of the optimizer state: fp32, bf16, int8
     fp16: dict[str, float] = field(default_factory=dict)
     scheduler: Optional[tuple[str, dict[str, Any]]] = None
     param_tier: str = "host"
@@ -378,12 +378,13 @@ def _strata(block: dict[str, Any], out: Config) -> None:
         if key in block:
             setattr(out, key, parse_bytes(block[key], f"strata.{key}"))
     out.state_dtype = str(block.get("state_dtype", out.state_dtype))
-    if out.state_dtype == "int8":
-        raise ConfigError("strata.state_dtype int8: the engine does not "
-                          "store 8-bit state yet; use fp32 or bf16")
-    if out.state_dtype not in ("fp32", "bf16"):
+    if out.state_dtype not in ("fp32", "bf16", "int8"):
         raise ConfigError(f"strata.state_dtype {out.state_dtype!r}: use "
-                          f"fp32 (exact) or bf16 (half the bytes)")
+                          f"fp32 (exact), bf16 (half the bytes) or int8 "
+                          f"(a quarter)")
+    if out.state_dtype == "int8" and out.algo not in ("adam", "adamw"):
+        raise ConfigError(f"strata.state_dtype int8 steps Adam and AdamW "
+                          f"only, not {out.algo}; use fp32 or bf16 state")
     out.mode = str(block.get("mode", out.mode))
     if out.mode not in ("overlap", "after_backward"):
         raise ConfigError(f"strata.mode {out.mode!r}: use overlap or "

@@ -33,7 +33,6 @@ import torch
 import strata
 from strata._native import StrataError
 from strata.torch.flat import offsets
-from strata.torch.groups import dtype_name
 
 if TYPE_CHECKING:
     from strata.torch.engine import StrataEngine
@@ -174,6 +173,12 @@ class Saved:
             saved = (tensor["dtype"] if role == "compute"
                      else tensor.get("state_dtype", "fp32")
                      if role.startswith("state") else "fp32")
+            if "int8" in (saved, want):
+                raise StrataError(9, "failed precondition", (
+                    f"strata.torch: group {name!r}: int8 optimizer state "
+                    f"is block-quantized per rank's part and loads only at "
+                    f"the world size it was saved at ({len(self.parts)} "
+                    f"ranks)"))
             if saved != want:
                 raise StrataError(9, "failed precondition", (
                     f"strata.torch: group {name!r}: {role} is {saved} in "
@@ -209,7 +214,7 @@ def _fill(engine: "StrataEngine", group: "Group", source: Saved) -> None:
                 start = rt.ranks.rank * group.flat.shard
                 count = group.flat.shard
             raw = source.read(group.name, shapes, info.role, start, count,
-                              dtype_name(target.dtype))
+                              "int8" if info.dtype == "u8" else info.dtype)
             value = torch.from_numpy(raw)
             if target.dtype == torch.bfloat16:
                 value = value.view(torch.bfloat16)

@@ -26,10 +26,11 @@ def test_the_offload_bench_runs_and_reports(scratch: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "acceptance: nvme strata/torch" in done.stdout
     summary = json.loads(out.read_text())
-    assert set(summary["variants"]) == {"torch", "nvme", "nvme-bf16", "host"}
+    assert set(summary["variants"]) == {"torch", "nvme", "nvme-bf16",
+                                        "nvme-int8", "host"}
     drift = summary["loss_drift"]
     assert max(drift["nvme"], drift["host"]) <= 1e-5
-    assert 0 < drift["nvme-bf16"] <= 1e-3
+    assert 0 < max(drift["nvme-bf16"], drift["nvme-int8"]) <= 1e-2
     for name, row in summary["variants"].items():
         assert row["median_step_s"] > 0 and row["peak_rss_bytes"] > 0, name
         assert len(row["step_seconds"]) == 3, name
@@ -39,9 +40,10 @@ def test_the_offload_bench_runs_and_reports(scratch: Path) -> None:
             assert 0 <= row["hidden_s"] <= row["optimizer_s"], name
     assert summary["variants"]["nvme"]["strata_peak_bytes"]["nvme"] > 0
     assert summary["variants"]["nvme"]["nvme_read_bytes"] > 0
-    # m and v in half the bytes: the state's share of the reads halves.
-    assert summary["variants"]["nvme-bf16"]["nvme_read_bytes"] < \
-        summary["variants"]["nvme"]["nvme_read_bytes"]
+    # m and v in half and a quarter of the bytes: fewer reads.
+    read = {v: summary["variants"][v]["nvme_read_bytes"]
+            for v in ("nvme", "nvme-bf16", "nvme-int8")}
+    assert read["nvme-int8"] < read["nvme-bf16"] < read["nvme"]
     assert summary["variants"]["host"]["nvme_written_bytes"] == 0
     assert "NVMe bytes a step" in done.stdout
     assert summary["variants"]["host"]["strata_peak_bytes"]["nvme"] == 0

@@ -26,11 +26,13 @@ def test_an_unknown_key_is_named() -> None:
                        "a number"):
         st.initialize(model(), config(strata={"threads": "no"}))
     with pytest.raises(st.ConfigError, match="strata.state_dtype 'fp8': "
-                       "use fp32 .* or bf16"):
+                       "use fp32 .*, bf16 .* or int8"):
         st.initialize(model(), config(strata={"state_dtype": "fp8"}))
-    with pytest.raises(st.ConfigError, match="int8: the engine does not "
-                       "store 8-bit state yet; use fp32 or bf16"):
-        st.initialize(model(), config(strata={"state_dtype": "int8"}))
+    with pytest.raises(st.ConfigError, match="int8 steps Adam and AdamW "
+                       "only, not lion; use fp32 or bf16 state"):
+        st.initialize(model(), config(
+            strata={"state_dtype": "int8"},
+            optimizer={"type": "Lion", "params": {"lr": 1e-4}}))
 
 
 def test_ranks_keys_are_checked() -> None:
