@@ -47,3 +47,28 @@ def test_the_offload_bench_runs_and_reports(scratch: Path) -> None:
     assert summary["variants"]["host"]["nvme_written_bytes"] == 0
     assert "NVMe bytes a step" in done.stdout
     assert summary["variants"]["host"]["strata_peak_bytes"]["nvme"] == 0
+
+
+CONVERGENCE = BENCH.parent / "state_dtype_convergence.py"
+
+
+@pytest.mark.skipif(not CONVERGENCE.is_file(), reason="no bench/ beside "
+                    "the tests (the GPU bundle carries none)")
+def test_the_convergence_bench_trains_every_state_dtype(scratch: Path
+                                                        ) -> None:
+    out = scratch / "convergence.json"
+    done = subprocess.run(
+        [sys.executable, str(CONVERGENCE), "--steps", "12", "--width", "64",
+         "--layers", "2", "--seq", "32", "--batch", "2", "--no-torchao",
+         "--json", str(out), "--plot", str(scratch / "curves.png")],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())
+    assert set(summary["losses"]) == {"torch", "fp32", "bf16", "int8"}
+    final = summary["final"]
+    assert final["fp32"] == pytest.approx(final["torch"], rel=1e-5)
+    for narrow in ("bf16", "int8"):
+        assert final[narrow] == pytest.approx(final["torch"], rel=1e-2)
+    assert summary["losses"]["int8"] != summary["losses"]["fp32"]
+    assert (scratch / "curves.png").stat().st_size > 0
+    assert "| int8 |" in done.stdout
