@@ -4,7 +4,8 @@
 //   kF32   4 bytes an element (the default, exact).
 //   kBF16  2 bytes, rounded stochastically after every step (cpu_adam.h).
 //   kQ8    1 byte an element plus a scale per block (Note [8-bit state] in
-//          cpu_adam.h); cpu_adam only: the engine does not store it yet.
+//          cpu_adam.h); the engine keeps tensors under 4096 elements in
+//          fp32 (src/store/layout.h).
 //
 //   StateFormat f = *ParseStateFormat("bf16");  // StateFormatName(f) == "bf16"
 #ifndef STRATA_STATE_FORMAT_H_

@@ -42,7 +42,8 @@ __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
 
 TIERS = {"device": 0, "host": 1, "nvme": 2}
 ROLES = {"compute": 0, "master": 1, "state1": 2, "state2": 3, "grad": 4}
-DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2, "u8": 3}  # u8: int8 state
+DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+VIEW_DTYPES = {**DTYPES, "u8": 3}  # u8: a view of int8 optimizer state
 STATE_DTYPES = {"fp32": 0, "bf16": 1, "int8": 2}
 ALL_ROLES = (1 << len(ROLES)) - 1
 _DEVICES = {"auto": 0, "cuda": 1, "host": 2}
@@ -109,7 +110,7 @@ class TensorInfo:
 
 def _tensor_info(raw: Any) -> TensorInfo:
     by_value = {v: k for k, v in ROLES.items()}
-    dtypes = {v: k for k, v in DTYPES.items()}
+    dtypes = {v: k for k, v in VIEW_DTYPES.items()}
     tiers = {v: k for k, v in TIERS.items()}
     return TensorInfo(raw.name.decode(), by_value[raw.role],
                       dtypes[raw.dtype],

@@ -33,7 +33,8 @@ static_assert(STRATA_INTERNAL ==
                   static_cast<int>(strata::StatusCode::kCancelled));
 static_assert(STRATA_STATE_BF16 ==
                   static_cast<int>(strata::StateFormat::kBF16) &&
-              STRATA_STATE_INT8 == static_cast<int>(strata::StateFormat::kQ8));
+              STRATA_STATE_INT8 == static_cast<int>(strata::StateFormat::kQ8) &&
+              STRATA_DTYPE_UINT8 == static_cast<int>(strata::DType::kUInt8));
 
 using strata::Status;
 using strata::capi::CopyText;

@@ -97,6 +97,14 @@ Status Engine::Impl::Open(const EngineOptions& options,
     return Status::InvalidArgument("io_threads must be in 1..64, not " +
                                    std::to_string(options.io_threads));
   }
+  if (options.state_format != StateFormat::kF32 &&
+      options.state_format != StateFormat::kBF16 &&
+      options.state_format != StateFormat::kQ8) {
+    return Status::InvalidArgument(
+        "state_format " +
+        std::to_string(static_cast<int>(options.state_format)) +
+        " is not a StateFormat; use kF32, kBF16 or kQ8");
+  }
   STRATA_ASSIGN_OR_RETURN(tier::DeviceKind kind,
                           tier::ParseDeviceKind(options.device));
   aio::IoOptions aio_options;

@@ -151,9 +151,11 @@ Result<GroupLayout> BuildGroupLayout(const GroupSpec& spec,
       spec.use_default_placement ? defaults : spec.placement;
   GroupLayout layout;
   layout.name = spec.name;
-  layout.packed_state = state == StateFormat::kQ8;
   STRATA_ASSIGN_OR_RETURN(RoleExtents extents,
                           PlaceTensors(spec, state, layout));
+  layout.packed_state = std::any_of(
+      layout.tensors.begin(), layout.tensors.end(),
+      [](const TensorLayout& t) { return t.state == StateFormat::kQ8; });
   // Pass 2: element offsets become byte offsets at each role's width, or
   // packed state follows the previous tensor's.
   for (TensorLayout& tl : layout.tensors) {

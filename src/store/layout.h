@@ -8,7 +8,8 @@
 // that role in the group. So element e of the compute copy, the master, the
 // optimizer state and the gradients of a group line up, and the optimizer
 // can update a whole group in one pass over flat arrays. Gaps (alignment,
-// and tensors that lack a role) are never handed out and stay zero.
+// and tensors that lack a role) are never handed out and stay zero (the
+// codes that pad 8-bit state to whole blocks are part of its view).
 //
 // Except the state roles in 8-bit (StateFormat::kQ8, Note [8-bit state] in
 // strata/cpu_adam.h): there a tensor of at least kQ8MinElements elements
@@ -64,8 +65,9 @@ struct GroupLayout {
   RoleMask device_roles = kAllRoles;  // Placement::device_roles
   // Per role: the element index just past its last tensor (0: unused).
   RoleArray<uint64_t> elements;
-  // The state roles hold each tensor's bytes packed, not element e at
-  // e * width (kQ8): the optimizer steps the group tensor by tensor.
+  // Some tensor's state is kQ8, so the state roles hold each tensor's bytes
+  // packed, not element e at e * width: the optimizer steps the group
+  // tensor by tensor.
   bool packed_state = false;
 };
 

@@ -61,6 +61,15 @@ TEST(LayoutTest, Int8StateIsPackedTensorByTensor) {
   EXPECT_EQ(b.offset[Role::kMaster], 5120 * 4u);
   EXPECT_EQ(RoleDType(Role::kState1, w.dtype, w.state), DType::kUInt8);
   EXPECT_EQ(layout->roles & kState1, kState1);
+
+  // A group of small tensors alone keeps fp32 state by element: one pass.
+  GroupSpec small = Spec();
+  small.tensors.erase(small.tensors.begin());
+  auto flat = BuildGroupLayout(small, {}, StateFormat::kQ8);
+  ASSERT_TRUE(flat.ok()) << flat.status().ToString();
+  EXPECT_FALSE(flat->packed_state);
+  EXPECT_EQ(flat->tensors[0].state, StateFormat::kF32);
+  EXPECT_EQ(flat->tensors[0].offset[Role::kState1], 0u);
 }
 
 }  // namespace

@@ -88,6 +88,7 @@ def load(engine: "StrataEngine", path: Path) -> str:
         state = engine.rt.optimizer.load(str(part))
     else:
         source = Saved(path, saved)
+        _check_state(source, engine.ds_config.state_dtype, ranks.world)
         for group in engine.rt.groups:
             _fill(engine, group, source)
         engine.rt.optimizer.step = source.step
@@ -173,12 +174,6 @@ class Saved:
             saved = (tensor["dtype"] if role == "compute"
                      else tensor.get("state_dtype", "fp32")
                      if role.startswith("state") else "fp32")
-            if "int8" in (saved, want):
-                raise StrataError(9, "failed precondition", (
-                    f"strata.torch: group {name!r}: int8 optimizer state "
-                    f"is block-quantized per rank's part and loads only at "
-                    f"the world size it was saved at ({len(self.parts)} "
-                    f"ranks)"))
             if saved != want:
                 raise StrataError(9, "failed precondition", (
                     f"strata.torch: group {name!r}: {role} is {saved} in "
@@ -195,6 +190,26 @@ class Saved:
                     file, dtype=kind, count=hi - lo,
                     offset=tensor["roles"][role] + (lo - first) * item)
         return out
+
+
+def _check_state(source: Saved, want: str, world: int) -> None:
+    """Before anything is written: the saved optimizer state is in the
+    engine's format, and not int8, which is quantized in blocks of each
+    rank's part and so loads only at the world size that saved it."""
+    saved = {t.get("state_dtype", "fp32")
+             for groups in source.groups for g in groups.values()
+             for t in g["tensors"] if "state1" in t["roles"]}
+    if "int8" in saved | {want}:
+        raise StrataError(9, "failed precondition", (
+            f"strata.torch: int8 optimizer state loads only at the world "
+            f"size it was saved at ({len(source.parts)} ranks, not "
+            f"{world}): resume at that size, or train with fp32 or bf16 "
+            f"state (strata.state_dtype) to change it"))
+    if saved - {want}:
+        raise StrataError(9, "failed precondition", (
+            f"strata.torch: the checkpoint's optimizer state is "
+            f"{', '.join(sorted(saved))}, this engine's {want}: load it "
+            f"with the strata.state_dtype it was saved with"))
 
 
 def _fill(engine: "StrataEngine", group: "Group", source: Saved) -> None:
@@ -214,7 +229,7 @@ def _fill(engine: "StrataEngine", group: "Group", source: Saved) -> None:
                 start = rt.ranks.rank * group.flat.shard
                 count = group.flat.shard
             raw = source.read(group.name, shapes, info.role, start, count,
-                              "int8" if info.dtype == "u8" else info.dtype)
+                              info.dtype)
             value = torch.from_numpy(raw)
             if target.dtype == torch.bfloat16:
                 value = value.view(torch.bfloat16)
