@@ -131,7 +131,6 @@ Status OffloadOptimizer::Impl::InspectGroups() {
     g.n = layout.elements[master ? Role::kMaster : Role::kCompute];
     g.compute = FloatTypeOf(layout.tensors[0].dtype);
     g.compute_bytes = g.n * FloatTypeSize(g.compute);
-    g.state = layout.tensors[0].state;  // unless packed_state: per tensor
     g.step_roles = roles & ~kGradBit;
     ReadHomes(layout, roles, g);
     speculates_ = speculates_ || g.speculative;

@@ -148,7 +148,6 @@ class OffloadOptimizer::Impl {
     uint64_t n = 0;  // elements of every role's chunk the step covers
     FloatType compute = FloatType::kBF16;
     uint64_t compute_bytes = 0;
-    StateFormat state = StateFormat::kF32;  // of its state roles
     RoleMask step_roles = 0;
     bool in_place = false;      // fp32, no master: steps its compute copy
     bool write_behind = false;  // has roles homed on NVMe

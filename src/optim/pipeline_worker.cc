@@ -231,7 +231,6 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   b.grad_type = grad_type;
   b.state1 = chunk(Role::kState1);
   b.state2 = UsesState2(options_.algo) ? chunk(Role::kState2) : nullptr;
-  b.state_format = g.state;
   b.seed = static_cast<uint32_t>(group);  // bf16 rounding: per group
   b.params_out = g.compute == FloatType::kF32 ? nullptr : chunk(Role::kCompute);
   b.out_type = g.compute == FloatType::kF32 ? FloatType::kBF16 : g.compute;
@@ -273,14 +272,18 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   return released;
 }
 
-// Steps the group's buffers `whole` in one pass, or with packed state (kQ8:
-// src/store/layout.h) tensor by tensor, each in its own format, stopping at
-// the first that does not apply.
+// Steps the group's buffers `whole` in its state format: in one pass, or
+// with packed state (kQ8: src/store/layout.h) tensor by tensor, each in its
+// own format, stopping at the first that does not apply.
 Result<StepReport> OffloadOptimizer::Impl::Step(int group,
                                                 const StepOptions& step,
                                                 const OptimBuffers& whole) {
   const store::GroupLayout& layout = parts_.residency->layout(group);
-  if (!layout.packed_state) return cpu_->Step(step, whole);
+  if (!layout.packed_state) {
+    OptimBuffers b = whole;
+    b.state_format = layout.tensors[0].state;  // every tensor's
+    return cpu_->Step(step, b);
+  }
   auto at = [](const void* base, uint64_t bytes) {
     return static_cast<char*>(const_cast<void*>(base)) + bytes;
   };
