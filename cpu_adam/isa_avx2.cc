@@ -93,7 +93,6 @@ struct Avx2 {
   }
   static F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F Max(F a, F b) { return _mm256_max_ps(a, b); }
-  static F Min(F a, F b) { return _mm256_min_ps(a, b); }
   static float MaxLanes(F a) {
     __m128 m =
         _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -106,9 +105,6 @@ struct Avx2 {
   }
   using M = __m256;  // all bits set where true
   static M Ge(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
-  static M Lt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
-  static M And(M a, M b) { return _mm256_and_ps(a, b); }
-  static F Ones(M m) { return _mm256_and_ps(m, _mm256_set1_ps(1.0f)); }
   static F Select(M m, F a, F b) { return _mm256_blendv_ps(b, a, m); }
   using I = __m256i;
   static I SetI(int32_t x) { return _mm256_set1_epi32(x); }
@@ -116,6 +112,12 @@ struct Avx2 {
     return _mm256_sub_epi32(r, _mm256_castps_si256(m));
   }
   static I MinI(I a, I b) { return _mm256_min_epi32(a, b); }
+  static I MaxI(I a, I b) { return _mm256_max_epi32(a, b); }
+  static I TruncI(F a) { return _mm256_cvttps_epi32(a); }
+  static F BitsToF(F a) { return _mm256_cvtepi32_ps(_mm256_castps_si256(a)); }
+  static F CopySign(F mag, F s) {
+    return _mm256_or_ps(mag, _mm256_and_ps(s, _mm256_set1_ps(-0.0f)));
+  }
   static I AddI(I a, I b) { return _mm256_add_epi32(a, b); }
   static I Exponent(F a) {
     return _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 23),

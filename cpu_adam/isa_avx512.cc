@@ -90,16 +90,12 @@ struct Avx512 {
   static F Abs(F a) { return _mm512_abs_ps(a); }
   static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F Max(F a, F b) { return _mm512_max_ps(a, b); }
-  static F Min(F a, F b) { return _mm512_min_ps(a, b); }
   static float MaxLanes(F a) { return _mm512_reduce_max_ps(a); }
   static F Trunc(F a) {
     return _mm512_roundscale_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
   }
   using M = __mmask16;
   static M Ge(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
-  static M Lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
-  static M And(M a, M b) { return a & b; }
-  static F Ones(M m) { return _mm512_maskz_mov_ps(m, _mm512_set1_ps(1.0f)); }
   static F Select(M m, F a, F b) { return _mm512_mask_blend_ps(m, b, a); }
   using I = __m512i;
   static I SetI(int32_t x) { return _mm512_set1_epi32(x); }
@@ -107,6 +103,15 @@ struct Avx512 {
     return _mm512_mask_add_epi32(r, m, r, _mm512_set1_epi32(1));
   }
   static I MinI(I a, I b) { return _mm512_min_epi32(a, b); }
+  static I MaxI(I a, I b) { return _mm512_max_epi32(a, b); }
+  static I TruncI(F a) { return _mm512_cvttps_epi32(a); }
+  static F BitsToF(F a) { return _mm512_cvtepi32_ps(_mm512_castps_si512(a)); }
+  // The sign bit from s, the rest from mag (a bitwise select).
+  static F CopySign(F mag, F s) {
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_set1_epi32(INT32_MIN), _mm512_castps_si512(s),
+        _mm512_castps_si512(mag), 0xCA));
+  }
   static I AddI(I a, I b) { return _mm512_add_epi32(a, b); }
   static I Exponent(F a) {
     return _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 23),

@@ -61,19 +61,21 @@ struct Scalar {
   static F Abs(F a) { return std::fabs(a); }
   static F Sub(F a, F b) { return a - b; }
   static F Max(F a, F b) { return a > b ? a : b; }
-  static F Min(F a, F b) { return a < b ? a : b; }  // NaN: b, as MINPS
   static float MaxLanes(F a) { return a; }
   static F Trunc(F a) { return std::trunc(a); }
   using M = bool;
   static M Ge(F a, F b) { return a >= b; }
-  static M Lt(F a, F b) { return a < b; }
-  static M And(M a, M b) { return a && b; }
-  static F Ones(M m) { return m ? 1.0f : 0.0f; }
   static F Select(M m, F a, F b) { return m ? a : b; }
   using I = int32_t;
   static I SetI(int32_t x) { return x; }
   static I CountIf(I r, M m) { return r + m; }
   static I MinI(I a, I b) { return a < b ? a : b; }
+  static I MaxI(I a, I b) { return a > b ? a : b; }
+  static I TruncI(F a) { return static_cast<I>(a); }  // |a| < 2^31 here
+  static F BitsToF(F a) {
+    return static_cast<float>(std::bit_cast<int32_t>(a));
+  }
+  static F CopySign(F mag, F s) { return std::copysign(mag, s); }
   static I AddI(I a, I b) { return a + b; }
   // The unbiased exponent of a positive normal float.
   static I Exponent(F a) {

@@ -17,12 +17,12 @@
 // A V provides: W, F (a vector of W floats), DAcc (16 double lanes), Set1,
 // Load/Store for float, Bf16 and F16, Add, Mul, Div, Sqrt, Sign,
 // AnyNonFinite, Prefetch, AddSquares16 and StoreLanes; for 8-bit state
-// Abs, Sub, Max (no NaN reaches it), Min (NaN gives the second operand, as
-// MINPS), MaxLanes, Trunc, a mask type M with Ge, Lt, And, Ones (1.0f
-// where set) and Select, int32 lanes I with SetI, CountIf (+1 where a mask
-// is set), MinI, AddI and Exponent, a Table of 8 floats with MakeTable and
-// Lut8 (indexed by I), and LoadCodes/StoreCodes (W bytes as floats
-// 0..255); for bf16 state Noise (MixBits of each lane's index, mod 2^32,
+// Abs, Sub, Max (no NaN reaches it), MaxLanes, Trunc, CopySign, BitsToF
+// (the bit pattern read as an int32, converted), a mask type M with Ge and
+// Select, int32 lanes I with SetI, TruncI, CountIf (+1 where a mask is
+// set), MinI, MaxI, AddI and Exponent, a Table of 8 floats with MakeTable
+// and Lut8 (indexed by I, 0..7), and LoadCodes/StoreCodes (W bytes as
+// floats 0..255); for bf16 state Noise (MixBits of each lane's index, mod 2^32,
 // xor a seed) and StoreStochastic.
 #ifndef STRATA_CPU_ADAM_KERNEL_BODY_H_
 #define STRATA_CPU_ADAM_KERNEL_BODY_H_
@@ -105,6 +105,30 @@ inline void StoreState(const VConsts<V, A>& k, S* s, typename V::F v, size_t i,
   }
 }
 
+// The weight decay of W params pv: L2 (into the scaled gradients gv) for
+// Adam and Adagrad, decoupled (AdamW, Lion).
+template <class V, OptimAlgo A>
+inline void Decay(const VConsts<V, A>& k, typename V::F& gv,
+                  typename V::F& pv) {
+  if constexpr (A == OptimAlgo::kAdam || A == OptimAlgo::kAdagrad) {
+    if (k.has_l2) gv = V::Add(gv, V::Mul(k.l2, pv));
+  } else {
+    pv = V::Mul(pv, k.decay);
+  }
+}
+
+// Adam's (and AdamW's) moments m, v and params pv of W elements, past
+// Decay, in torch's operation order.
+template <class V, OptimAlgo A>
+inline void AdamMoments(const VConsts<V, A>& k, typename V::F gv,
+                        typename V::F& pv, typename V::F& m, typename V::F& v) {
+  using F = typename V::F;
+  m = V::Add(V::Mul(m, k.beta1), V::Mul(k.one_minus_beta1, gv));
+  v = V::Add(V::Mul(v, k.beta2), V::Mul(V::Mul(k.one_minus_beta2, gv), gv));
+  F denom = V::Add(V::Mul(V::Sqrt(v), k.inv_bc2_sqrt), k.eps);
+  pv = V::Add(pv, V::Div(V::Mul(k.neg_lr, m), denom));
+}
+
 // The update of W elements, the first of them element i of the buffers, in
 // torch's operation order. Returns false, having stored nothing, when a
 // scaled gradient is inf or NaN.
@@ -116,17 +140,10 @@ inline bool UpdateVector(const VConsts<V, A>& k, size_t i, float* p, const G* g,
   if (V::AnyNonFinite(gv)) return false;
   F pv = V::Load(p);
   F m = V::Load(s1);
-  if constexpr (A == OptimAlgo::kAdam || A == OptimAlgo::kAdagrad) {
-    if (k.has_l2) gv = V::Add(gv, V::Mul(k.l2, pv));
-  } else {
-    pv = V::Mul(pv, k.decay);
-  }
+  Decay(k, gv, pv);
   if constexpr (A == OptimAlgo::kAdam || A == OptimAlgo::kAdamW) {
     F v = V::Load(s2);
-    m = V::Add(V::Mul(m, k.beta1), V::Mul(k.one_minus_beta1, gv));
-    v = V::Add(V::Mul(v, k.beta2), V::Mul(V::Mul(k.one_minus_beta2, gv), gv));
-    F denom = V::Add(V::Mul(V::Sqrt(v), k.inv_bc2_sqrt), k.eps);
-    pv = V::Add(pv, V::Div(V::Mul(k.neg_lr, m), denom));
+    AdamMoments(k, gv, pv, m, v);
     StoreState(k, s2, v, i, kNoiseStream2);
   } else if constexpr (A == OptimAlgo::kAdagrad) {
     m = V::Add(m, V::Mul(gv, gv));
@@ -216,48 +233,41 @@ template <class V, bool kSigned>
 struct QCodec {
   using F = typename V::F;
   using I = typename V::I;
-  using M = typename V::M;
   using T = typename V::Table;
 
   explicit QCodec(const QMap& q)
       : a(V::MakeTable(q.a)),
         b(V::MakeTable(q.b)),
         inv_a(V::MakeTable(q.inv_a)),
-        last(V::MakeTable(q.last)),
         base(V::MakeTable(q.base)),
+        next_edge(V::MakeTable(q.next_edge)),
         one_threshold(V::Set1(q.one_threshold)),
-        one_index(V::Set1(q.one_index)) {
-    for (int d = 0; d < 7; ++d) edge[d] = V::Set1(q.b[d + 1]);
-  }
+        one_index(V::Set1(q.one_index)),
+        log_scale(V::Set1(q.log_scale)),
+        log_offset(V::Set1(q.log_offset)) {}
 
-  // Values relative to their block's scale to codes (as floats). The
-  // first guess of the bucket is it or the one below (QMap::inv_a).
+  // Values relative to their block's scale (finite, |x| <= 1) to codes (as
+  // floats): the region's first guess from the bits (QMap::log_scale), one
+  // compare with the next region's edge, then the bucket.
   F Quantize(F x) const {
-    const F xa = V::Min(V::Abs(x), V::Set1(2.0f));
-    I r = V::SetI(0);
-#pragma GCC unroll 7
-    for (int d = 0; d < 7; ++d) r = V::CountIf(r, V::Ge(xa, edge[d]));
-    const F ar = V::Lut8(a, r), br = V::Lut8(b, r), lr = V::Lut8(last, r);
-    F j = V::Min(V::Trunc(V::Mul(V::Sub(xa, br), V::Lut8(inv_a, r))), lr);
-    const F next = V::Add(j, V::Set1(1.0f));
-    j = V::Add(j, V::Ones(V::And(V::Ge(xa, V::Add(V::Mul(next, ar), br)),
-                                 V::Lt(j, lr))));
+    const F xa = V::Abs(x);
+    const F guess = V::Add(V::Mul(V::BitsToF(xa), log_scale), log_offset);
+    I r = V::MaxI(V::MinI(V::TruncI(guess), V::SetI(7)), V::SetI(0));
+    r = V::CountIf(r, V::Ge(xa, V::Lut8(next_edge, r)));
+    const F j = V::Trunc(V::Mul(V::Sub(xa, V::Lut8(b, r)), V::Lut8(inv_a, r)));
     const F mag = V::Select(V::Ge(xa, one_threshold), one_index,
                             V::Add(V::Lut8(base, r), j));
     if constexpr (!kSigned) return mag;
-    const F mid = V::Set1(127.0f);
-    return V::Select(V::Lt(x, V::Set1(0.0f)), V::Sub(mid, V::Min(mag, mid)),
-                     V::Add(mid, mag));
+    // 127 + mag, or 127 - min(mag, 127) for a negative value.
+    return V::Max(V::Add(V::Set1(127.0f), V::CopySign(mag, x)), V::Set1(0.0f));
   }
 
   // Codes (as floats) to values relative to their block's scale. The
   // region of a magnitude index is a power of two's exponent: decade d
   // starts at index 2^(d+1) - 1 (unsigned) or 2^d (signed).
   F Dequantize(F code) const {
-    const F mid = V::Set1(127.0f);
-    const M neg = V::Lt(code, mid);
-    const F mag =
-        kSigned ? V::Select(neg, V::Sub(mid, code), V::Sub(code, mid)) : code;
+    const F d = kSigned ? V::Sub(code, V::Set1(127.0f)) : code;
+    const F mag = kSigned ? V::Abs(d) : code;
     const I r = V::MinI(
         kSigned ? V::AddI(V::Exponent(V::Add(mag, V::Set1(0.5f))), V::SetI(1))
                 : V::Exponent(V::Add(mag, V::Set1(1.0f))),
@@ -267,20 +277,21 @@ struct QCodec {
                  V::Lut8(b, r));
     v = V::Select(V::Ge(mag, one_index), V::Set1(1.0f), v);
     if constexpr (!kSigned) return v;
-    return V::Select(neg, V::Sub(V::Set1(0.0f), v), v);
+    return V::CopySign(v, d);
   }
 
-  T a, b, inv_a, last, base;
-  F one_threshold, one_index;
-  F edge[7];  // QMap::b[1..7]: where decades 0..6 start
+  T a, b, inv_a, base, next_edge;
+  F one_threshold, one_index, log_scale, log_offset;
 };
 
-// Note [8-bit state] in strata/cpu_adam.h, one block at a time: its params,
-// m and v (dequantized) in fp32 scratch, updated there by UpdateVector as
-// fp32 state, then committed: codes against the block's new scales, and
-// params. A block with a non-finite scaled gradient, or whose new m or v
-// would not be finite, is left untouched, so a stop leaves whole blocks
-// updated or not.
+// Note [8-bit state] in strata/cpu_adam.h, one block at a time, in two
+// passes. The first dequantizes m and v in registers, updates them and the
+// params as fp32 state, keeps the results in an fp32 scratch and their
+// largest magnitudes (the new scales); the second commits: codes against
+// the new scales, and params. A block with a non-finite scaled gradient,
+// or whose new m or v would not be finite, is left untouched, so a stop
+// leaves whole blocks updated or not. (With finite gradients and stored
+// scales no NaN arises, only inf by overflow, which the scales carry.)
 template <class V, OptimAlgo A, class G, class O>
 struct Q8StepKernel {
   static constexpr size_t W = V::W;
@@ -294,48 +305,67 @@ struct Q8StepKernel {
     alignas(64) float v[B];
   };
 
-  static bool AnyNonFinite(const VConsts<V, A>& k, const G* g, size_t cnt) {
-    G tail[W] = {};
-    const size_t full = cnt / W * W;
-    std::memcpy(tail, g + full, (cnt - full) * sizeof(G));
-    bool bad = V::AnyNonFinite(V::Mul(V::Load(tail), k.grad_mul));
-    for (size_t j = 0; j < full && !bad; j += W) {
-      bad = V::AnyNonFinite(V::Mul(V::Load(g + j), k.grad_mul));
-    }
-    return bad;
+  // What the first pass carries through a block: the codecs, the block's
+  // stored scales, and its new ones lane by lane.
+  struct Pass {
+    QCodec<V, true> m_codec;
+    QCodec<V, false> v_codec;
+    F m_scale{}, v_scale{}, m_max{}, v_max{};
+  };
+
+  // W elements at offset j of the block, from params p, gradients g and
+  // codes q1, q2 into the scratch. False at a non-finite scaled gradient.
+  static bool UpdateOne(const VConsts<V, A>& k, Pass& ps, const float* p,
+                        const G* g, const uint8_t* q1, const uint8_t* q2,
+                        size_t j, Scratch& s) {
+    F gv = V::Mul(V::Load(g), k.grad_mul);
+    if (V::AnyNonFinite(gv)) return false;
+    F pv = V::Load(p);
+    F m = V::Mul(ps.m_codec.Dequantize(V::LoadCodes(q1)), ps.m_scale);
+    F v = V::Mul(ps.v_codec.Dequantize(V::LoadCodes(q2)), ps.v_scale);
+    Decay(k, gv, pv);
+    AdamMoments(k, gv, pv, m, v);
+    V::Store(s.p + j, pv);
+    V::Store(s.m + j, m);
+    V::Store(s.v + j, v);
+    ps.m_max = V::Max(ps.m_max, V::Abs(m));
+    ps.v_max = V::Max(ps.v_max, v);
+    return true;
   }
 
-  // The block's cnt codes of `q` into `out` (whole vectors: the codes past
-  // cnt read as code 0 and are never stored back).
-  template <bool kSigned>
-  static void Dequant(const QCodec<V, kSigned> codec, const uint8_t* q,
-                      float scale, size_t cnt, float* out) {
-    const F s = V::Set1(scale);
+  // The first pass over the block's cnt elements at i. The last vector's
+  // lanes past cnt step zeros (params, gradients and state: codes 127 and
+  // 0), which leave the scales as they are and are never stored back.
+  static bool Update(const VConsts<V, A>& k, Pass& ps, const StepPtrs& x,
+                     size_t i, size_t cnt, Scratch& s) {
+    const float* p = x.params + i;
+    const G* g = static_cast<const G*>(x.grads) + i;
+    const uint8_t* q1 = static_cast<const uint8_t*>(x.state1) + i;
+    const uint8_t* q2 = static_cast<const uint8_t*>(x.state2) + i;
     const size_t full = cnt / W * W;
     for (size_t j = 0; j < full; j += W) {
-      V::Store(out + j, V::Mul(codec.Dequantize(V::LoadCodes(q + j)), s));
+      PrefetchAhead<V>(g + j);
+      PrefetchAhead<V>(p + j);
+      if (!UpdateOne(k, ps, p + j, g + j, q1 + j, q2 + j, j, s)) return false;
     }
-    if (full < cnt) {
-      uint8_t tail[W] = {};
-      std::memcpy(tail, q + full, cnt - full);
-      V::Store(out + full, V::Mul(codec.Dequantize(V::LoadCodes(tail)), s));
-    }
+    if (full == cnt) return true;
+    float pt[W] = {};
+    G gt[W] = {};
+    uint8_t q1t[W], q2t[W] = {};
+    std::memset(q1t, 127, W);
+    std::memcpy(pt, p + full, (cnt - full) * sizeof(float));
+    std::memcpy(gt, g + full, (cnt - full) * sizeof(G));
+    std::memcpy(q1t, q1 + full, cnt - full);
+    std::memcpy(q2t, q2 + full, cnt - full);
+    return UpdateOne(k, ps, pt, gt, q1t, q2t, full, s);
   }
 
-  // The scale of `in`'s first cnt values (whole vectors: the scratch is
-  // zero past cnt): their largest magnitude, 0 when it is below FLT_MIN
-  // (too small to invert; the values become zeros), NaN when one is not
-  // finite.
-  static float Scale(const float* in, size_t cnt) {
-    bool bad = false;
-    F mx = V::Set1(0.0f);
-    for (size_t j = 0; j < cnt; j += W) {
-      const F x = V::Load(in + j);
-      bad = bad || V::AnyNonFinite(x);
-      if (!bad) mx = V::Max(mx, V::Abs(x));
-    }
-    if (bad) return std::numeric_limits<float>::quiet_NaN();
-    const float scale = V::MaxLanes(mx);
+  // The scale of a block's values from their largest magnitude: 0 when it
+  // is below FLT_MIN (too small to invert; the values become zeros), NaN
+  // when it is not finite.
+  static float Scale(F lanes) {
+    const float scale = V::MaxLanes(lanes);
+    if (!std::isfinite(scale)) return std::numeric_limits<float>::quiet_NaN();
     return scale < std::numeric_limits<float>::min() ? 0.0f : scale;
   }
 
@@ -352,25 +382,6 @@ struct Q8StepKernel {
       V::StoreCodes(t, codec.Quantize(V::Mul(V::Load(in + full), inv)));
       std::memcpy(q + full, t, cnt - full);
     }
-  }
-
-  // The new params of the block in s.p, from its params and gradients.
-  static void Update(const VConsts<V, A>& k, const StepPtrs& x, size_t i,
-                     size_t cnt, Scratch& s) {
-    const G* g = static_cast<const G*>(x.grads) + i;
-    std::memcpy(s.p, x.params + i, cnt * sizeof(float));
-    std::memset(s.p + cnt, 0, (B - cnt) * sizeof(float));
-    const size_t full = cnt / W * W;
-    for (size_t j = 0; j < full; j += W) {
-      PrefetchAhead<V>(g + j);
-      UpdateVector<V, A, G, float, NoOut>(k, i + j, s.p + j, g + j, s.m + j,
-                                          s.v + j, nullptr);
-    }
-    if (full == cnt) return;
-    G gt[W] = {};
-    std::memcpy(gt, g + full, (cnt - full) * sizeof(G));
-    UpdateVector<V, A, G, float, NoOut>(k, i + full, s.p + full, gt, s.m + full,
-                                        s.v + full, nullptr);
   }
 
   // The block's new params, and their copy in out_type.
@@ -392,24 +403,21 @@ struct Q8StepKernel {
   static size_t Run(const StepConsts& c, const StepPtrs& x, size_t begin,
                     size_t end) {
     VConsts<V, A> k(c);
-    const QCodec<V, true> m_codec(*c.map1);
-    const QCodec<V, false> v_codec(*c.map2);
     Scratch s;
     auto* q1 = static_cast<uint8_t*>(x.state1);
     auto* q2 = static_cast<uint8_t*>(x.state2);
+    Pass ps{QCodec<V, true>(*c.map1), QCodec<V, false>(*c.map2)};
     for (size_t i = begin; i < end; i += B) {
       const size_t cnt = end - i < B ? end - i : B;
       const size_t b = i / B;
-      if (AnyNonFinite(k, static_cast<const G*>(x.grads) + i, cnt)) return i;
-      Dequant(m_codec, q1 + i, x.scale1[b], cnt, s.m);
-      Dequant(v_codec, q2 + i, x.scale2[b], cnt, s.v);
-      Update(k, x, i, cnt, s);
-      std::memset(s.m + cnt, 0, (B - cnt) * sizeof(float));
-      std::memset(s.v + cnt, 0, (B - cnt) * sizeof(float));
-      const float m_scale = Scale(s.m, cnt), v_scale = Scale(s.v, cnt);
+      ps.m_scale = V::Set1(x.scale1[b]);
+      ps.v_scale = V::Set1(x.scale2[b]);
+      ps.m_max = ps.v_max = V::Set1(0.0f);
+      if (!Update(k, ps, x, i, cnt, s)) return i;
+      const float m_scale = Scale(ps.m_max), v_scale = Scale(ps.v_max);
       if (std::isnan(m_scale) || std::isnan(v_scale)) return i;
-      Encode(m_codec, s.m, cnt, m_scale, q1 + i);
-      Encode(v_codec, s.v, cnt, v_scale, q2 + i);
+      Encode(ps.m_codec, s.m, cnt, m_scale, q1 + i);
+      Encode(ps.v_codec, s.v, cnt, v_scale, q2 + i);
       x.scale1[b] = m_scale;
       x.scale2[b] = v_scale;
       Commit(x, i, cnt, s);

@@ -3,6 +3,7 @@
 // (qmap.h).
 #include "cpu_adam/qmap.h"
 
+#include <cfloat>
 #include <cmath>
 
 namespace strata::cpu_adam {
@@ -27,10 +28,13 @@ QMap Build(bool is_signed) {
     q.a[d + 1] = static_cast<float>(0.9 * top / n);
     q.b[d + 1] = static_cast<float>(0.1 * top);
     q.inv_a[d + 1] = static_cast<float>(n / (0.9 * top) * (1 - 0x1p-20));
-    q.last[d + 1] = static_cast<float>(n - 1);
     q.base[d + 1] = static_cast<float>(base);
+    q.next_edge[d] = q.b[d + 1];
     base += n;
   }
+  q.next_edge[7] = FLT_MAX;
+  q.log_scale = static_cast<float>(std::log10(2.0) / 0x1p23);
+  q.log_offset = static_cast<float>(8 - 127 * std::log10(2.0) - 1e-4);
   q.one_index = static_cast<float>(base);
   const float below_one = Magnitude(q, q.one_index - 1);
   q.one_threshold = (below_one + 1.0f) * 0.5f;

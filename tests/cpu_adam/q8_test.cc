@@ -233,6 +233,73 @@ TEST(Q8Step, EachStepIsTheFloat64ReferenceQuantized) {
   }
 }
 
+// Values at and around every bucket edge of both code books, positive and
+// negative, quantize to their bucket: Adam with betas 0 and lr 0 makes the
+// new m the gradient and v its square, and each block's first gradient, 1,
+// makes the scales 1. A value 1e-5 (relative) from an edge gets its
+// bucket exactly; one within an ulp or two, that bucket or the one beside.
+TEST(Q8Step, EveryBucketEdgeQuantizesToItsBucket) {
+  STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto);
+  const QMap& m_map = cpu_adam::SignedMap();
+  const QMap& v_map = cpu_adam::UnsignedMap();
+  // Each entry: the gradient, and whether it is to be checked against m's
+  // book (else v's, through its square).
+  std::vector<std::pair<float, bool>> probes;
+  for (const QMap* map : {&m_map, &v_map}) {
+    for (double edge : Edges(*map)) {
+      if (edge == 0 || edge >= map->one_threshold) continue;
+      std::vector<float> at = {static_cast<float>(edge * (1 - 1e-5)),
+                               static_cast<float>(edge * (1 + 1e-5))};
+      for (int ulps = -2; ulps <= 2; ++ulps) {
+        float x = static_cast<float>(edge);
+        for (int u = 0; u < std::abs(ulps); ++u) {
+          x = std::nextafter(x, ulps < 0 ? 0.0f : 2.0f);
+        }
+        at.push_back(x);
+      }
+      for (float x : at) {
+        if (map == &m_map) {
+          probes.push_back({x, true});
+          probes.push_back({-x, true});
+        } else {
+          probes.push_back({std::sqrt(x), false});
+        }
+      }
+    }
+  }
+  const size_t per_block = kQ8Block - 1;
+  const size_t blocks = (probes.size() + per_block - 1) / per_block;
+  Q8Problem pr(blocks * kQ8Block);
+  std::fill(pr.g.begin(), pr.g.end(), 0.0f);
+  std::fill(pr.m.begin(), pr.m.end(), 127);
+  std::fill(pr.v.begin(), pr.v.end(), 0);
+  std::fill(pr.ms.begin(), pr.ms.end(), 0.0f);
+  std::fill(pr.vs.begin(), pr.vs.end(), 0.0f);
+  for (size_t k = 0; k < probes.size(); ++k) {
+    const size_t b = k / per_block;
+    pr.g[b * kQ8Block] = 1.0f;
+    pr.g[b * kQ8Block + 1 + k % per_block] = probes[k].first;
+  }
+  StepOptions o;
+  o.algo = OptimAlgo::kAdam;
+  o.hyper = {.lr = 0.0, .beta1 = 0.0, .beta2 = 0.0, .eps = 1.0, .step = 1};
+  ASSERT_TRUE(opt->Step(o, pr.View()).ok());
+  for (size_t k = 0; k < probes.size(); ++k) {
+    const size_t i = k / per_block * kQ8Block + 1 + k % per_block;
+    const auto [g, is_m] = probes[k];
+    const float x = is_m ? g : g * g;
+    bool near_edge = false;
+    const int want = RefCode(is_m ? m_map : v_map, x, 2e-6, &near_edge);
+    const int got = is_m ? pr.m[i] : pr.v[i];
+    ASSERT_LE(std::abs(got - want), near_edge ? 1 : 0)
+        << (is_m ? "m" : "v") << " value " << x;
+  }
+  for (size_t b = 0; b < blocks; ++b) {
+    ASSERT_EQ(pr.ms[b], 1.0f);
+    ASSERT_EQ(pr.vs[b], 1.0f);
+  }
+}
+
 // A zero state (zero codes and scales) steps exactly as a zero fp32 state:
 // the first step's params are the fp32 path's, bit for bit.
 TEST(Q8Step, AZeroStateStepsAsFp32) {
