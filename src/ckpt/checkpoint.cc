@@ -380,12 +380,12 @@ Status Save(Engine& engine, const store::Residency& residency,
   STRATA_ASSIGN_OR_RETURN(Paths paths, MakePaths(dir));
   STRATA_RETURN_IF_ERROR(CheckIdle(engine, residency, "Save"));
   Manifest manifest;
-  manifest.format_version = kFormatVersion;
   manifest.steps = engine.stats().steps;
   manifest.user_state = save.user_state;
   for (int g = 0; g < residency.group_count(); ++g) {
     manifest.groups.push_back(DescribeGroup(g, residency.layout(g)));
   }
+  manifest.format_version = WrittenFormatVersion(manifest.groups);
   // What JSON cannot hold fails now, before any data is written.
   if (auto text = ManifestText(manifest, options, engine.info()); !text.ok()) {
     return text.status();

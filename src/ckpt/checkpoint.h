@@ -3,12 +3,13 @@
 //
 // Note [Checkpoint format]
 // A checkpoint is a directory:
-// - manifest.json: {"format": "strata-checkpoint", "format_version": 2,
+// - manifest.json: {"format": "strata-checkpoint", "format_version": 2 or 3,
 //   "steps", "user_state", "config" (budgets, default placement, device:
 //   informational, never checked), "groups": [{"name", "file", "bytes",
 //   "xxh3" (16 hex digits), "placement" (informational), "tensors":
 //   [{"name", "shape", "dtype", "roles": {role name: byte offset in the
-//   file}}]}], "manifest_xxh3"}. Groups are listed in registration order.
+//   file}, "state_dtype" (version 3, only where not fp32)}]}],
+//   "manifest_xxh3"}. Groups are listed in registration order.
 //   manifest_xxh3 (16 hex digits) is the XXH3-64 of the manifest without
 //   that field, written as JSON indented by 2 spaces with its keys in the
 //   file's order, plus a final newline (as Save writes it). A damaged digit
@@ -20,7 +21,8 @@
 //   alignment padding), in the role's dtype as the tier holds it
 //   (little-endian fp32, bf16, fp16). So the bytes do not depend on the
 //   chunk layout or the placement of the engine that wrote them.
-// A reader of another format_version is refused, naming both versions.
+// A manifest of a format_version this build does not read is refused,
+// naming both versions.
 //
 // Note [Checkpoint crash safety]
 // Save writes into the sibling "<dir>.tmp-<pid>", fsyncs every file and
@@ -61,8 +63,13 @@
 
 namespace strata::ckpt {
 
-// 2 added manifest_xxh3.
-inline constexpr int kFormatVersion = 2;
+// The manifest's format_version: 2 added manifest_xxh3; 3 added a tensor's
+// "state_dtype" (bf16 or int8 optimizer state). Save writes 3 only where
+// some tensor has one, so a checkpoint of fp32 state stays version 2, and
+// a build that reads only 2 refuses a 3 by its version, not as damaged.
+// This build reads both.
+inline constexpr int kFormatVersion = 3;
+inline constexpr int kOldestFormatVersion = 2;
 
 // Engine::Save: `engine` and `residency` are the same engine's; `options`
 // are the options it was opened with (written as its configuration).

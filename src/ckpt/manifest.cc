@@ -263,10 +263,12 @@ Result<Manifest> ParseFields(const Json& j, const std::string& path,
   }
   Manifest m;
   m.format_version = Get<int>(j, "", "format_version", where);
-  if (m.format_version != kFormatVersion) {
+  if (m.format_version < kOldestFormatVersion ||
+      m.format_version > kFormatVersion) {
     return Status::FailedPrecondition(
         "'" + path + "' is checkpoint format version " +
-        std::to_string(m.format_version) + "; this build reads version " +
+        std::to_string(m.format_version) + "; this build reads versions " +
+        std::to_string(kOldestFormatVersion) + " to " +
         std::to_string(kFormatVersion) +
         ": load it with the strata release that wrote it");
   }
@@ -368,6 +370,15 @@ GroupEntry DescribeGroup(int id, const store::GroupLayout& layout) {
   g.tensors = layout.tensors;
   g.bytes = Pack(g.tensors);
   return g;
+}
+
+int WrittenFormatVersion(const std::vector<GroupEntry>& groups) {
+  for (const GroupEntry& g : groups) {
+    for (const TensorEntry& t : g.tensors) {
+      if (t.state != StateFormat::kF32) return kFormatVersion;
+    }
+  }
+  return kOldestFormatVersion;
 }
 
 bool IsGroupFileName(std::string_view name) {

@@ -56,6 +56,8 @@ Status Damaged(const std::string& what);
 // Group `id`'s entry: its file name ("group-000003.bin") and every tensor's
 // offset in it, packed as Note [Checkpoint format] says; xxh3 is left 0.
 GroupEntry DescribeGroup(int id, const store::GroupLayout& layout);
+// The format_version Save writes for `groups` (checkpoint.h).
+int WrittenFormatVersion(const std::vector<GroupEntry>& groups);
 // Whether `name` has the form of DescribeGroup's file names: "group-", at
 // least 6 digits, ".bin".
 bool IsGroupFileName(std::string_view name);

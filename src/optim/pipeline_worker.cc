@@ -257,10 +257,19 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   const Clock::time_point end = Clock::now();
   if (!report.ok()) return report.status();
   if (report->overflow()) {
-    return Status::Internal(
-        fmt::format("group '{}': the step overflowed after its "
-                    "gradients checked finite",
-                    residency.layout(group).name));
+    const store::GroupLayout& layout = residency.layout(group);
+    if (!layout.packed_state) {
+      return Status::Internal(fmt::format(
+          "group '{}': the step overflowed after its gradients checked "
+          "finite",
+          layout.name));
+    }
+    return Status::FailedPrecondition(fmt::format(
+        "group '{}': a finite gradient made its int8 optimizer state "
+        "overflow (from about |g| > 1e20, v exceeds the fp32 range); clip "
+        "the gradients (clip_norm) or keep the state in bf16 or fp32 "
+        "(state_dtype)",
+        layout.name));
   }
   std::lock_guard<std::mutex> lk(mu_);
   step_seconds_ += Seconds(end - hold.start);

@@ -194,7 +194,7 @@ TEST_F(CheckpointTest, RoundTripIntoAnotherPlacement) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(Differs(*target, 1), "");
   EXPECT_EQ(result.user_state, state);
-  EXPECT_EQ(result.format_version, ckpt::kFormatVersion);
+  EXPECT_EQ(result.format_version, ckpt::kOldestFormatVersion);  // fp32 state
   EXPECT_EQ(result.steps, 2u);
   EXPECT_FALSE(result.recovered);
   EXPECT_GT(result.bytes, 64u * 96 * 6);
@@ -244,9 +244,11 @@ TEST_F(CheckpointTest, TheStateFormatIsSavedAndAnotherRefused) {
         c.bytes);
     auto target = Target();
     ASSERT_NE(target, nullptr);
-    Status s = target->Load(ckpt);
+    LoadResult result;
+    Status s = target->Load(ckpt, &result);
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(Differs(*target, 1), "");
+    EXPECT_EQ(result.format_version, 3);
 
     state_ = StateFormat::kF32;
     auto fp32 = Target();
@@ -331,13 +333,13 @@ TEST_F(CheckpointTest, DamagedCheckpointFailsAndChangesNothing) {
          ckpt_test::EditManifest(d, [](auto& m) { m["format_version"] = 99; });
        },
        StatusCode::kFailedPrecondition,
-       {"version 99", "reads version " + std::to_string(ckpt::kFormatVersion)}},
+       {"version 99", "reads versions 2 to 3"}},
       {"older version",
        [](auto& d) {
          ckpt_test::EditManifest(d, [](auto& m) { m["format_version"] = 0; });
        },
        StatusCode::kFailedPrecondition,
-       {"version 0", "reads version " + std::to_string(ckpt::kFormatVersion)}},
+       {"version 0", "reads versions 2 to 3"}},
       {"offset beyond the file",
        [&](auto& d) {
          ckpt_test::EditManifest(d, [&](auto& m) {

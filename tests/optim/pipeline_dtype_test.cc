@@ -446,6 +446,36 @@ TEST(OffloadOptimizerCreateTest, Int8StateOfAnotherAlgorithmIsRefused) {
   }
 }
 
+// A finite gradient whose square overflows stops an int8 step (the block's
+// v would not be finite): FinishStep fails naming the group, int8 and the
+// ways out, not as an internal error.
+TEST(OffloadOptimizerInt8Test, AGradientThatOverflowsTheStateNamesTheFix) {
+  EngineOptions options;
+  options.device = "host";
+  options.device_budget = options.host_budget = 4 * kMiB;
+  options.state_format = StateFormat::kQ8;
+  auto opened = Engine::Open(options);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  GroupSpec spec;
+  spec.name = "layer.0";
+  spec.tensors.push_back({"w", {5000}, DType::kFloat32, kAllRoles});
+  ASSERT_TRUE((*opened)->RegisterGroup(spec).ok());
+  auto opt = OffloadOptimizer::Create(opened->get(), {});
+  ASSERT_TRUE(opt.ok()) << opt.status().message();
+  ASSERT_TRUE((*opt)->BeginStep({}).ok());
+  auto buffer = (*opt)->AcquireGradients(0);
+  ASSERT_TRUE(buffer.ok()) << buffer.status().message();
+  static_cast<float*>(buffer->data)[10] = 1e30f;
+  ASSERT_TRUE((*opt)->HandOff(*buffer).ok());
+  Result<OptimStepReport> report = (*opt)->FinishStep();
+  ASSERT_EQ(report.status().code(), StatusCode::kFailedPrecondition)
+      << report.status().ToString();
+  for (const char* part : {"group 'layer.0'", "int8", "clip_norm"}) {
+    EXPECT_NE(report.status().message().find(part), std::string::npos)
+        << report.status().message();
+  }
+}
+
 // The device budget holds the gradient buffers beside a compute copy, but a
 // warm-up pass left every compute copy cached there: Create makes room by
 // evicting them, as every other allocation of the engine does, instead of
