@@ -423,22 +423,30 @@ TEST(OffloadOptimizerCreateTest, ANarrowGroupWithoutAMasterIsRefused) {
       << opt.status().message();
 }
 
-// int8 state is Adam's and AdamW's alone: another algorithm is refused at
-// Create, naming the group and the formats it can step.
-TEST(OffloadOptimizerCreateTest, Int8StateOfAnotherAlgorithmIsRefused) {
+// An engine on the host with int8 state and one group, "layer.0", of one
+// tensor "w" of 5000 elements.
+std::unique_ptr<Engine> Int8Engine(DType dtype, RoleMask roles) {
   EngineOptions options;
   options.device = "host";
   options.device_budget = options.host_budget = 4 * kMiB;
   options.state_format = StateFormat::kQ8;
   auto opened = Engine::Open(options);
-  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  EXPECT_TRUE(opened.ok()) << opened.status().message();
+  if (!opened.ok()) return nullptr;
   GroupSpec spec;
   spec.name = "layer.0";
-  spec.tensors.push_back(
-      {"w", {5000}, DType::kBFloat16, kAllRoles & ~RoleBit(Role::kState2)});
-  ASSERT_TRUE((*opened)->RegisterGroup(spec).ok());
-  auto opt =
-      OffloadOptimizer::Create(opened->get(), {.algo = OptimAlgo::kLion});
+  spec.tensors.push_back({"w", {5000}, dtype, roles});
+  EXPECT_TRUE((*opened)->RegisterGroup(spec).ok());
+  return std::move(*opened);
+}
+
+// int8 state is Adam's and AdamW's alone: another algorithm is refused at
+// Create, naming the group and the formats it can step.
+TEST(OffloadOptimizerCreateTest, Int8StateOfAnotherAlgorithmIsRefused) {
+  std::unique_ptr<Engine> engine =
+      Int8Engine(DType::kBFloat16, kAllRoles & ~RoleBit(Role::kState2));
+  ASSERT_NE(engine, nullptr);
+  auto opt = OffloadOptimizer::Create(engine.get(), {.algo = OptimAlgo::kLion});
   ASSERT_EQ(opt.status().code(), StatusCode::kFailedPrecondition);
   for (const char* part : {"group 'layer.0'", "int8", "fp32 or bf16"}) {
     EXPECT_NE(opt.status().message().find(part), std::string::npos)
@@ -450,17 +458,9 @@ TEST(OffloadOptimizerCreateTest, Int8StateOfAnotherAlgorithmIsRefused) {
 // v would not be finite): FinishStep fails naming the group, int8 and the
 // ways out, not as an internal error.
 TEST(OffloadOptimizerInt8Test, AGradientThatOverflowsTheStateNamesTheFix) {
-  EngineOptions options;
-  options.device = "host";
-  options.device_budget = options.host_budget = 4 * kMiB;
-  options.state_format = StateFormat::kQ8;
-  auto opened = Engine::Open(options);
-  ASSERT_TRUE(opened.ok()) << opened.status().message();
-  GroupSpec spec;
-  spec.name = "layer.0";
-  spec.tensors.push_back({"w", {5000}, DType::kFloat32, kAllRoles});
-  ASSERT_TRUE((*opened)->RegisterGroup(spec).ok());
-  auto opt = OffloadOptimizer::Create(opened->get(), {});
+  std::unique_ptr<Engine> engine = Int8Engine(DType::kFloat32, kAllRoles);
+  ASSERT_NE(engine, nullptr);
+  auto opt = OffloadOptimizer::Create(engine.get(), {});
   ASSERT_TRUE(opt.ok()) << opt.status().message();
   ASSERT_TRUE((*opt)->BeginStep({}).ok());
   auto buffer = (*opt)->AcquireGradients(0);
