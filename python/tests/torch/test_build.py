@@ -97,8 +97,10 @@ def test_a_built_model_trains_like_the_plain_one() -> None:
     plain = gpt2(seed=2)
     plain.load_state_dict(weights)
     run = train_strata(m, config(), data(3))
-    from conftest import train_torch
-    ref = train_torch(plain, data(3))
+    # Against the plain model through strata, not torch's AdamW: torch's
+    # AVX-512 kernels round differently from its AVX2 ones, so only strata
+    # against strata is bit-exact on every CPU.
+    ref = train_strata(plain, config(), data(3))
     assert run.losses == ref.losses
     assert run.losses[-1] < run.losses[0]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import config, data, gpt2, train_strata, train_torch, twin
+from conftest import config, data, gpt2, train_strata, twin
 from safetensors.torch import load_file, save_file, save_model
 
 import strata.torch as st
@@ -54,7 +54,7 @@ def test_trained_and_exported_it_loads_in_transformers(scratch: Path
         m = gpt2(seed=5)
     engine = st.initialize(m, config(), init_from=scratch / "init.safetensors")
     run = train_strata(m, config(), data(5), engine=engine, close=False)
-    ref = train_torch(twin(source), data(5))
+    ref = train_strata(twin(source), config(), data(5))  # test_build.py
     assert run.losses == ref.losses
     files = engine.export(str(scratch / "out"), max_shard_bytes=SHARD)
     assert len(files) > 1 and (scratch / "out" / "config.json").exists()
