@@ -288,10 +288,11 @@ static void CheckCudaExport(void) {
 /* Opens a host engine of `format` with one group, a bf16 tensor of
  * `elements` with every role, and checks its state1 view: `dtype` and
  * `bytes`. */
-static void CheckStateView(int32_t format, int64_t elements, int32_t dtype,
-                           uint64_t bytes) {
+static void CheckStateView(uint32_t options_size, int32_t format,
+                           int64_t elements, int32_t dtype, uint64_t bytes) {
   strata_engine_options options;
   CHECK_OK(strata_engine_options_init(&options));
+  options.struct_size = options_size;
   options.device = STRATA_DEVICE_HOST;
   options.device_budget = 1 * MIB;
   options.host_budget = 2 * MIB;
@@ -317,8 +318,10 @@ static void CheckStateView(int32_t format, int64_t elements, int32_t dtype,
         info.bytes == bytes);
   DLManagedTensor* managed = NULL;
   CHECK_OK(strata_view_export_dlpack(view, 0, &managed));
-  CHECK(managed->dl_tensor.dtype.bits ==
-        (dtype == STRATA_DTYPE_UINT8 ? 8 : 16));
+  CHECK(managed->dl_tensor.dtype.bits == (dtype == STRATA_DTYPE_UINT8 ? 8
+                                          : dtype == STRATA_DTYPE_FLOAT32
+                                              ? 32
+                                              : 16));
   managed->deleter(managed);
   CHECK_OK(strata_view_release(view));
   CHECK_OK(strata_engine_close(engine));
@@ -338,8 +341,15 @@ static void CheckStateFormat(void) {
   strata_engine* engine = NULL;
   CHECK_FAILS(STRATA_INVALID_ARGUMENT, strata_engine_open(&options, &engine));
   CHECK(strstr(strata_last_error(), "strata_state_format") != NULL);
-  CheckStateView(STRATA_STATE_BF16, 1000, STRATA_DTYPE_BFLOAT16, 2000);
-  CheckStateView(STRATA_STATE_INT8, 5000, STRATA_DTYPE_UINT8, 20 * 260);
+  CheckStateView(sizeof(options), STRATA_STATE_BF16, 1000,
+                 STRATA_DTYPE_BFLOAT16, 2000);
+  CheckStateView(sizeof(options), STRATA_STATE_INT8, 5000, STRATA_DTYPE_UINT8,
+                 20 * 260);
+  /* A caller built against the first layout has no state_format: what
+   * lies past its struct_size (here an invalid format) is not read, and
+   * the state is fp32. */
+  CheckStateView(offsetof(strata_engine_options, state_format), 7, 1000,
+                 STRATA_DTYPE_FLOAT32, 4000);
 }
 
 static void* FailInThread(void* arg) {

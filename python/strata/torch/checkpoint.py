@@ -92,7 +92,7 @@ def load(engine: "StrataEngine", load_dir: str, tag: Union[None, str, int],
     if not path.exists() and not Path(f"{path}.old").exists():
         warnings.warn(f"strata.torch: no checkpoint {path}", stacklevel=3)
         return None, None
-    state = _read(engine, str(path))
+    state = _read(engine, str(path), optimizer_states)
     engine.global_steps = state["global_steps"]
     engine.global_samples = state["global_samples"]
     engine.micro_steps = state["micro_steps"]
@@ -114,9 +114,11 @@ def load(engine: "StrataEngine", load_dir: str, tag: Union[None, str, int],
     return str(path), _unpickled(state["client_state"])
 
 
-def _read(engine: "StrataEngine", path: str) -> dict[str, Any]:
+def _read(engine: "StrataEngine", path: str, optimizer_states: bool
+          ) -> dict[str, Any]:
     try:
-        state = json.loads(reshard.load(engine, Path(path)) or "{}")
+        state = json.loads(
+            reshard.load(engine, Path(path), optimizer_states) or "{}")
     except StrataError as e:
         if "does not fit this engine" not in e.message:
             raise

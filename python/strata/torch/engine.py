@@ -350,7 +350,9 @@ class StrataEngine:
         named in load_dir/latest); returns (its path, client_state), or
         (None, None) when there is none. The run goes on bit-identically
         to the one that saved it. load_module_only (or not
-        load_optimizer_states) starts the optimizer's state afresh."""
+        load_optimizer_states) loads the weights alone and starts the
+        optimizer's state afresh, so it also takes a checkpoint of another
+        strata.state_dtype."""
         self._check_open()
         self._require_idle("load_checkpoint")
         out = checkpoint.load(

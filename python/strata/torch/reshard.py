@@ -19,7 +19,13 @@ whichever parts hold them (padding reads as zeros), and writes them into
 its engine; the step count comes from the saved optimizer state, the rest
 of strata.torch's state (scheduler, scaler, counters) from rank 0's part.
 Master weights, optimizer state, compute copies and the step are then
-bit-identical to the saved ones; RNG states are rank 0's."""
+bit-identical to the saved ones; RNG states are rank 0's.
+
+Without the optimizer's state (load_module_only, or load_optimizer_states
+false), every world size takes the second way for the weights alone
+(compute copies and masters): the state roles are not read, so a
+checkpoint of another strata.state_dtype (or of int8 state at another
+world size) loads its weights; the caller then zeroes the state."""
 from __future__ import annotations
 
 import json
@@ -79,24 +85,33 @@ def _mark(engine: "StrataEngine", path: Path) -> None:
          "groups": groups}))
 
 
-def load(engine: "StrataEngine", path: Path) -> str:
-    """Loads save_dir/tag at this world size; strata.torch's user state."""
+def load(engine: "StrataEngine", path: Path, optimizer_states: bool = True
+         ) -> str:
+    """Loads save_dir/tag at this world size; strata.torch's user state.
+    Without optimizer_states, the weights alone: the optimizer's state and
+    step are left as they were."""
     ranks = engine.rt.ranks
     saved = _saved_world(path)
-    if saved == ranks.world:
+    if saved == ranks.world and optimizer_states:
         part = path / f"rank-{ranks.rank}" if saved > 1 else path
         state = engine.rt.optimizer.load(str(part))
     else:
         source = Saved(path, saved)
-        _check_state(source, engine.ds_config.state_dtype, ranks.world)
+        if optimizer_states:
+            _check_state(source, engine.ds_config.state_dtype, ranks.world)
         for group in engine.rt.groups:
-            _fill(engine, group, source)
-        engine.rt.optimizer.step = source.step
+            _fill(engine, group, source, optimizer_states)
+        if optimizer_states:
+            engine.rt.optimizer.step = source.step
         state = source.user_state
     for group in engine.rt.groups:
         if group.flat is not None:
             group.flat.stepped()  # no gathered copy from before the load
     return state
+
+
+# The roles a load without the optimizer's state reads.
+WEIGHT_ROLES = ("compute", "master")
 
 
 def _saved_world(path: Path) -> int:
@@ -212,13 +227,17 @@ def _check_state(source: Saved, want: str, world: int) -> None:
             f"with the strata.state_dtype it was saved with"))
 
 
-def _fill(engine: "StrataEngine", group: "Group", source: Saved) -> None:
-    """One group's every role from the saved files."""
+def _fill(engine: "StrataEngine", group: "Group", source: Saved,
+          optimizer_states: bool) -> None:
+    """One group's roles from the saved files: every one, or the weights
+    alone."""
     rt = engine.rt
     shapes = [t.shape for _, t in group.plan.params]
     at = offsets(shapes)
     index = {name: i for i, (name, _) in enumerate(group.plan.params)}
-    with rt.engine.fetch(group.id, "host", roles=group.roles,
+    roles = group.roles if optimizer_states else \
+        [r for r in group.roles if r in WEIGHT_ROLES]
+    with rt.engine.fetch(group.id, "host", roles=roles,
                          write=True) as view:
         for info in view.tensors:
             target = torch.from_dlpack(view.export(info.name, info.role))

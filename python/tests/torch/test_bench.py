@@ -40,10 +40,14 @@ def test_the_offload_bench_runs_and_reports(scratch: Path) -> None:
             assert 0 <= row["hidden_s"] <= row["optimizer_s"], name
     assert summary["variants"]["nvme"]["strata_peak_bytes"]["nvme"] > 0
     assert summary["variants"]["nvme"]["nvme_read_bytes"] > 0
-    # m and v in half and a quarter of the bytes: fewer reads.
+    # m and v in half and about a quarter of the bytes: fewer reads than
+    # fp32's (a third or more fewer here). Not int8 against bf16: in this
+    # tiny GPT most tensors are under int8's 4096 elements and keep fp32
+    # state, so the two differ by about 1%, less than the reads vary with
+    # the timing of evictions (strata-sim's test checks int8's bytes).
     read = {v: summary["variants"][v]["nvme_read_bytes"]
             for v in ("nvme", "nvme-bf16", "nvme-int8")}
-    assert read["nvme-int8"] < read["nvme-bf16"] < read["nvme"]
+    assert max(read["nvme-int8"], read["nvme-bf16"]) < read["nvme"]
     assert summary["variants"]["host"]["nvme_written_bytes"] == 0
     assert "NVMe bytes a step" in done.stdout
     assert summary["variants"]["host"]["strata_peak_bytes"]["nvme"] == 0

@@ -35,6 +35,34 @@ def test_an_unknown_key_is_named() -> None:
             optimizer={"type": "Lion", "params": {"lr": 1e-4}}))
 
 
+def test_resharding_refuses_int8_and_another_state_dtype() -> None:
+    """A checkpoint loaded at another world size with its optimizer state:
+    int8 state (quantized in blocks of each rank's part) and a state dtype
+    other than the engine's are refused before anything is written
+    (reshard.load checks first), naming the fix."""
+    from types import SimpleNamespace
+
+    from strata.torch import reshard
+
+    def saved(dtype: str) -> SimpleNamespace:
+        tensor = {"roles": {"compute": 0, "state1": 64}}
+        if dtype != "fp32":
+            tensor["state_dtype"] = dtype
+        return SimpleNamespace(groups=[{"g": {"tensors": [tensor]}}],
+                               parts=["rank-0", "rank-1"])
+
+    for dtype, want in (("int8", "fp32"), ("fp32", "int8")):
+        with pytest.raises(strata.StrataError, match=(
+                r"int8 optimizer state loads only at the world size it was "
+                r"saved at \(2 ranks, not 1\): resume at that size")):
+            reshard._check_state(saved(dtype), want, 1)
+    with pytest.raises(strata.StrataError, match=(
+            "optimizer state is bf16, this engine's fp32: load it with the "
+            "strata.state_dtype it was saved with")):
+        reshard._check_state(saved("bf16"), "fp32", 1)
+    reshard._check_state(saved("bf16"), "bf16", 1)
+
+
 def test_ranks_keys_are_checked() -> None:
     with pytest.raises(st.ConfigError, match="stage 0: strata partitions"
                        ".*set it to 1, 2 or 3"):

@@ -161,6 +161,7 @@ def test_a_resumed_run_restores_the_buffers(scratch: Path) -> None:
     first = st.initialize(norm_net(0), cfg)
     train_strata(first.module, cfg, steps[:4], engine=first, close=False)
     first.save_checkpoint(str(scratch / "ckpt"))
+    weights = {k: v.clone() for k, v in first.state_dict().items()}
     first.close()
     other = norm_net(1)
     for block in other.blocks:
@@ -182,7 +183,8 @@ def test_narrow_state_trains_near_fp32_and_resumes_bit_identically(
     but bf16's stochastic rounding is a function of the step, the group
     and the element, and int8's quantization of the values alone, so a
     resumed run is bit-identical; an engine of fp32 state refuses the
-    checkpoint."""
+    checkpoint, but loads its weights alone (load_module_only) with its
+    own state zeroed."""
     cfg = config(strata={"state_dtype": state}, zero_optimization={
         "offload_optimizer": {"device": "nvme", "nvme_path": str(nvme)}})
     steps = data(12)
@@ -201,6 +203,7 @@ def test_narrow_state_trains_near_fp32_and_resumes_bit_identically(
     assert dtypes == ({"bf16"} if state == "bf16" else {"u8", "fp32"})
     train_strata(first.module, cfg, steps[:6], engine=first, close=False)
     first.save_checkpoint(str(scratch / "ckpt"))
+    weights = {k: v.clone() for k, v in first.state_dict().items()}
     first.close()
     second = st.initialize(model(seed=1), cfg)
     second.load_checkpoint(str(scratch / "ckpt"))
@@ -212,4 +215,15 @@ def test_narrow_state_trains_near_fp32_and_resumes_bit_identically(
     with pytest.raises(StrataError, match=f"state in {state} in the "
                        f"checkpoint but fp32 in this engine"):
         fp32.load_checkpoint(str(scratch / "ckpt"))
+    fp32.load_checkpoint(str(scratch / "ckpt"), load_module_only=True)
+    assert fp32.rt.optimizer.step == 0
+    loaded = fp32.state_dict()
+    for key, value in weights.items():
+        assert torch.equal(loaded[key], value), key
+    for group in fp32.rt.groups:
+        if "state1" in group.roles:
+            with fp32.store.fetch(group.id, "host", roles="state1") as view:
+                for t in view.tensors:
+                    assert not torch.from_dlpack(
+                        view.export(t.name, t.role)).any(), group.name
     fp32.close()

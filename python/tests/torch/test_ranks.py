@@ -150,13 +150,17 @@ def test_two_ranks_train_like_one_with_both_batches(scratch: Path) -> None:
     assert runs["stage3"]["collectives"]["ahead"] > 0
 
 
-def test_a_checkpoint_loads_at_any_world_size(scratch: Path) -> None:
+@pytest.mark.parametrize("state", ["fp32", "bf16"])
+def test_a_checkpoint_loads_at_any_world_size(scratch: Path, state: str
+                                              ) -> None:
     """Saved at 4 ranks, loaded at 2 and at 1; saved at 1, loaded at 4:
-    every role and the step as saved, bit for bit; and a resume at the
-    same world size goes on exactly (ranks_worker.py's reshard job)."""
+    every role and the step as saved, bit for bit, with the optimizer
+    state in fp32 or bf16; and a resume at the same world size goes on
+    exactly (ranks_worker.py's reshard job)."""
     swap = scratch / "swap"
     swap.mkdir()
     over = {"bf16": {"enabled": True}, "gradient_clipping": 0.5,
+            "strata": {"state_dtype": state},
             "zero_optimization": {"offload_optimizer": {
                 "device": "nvme", "nvme_path": str(swap)}}}
     launch({"reshard": over, "out": str(scratch)}, world=4)
