@@ -151,8 +151,12 @@ class Device {
                                      size_t bytes) = 0;
   virtual Result<Event> CopyToHost(void* host, const void* device,
                                    size_t bytes) = 0;
-  // Fills device memory with `byte` (synchronous; for setup and tests).
-  // Ordered after the host->device copies issued before it.
+  // Fills device memory with `byte`, synchronously. Not ordered after the
+  // copies in flight: the caller must not fill memory a copy in flight
+  // reads or writes (strata frees or reuses memory only after its copies
+  // land). So a fill never waits behind the copies to the device, which
+  // may themselves wait for NVMe reads: each AcquireGradients zeroes a
+  // gradient buffer while backward waits for it.
   virtual Status Memset(void* device, int byte, size_t bytes) = 0;
 
   // Fences (Note [Fences] in src/store/residency.h). The point of a caller's

@@ -164,7 +164,7 @@ struct CudaResources {
     // Switching to a device that opened fine fails only while the runtime
     // unloads at process exit, and the runtime releases everything then.
     if (!on.status().ok()) return;
-    for (cudaStream_t stream : {to_device, to_host, fences}) {
+    for (cudaStream_t stream : {to_device, to_host, fences, fills}) {
       if (stream == nullptr) continue;
       STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
       STRATA_CUDA_CHECK(cudaStreamDestroy(stream));
@@ -180,6 +180,7 @@ struct CudaResources {
   cudaStream_t to_device = nullptr;
   cudaStream_t to_host = nullptr;
   cudaStream_t fences = nullptr;  // captures a caller's event (Record)
+  cudaStream_t fills = nullptr;   // Memset, behind no copy
 };
 
 // Portable pinned memory, so any device of the process copies from it at
@@ -246,15 +247,14 @@ class CudaDevice : public ArenaDevice {
   }
 
  protected:
-  // Note [Emulated streams] in device_host.cc: ordered after the copies to
-  // the device issued before it.
+  // On a stream of its own, so it waits for no copy (Device::Memset).
   Status Fill(void* device, int byte, size_t bytes) override {
     ScopedDevice on(gpu_->ordinal);
     if (!on.status().ok()) return on.status();
     STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(
-        cudaMemsetAsync(device, byte, bytes, gpu_->to_device),
+        cudaMemsetAsync(device, byte, bytes, gpu_->fills),
         "device tier: cudaMemsetAsync of " + HumanBytes(bytes)));
-    return STRATA_CUDA_STATUS(cudaStreamSynchronize(gpu_->to_device),
+    return STRATA_CUDA_STATUS(cudaStreamSynchronize(gpu_->fills),
                               "device tier: waiting for cudaMemsetAsync");
   }
 
@@ -389,7 +389,8 @@ Result<std::unique_ptr<Device>> OpenCudaDevice(const DeviceOptions& options,
 
   auto gpu = std::make_unique<CudaResources>(options.cuda_device);
   STRATA_RETURN_IF_ERROR(AllocateArena(*gpu, info, options.alignment));
-  for (cudaStream_t* stream : {&gpu->to_device, &gpu->to_host, &gpu->fences}) {
+  for (cudaStream_t* stream :
+       {&gpu->to_device, &gpu->to_host, &gpu->fences, &gpu->fills}) {
     STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(
         cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
         "device tier: creating a CUDA stream"));

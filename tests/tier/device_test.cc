@@ -4,9 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -343,17 +347,66 @@ TEST_P(DeviceTest, CopiesInOneDirectionCompleteInOrder) {
   }
 }
 
-TEST_P(DeviceTest, MemsetIsOrderedAfterEarlierCopiesToTheDevice) {
+// An event that completes when the test opens it.
+class Gate : public Event::Impl {
+ public:
+  bool Poll() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return open_;
+  }
+  Status Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return open_; });
+    return Status();
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// A fill waits for no copy: with the copies to the device held up (as a
+// prefetch's are while its NVMe read lands), Memset still returns, and the
+// held copy runs once the gate opens. (Before, the fill queued behind
+// them, so each AcquireGradients waited for the prefetches in flight.)
+TEST_P(DeviceTest, MemsetDoesNotWaitForCopiesHeldUp) {
+  if (GetParam() == DeviceKind::kCuda) {
+    GTEST_SKIP() << "a host-side gate cannot hold up a CUDA stream";
+  }
   std::unique_ptr<Device> device = Open(4 * kMiB);
   ASSERT_NE(device, nullptr);
-  constexpr size_t kBytes = 2 * kMiB;
-  void* ptr = MustAllocate(*device, kBytes);
+  constexpr size_t kBytes = kMiB;
+  void* held = MustAllocate(*device, kBytes);
+  void* filled = MustAllocate(*device, kBytes);
   const std::vector<uint8_t> in = RandomBytes(kBytes, 7);
-  Result<Event> write = device->CopyToDevice(ptr, in.data(), kBytes);
+  auto gate = std::make_shared<Gate>();
+  std::future<Status> fill;
+  struct OpenAtExit {  // else a failed check would leave the queue held
+    Gate* gate;
+    ~OpenAtExit() { gate->Open(); }
+  } open_at_exit{gate.get()};
+  ASSERT_TRUE(device->OrderAfter(Direction::kToDevice, Event(gate)).ok());
+  Result<Event> write = device->CopyToDevice(held, in.data(), kBytes);
   ASSERT_TRUE(write.ok());
-  ASSERT_TRUE(device->Memset(ptr, 0x5A, kBytes).ok());
-  EXPECT_TRUE(write->Poll());
-  EXPECT_EQ(ReadBack(*device, ptr, kBytes), std::vector<uint8_t>(kBytes, 0x5A));
+  fill = std::async(std::launch::async,
+                    [&] { return device->Memset(filled, 0x5A, kBytes); });
+  ASSERT_EQ(fill.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "Memset is waiting behind the held copy";
+  ASSERT_TRUE(fill.get().ok());
+  EXPECT_FALSE(write->Poll()) << "the gate was open";
+  gate->Open();
+  ASSERT_TRUE(write->Wait().ok());
+  EXPECT_EQ(ReadBack(*device, held, kBytes), in);
+  EXPECT_EQ(ReadBack(*device, filled, kBytes),
+            std::vector<uint8_t>(kBytes, 0x5A));
 }
 
 TEST_P(DeviceTest, ConcurrentCopiesFromManyThreads) {
