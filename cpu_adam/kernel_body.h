@@ -369,43 +369,52 @@ struct Q8StepKernel {
     return scale < std::numeric_limits<float>::min() ? 0.0f : scale;
   }
 
-  template <bool kSigned>
-  static void Encode(const QCodec<V, kSigned> codec, const float* in,
-                     size_t cnt, float scale, uint8_t* q) {
-    const F inv = V::Set1(scale > 0.0f ? 1.0f / scale : 0.0f);
-    const size_t full = cnt / W * W;
-    for (size_t j = 0; j < full; j += W) {
-      V::StoreCodes(q + j, codec.Quantize(V::Mul(V::Load(in + j), inv)));
-    }
-    if (full < cnt) {
-      uint8_t t[W];
-      V::StoreCodes(t, codec.Quantize(V::Mul(V::Load(in + full), inv)));
-      std::memcpy(q + full, t, cnt - full);
-    }
+  // The inverse of a scale (0 for 0: its values become zeros).
+  static F Inverse(float scale) {
+    return V::Set1(scale > 0.0f ? 1.0f / scale : 0.0f);
   }
 
-  // The block's new params, and their copy in out_type.
-  static void Commit(const StepPtrs& x, size_t i, size_t cnt,
-                     const Scratch& s) {
-    std::memcpy(x.params + i, s.p, cnt * sizeof(float));
-    if constexpr (!std::is_same_v<O, NoOut>) {
-      O* out = static_cast<O*>(x.out) + i;
-      const size_t full = cnt / W * W;
-      for (size_t j = 0; j < full; j += W) V::Store(out + j, V::Load(s.p + j));
-      if (full < cnt) {
-        O t[W];
-        V::Store(t, V::Load(s.p + full));
-        std::memcpy(out + full, t, (cnt - full) * sizeof(O));
-      }
+  // W elements at offset j of the scratch: m's and v's codes against the
+  // inverse scales, the params and their copy in out_type.
+  static void CommitOne(const Pass& ps, F m_inv, F v_inv, const Scratch& s,
+                        size_t j, uint8_t* q1, uint8_t* q2, float* p, O* out) {
+    V::StoreCodes(q1, ps.m_codec.Quantize(V::Mul(V::Load(s.m + j), m_inv)));
+    V::StoreCodes(q2, ps.v_codec.Quantize(V::Mul(V::Load(s.v + j), v_inv)));
+    const F pv = V::Load(s.p + j);
+    V::Store(p, pv);
+    if constexpr (!std::is_same_v<O, NoOut>) V::Store(out, pv);
+  }
+
+  // The second pass: the block's codes against its new scales, its new
+  // params and their copy in out_type.
+  static void Commit(const Pass& ps, const StepPtrs& x, size_t i, size_t cnt,
+                     const Scratch& s, float m_scale, float v_scale) {
+    const F m_inv = Inverse(m_scale), v_inv = Inverse(v_scale);
+    uint8_t* q1 = static_cast<uint8_t*>(x.state1) + i;
+    uint8_t* q2 = static_cast<uint8_t*>(x.state2) + i;
+    float* p = x.params + i;
+    O* out = std::is_same_v<O, NoOut> ? nullptr : static_cast<O*>(x.out) + i;
+    const size_t full = cnt / W * W;
+    for (size_t j = 0; j < full; j += W) {
+      CommitOne(ps, m_inv, v_inv, s, j, q1 + j, q2 + j, p + j,
+                out == nullptr ? nullptr : out + j);
     }
+    if (full == cnt) return;
+    const size_t n = cnt - full;
+    uint8_t q1t[W], q2t[W];
+    float pt[W];
+    O outt[W];
+    CommitOne(ps, m_inv, v_inv, s, full, q1t, q2t, pt, outt);
+    std::memcpy(q1 + full, q1t, n);
+    std::memcpy(q2 + full, q2t, n);
+    std::memcpy(p + full, pt, n * sizeof(float));
+    if (out != nullptr) std::memcpy(out + full, outt, n * sizeof(O));
   }
 
   static size_t Run(const StepConsts& c, const StepPtrs& x, size_t begin,
                     size_t end) {
     VConsts<V, A> k(c);
     Scratch s;
-    auto* q1 = static_cast<uint8_t*>(x.state1);
-    auto* q2 = static_cast<uint8_t*>(x.state2);
     Pass ps{QCodec<V, true>(*c.map1), QCodec<V, false>(*c.map2)};
     for (size_t i = begin; i < end; i += B) {
       const size_t cnt = end - i < B ? end - i : B;
@@ -416,11 +425,9 @@ struct Q8StepKernel {
       if (!Update(k, ps, x, i, cnt, s)) return i;
       const float m_scale = Scale(ps.m_max), v_scale = Scale(ps.v_max);
       if (std::isnan(m_scale) || std::isnan(v_scale)) return i;
-      Encode(ps.m_codec, s.m, cnt, m_scale, q1 + i);
-      Encode(ps.v_codec, s.v, cnt, v_scale, q2 + i);
+      Commit(ps, x, i, cnt, s, m_scale, v_scale);
       x.scale1[b] = m_scale;
       x.scale2[b] = v_scale;
-      Commit(x, i, cnt, s);
     }
     return end;
   }
