@@ -32,8 +32,9 @@ using cpu_adam::StepConsts;
 // for the same buffers, and tbb::affinity_partitioner replays each partition
 // onto the thread that ran it last time: the same core touches the same
 // pages each step (first-touch friendly, no per-tile fork/join). A thread
-// walks its partition in kBlock pieces only to notice, between pieces, that
-// another thread has stopped at a non-finite gradient. Limits: below
+// walks its partition in kBlock pieces to notice, between pieces, that
+// another thread has stopped at a non-finite gradient, and to show each
+// piece to the caller's observer while it is in cache. Limits: below
 // kMinParallel elements one thread does the whole call, where waking workers
 // would cost more than it saves.
 constexpr size_t kPageBytes = 4096;
@@ -357,6 +358,12 @@ int CpuOptimizer::threads() const { return impl_->Partitions(); }
 
 Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
                                       const OptimBuffers& b) {
+  return Step(options, b, nullptr);
+}
+
+Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
+                                      const OptimBuffers& b,
+                                      const StepObserver& observer) {
   if (static_cast<int>(options.algo) >= cpu_adam::kNumAlgos) {
     return Status::InvalidArgument("algo is not an OptimAlgo");
   }
@@ -411,6 +418,7 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
         stop = true;
         return;
       }
+      if (observer) observer(i, j);
     }
   });
   if (stop) report.outcome = StepOutcome::kPartial;

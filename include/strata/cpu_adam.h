@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 
@@ -215,6 +216,17 @@ class STRATA_EXPORT CpuOptimizer {
 
   Result<StepReport> Step(const StepOptions& options,
                           const OptimBuffers& buffers);
+  // Step, calling `observer(begin, end)` on the stepping thread after each
+  // piece of elements [begin, end) it finished (at most 65536; with kQ8
+  // state, whole blocks but at n), while the piece's bytes are in cache: a
+  // caller hashes what the step wrote there (the NVMe tier's checksums).
+  // The pieces of a step that completes tile [0, n), each once; those of
+  // a kPartial or kSkipped one do not. Calls run on several threads at
+  // once; none before the buffers and hyperparameters passed the checks.
+  using StepObserver = std::function<void(size_t begin, size_t end)>;
+  Result<StepReport> Step(const StepOptions& options,
+                          const OptimBuffers& buffers,
+                          const StepObserver& observer);
 
   Result<SumSquaresResult> SumSquares(const void* grads, FloatType type,
                                       size_t n);

@@ -364,6 +364,10 @@ struct EngineStats {
   // gradients after their step) and were dropped without the write-down
   // an eviction would have made.
   uint64_t discarded_bytes = 0;
+  // Bytes the NVMe tier hashed for its checksums: every read, and the
+  // writes whose digest the optimizer's pass did not make (Note [Checksums
+  // in the optimizer's pass] in src/optim/step_digest.h).
+  uint64_t nvme_bytes_hashed = 0;
   uint64_t trace_invalidations = 0;
   uint64_t steps = 0;
   double stall_seconds = 0;  // time Fetch() spent waiting for data

@@ -106,6 +106,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/optim/step_digest.h"
 #include "src/store/engine_internal.h"
 #include "strata/offload_optimizer.h"
 
@@ -262,8 +263,13 @@ class OffloadOptimizer::Impl {
   };
   Result<StepHold> HoldForStep(int group, store::Residency::Access extra,
                                bool speculative);
+  // `digest` (may be null) hashes what the step writes (Note [Checksums
+  // in the optimizer's pass] in src/optim/step_digest.h).
   Result<StepReport> Step(int group, const StepOptions& step,
-                          const OptimBuffers& whole);
+                          const OptimBuffers& whole, optim::StepDigest* digest);
+  // The chunks of `b` that the step writes and that are homed on NVMe.
+  std::vector<optim::StepDigest::Chunk> DigestedChunks(
+      int group, const OptimBuffers& b) const;
   Status StepGroup(int group, StepHold& hold, const void* grads,
                    FloatType grad_type, const StepParams& params);
   // Prefetches the state of the groups that step after `group` (-1: the

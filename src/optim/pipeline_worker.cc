@@ -242,9 +242,15 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
                 h.weight_decay, h.lr_decay, params.step};
   step.prep = {static_cast<float>(1.0 / h.loss_scale), params.clip_coef};
   step.overflow = OverflowPolicy::kStopAtNonFinite;
-  Result<StepReport> report = Step(group, step, b);
+  optim::StepDigest digest(DigestedChunks(group, b));
+  Result<StepReport> report = Step(group, step, b, &digest);
   if (report.ok() && g.compute == FloatType::kF32 && !g.in_place) {
     std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
+  }
+  if (report.ok() && !report->overflow()) {
+    for (auto& [role, d] : digest.Finish()) {
+      parts_.residency->AttachDigest(hold.fetched.hold, role, std::move(d));
+    }
   }
   Status released = hold.fetched.pin.Release();
   if (released.ok() && !hold.speculative &&
@@ -281,17 +287,66 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   return released;
 }
 
+std::vector<optim::StepDigest::Chunk> OffloadOptimizer::Impl::DigestedChunks(
+    int group, const OptimBuffers& b) const {
+  const store::GroupLayout& layout = parts_.residency->layout(group);
+  const Role params = groups_[group].in_place ? Role::kCompute : Role::kMaster;
+  std::vector<optim::StepDigest::Chunk> chunks;
+  auto add = [&](Role role, const void* base) {
+    const store::ChunkLayout& c = layout.chunks[layout.chunk_of_role[role]];
+    if (base == nullptr || c.home != Tier::kNvme) return;
+    chunks.push_back({role, static_cast<const char*>(base), c.bytes});
+  };
+  add(params, b.params);
+  add(Role::kState1, b.state1);
+  add(Role::kState2, b.state2);
+  add(Role::kCompute, b.params_out);
+  return chunks;
+}
+
+namespace {
+
+// What one Step call over `b` writes, piece by piece, hashed into `digest`
+// (Note [Checksums in the optimizer's pass]): the whole group's flat
+// arrays (`t` null), or tensor `t`'s part of them with packed state.
+CpuOptimizer::StepObserver Observer(optim::StepDigest* digest,
+                                    const OptimBuffers& b, Role params,
+                                    const store::TensorLayout* t) {
+  const uint64_t first = t == nullptr ? 0 : t->element;
+  const uint64_t out_width = FloatTypeSize(b.out_type);
+  return [=](size_t begin, size_t end) {
+    digest->AddElements(params, first * 4, 4, begin, end);
+    if (b.params_out != nullptr) {
+      digest->AddElements(Role::kCompute, first * out_width, out_width, begin,
+                          end);
+    }
+    for (Role r : {Role::kState1, Role::kState2}) {
+      const uint64_t at = t == nullptr ? 0 : t->offset[r];
+      if (b.state_format == StateFormat::kQ8) {
+        digest->AddQ8(r, at, Q8Blocks(t->elements) * kQ8Block, begin, end);
+      } else {
+        const uint64_t width = b.state_format == StateFormat::kBF16 ? 2 : 4;
+        digest->AddElements(r, at, width, begin, end);
+      }
+    }
+  };
+}
+
+}  // namespace
+
 // Steps the group's buffers `whole` in its state format: in one pass, or
 // with packed state (kQ8: src/store/layout.h) tensor by tensor, each in its
 // own format, stopping at the first that does not apply.
 Result<StepReport> OffloadOptimizer::Impl::Step(int group,
                                                 const StepOptions& step,
-                                                const OptimBuffers& whole) {
+                                                const OptimBuffers& whole,
+                                                optim::StepDigest* digest) {
   const store::GroupLayout& layout = parts_.residency->layout(group);
+  const Role params = groups_[group].in_place ? Role::kCompute : Role::kMaster;
   if (!layout.packed_state) {
     OptimBuffers b = whole;
     b.state_format = layout.tensors[0].state;  // every tensor's
-    return cpu_->Step(step, b);
+    return cpu_->Step(step, b, Observer(digest, b, params, nullptr));
   }
   auto at = [](const void* base, uint64_t bytes) {
     return static_cast<char*>(const_cast<void*>(base)) + bytes;
@@ -317,7 +372,8 @@ Result<StepReport> OffloadOptimizer::Impl::Step(int group,
       b.params_out = at(whole.params_out, t.element * out_width);
     }
     b.n = t.elements;
-    STRATA_ASSIGN_OR_RETURN(report, cpu_->Step(step, b));
+    STRATA_ASSIGN_OR_RETURN(
+        report, cpu_->Step(step, b, Observer(digest, b, params, &t)));
     if (report.overflow()) break;
   }
   return report;

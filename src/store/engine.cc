@@ -300,6 +300,7 @@ EngineStats Engine::Impl::Stats() const {
   if (nvme_ != nullptr) {
     const tier::NvmeStoreStats nvme = nvme_->stats();
     at(Tier::kNvme) = {nvme.capacity, nvme.used, nvme.peak};
+    s.nvme_bytes_hashed = nvme.bytes_hashed;
   }
   s.bytes = mover_->bytes();
   s.role_bytes = mover_->role_bytes();

@@ -153,10 +153,9 @@ class Residency {
   ~Residency();
 
   // Note [Updates below the device] (residency_holds.cc): called, without
-  // the residency's lock,
-  // after the release of a write hold below the device whose written
-  // `roles` the trace fetches to the device, first at trace `position`.
-  // Setting it (null: none) waits for a call in progress.
+  // the residency's lock, after the release of a write hold below the
+  // device whose written `roles` the trace fetches to the device, first at
+  // trace `position`. Setting it (null: none) waits for a call in progress.
   using RefetchHook =
       std::function<void(int group, RoleMask roles, int position)>;
   void SetRefetchHook(RefetchHook hook);
@@ -197,6 +196,7 @@ class Residency {
     // The fetched chunk of each role (null for a role not fetched): where
     // the views point, valid while `pin` is held.
     RoleArray<char*> base;
+    uint64_t hold = 0;  // names the hold for AttachDigest
   };
   // Demand fetch (Engine::Fetch): validates and pins the group's chunks in
   // `opt.roles` at `tier`.
@@ -219,6 +219,12 @@ class Residency {
   // [Speculative writes]).
   Result<Fetched> FetchToHost(int group, const Access& access,
                               bool speculative);
+  // The digest of what write hold `hold` wrote to its `role` chunk, before
+  // its release: a write-down of those bytes to NVMe records it instead of
+  // hashing them (Note [Checksums in the optimizer's pass] in
+  // src/optim/step_digest.h); void once another write fetch began.
+  void AttachDigest(uint64_t hold, Role role,
+                    std::shared_ptr<const tier::Digest> digest);
   // Undoes hold `pin` (Pin::Release); its copies stay in use until
   // `after` completes (Note [Fences]). kFailedPrecondition for a hold that
   // is not outstanding, kInvalidArgument for a fence the device cannot use
@@ -358,6 +364,9 @@ class Residency {
     // The caller's write fetch that wrote `caller_version` (0: none).
     uint64_t caller_fetch = 0;
     uint64_t caller_version = 0;
+    // The bytes' digest, while `version` is `digest_version` (AttachDigest).
+    std::shared_ptr<const tier::Digest> digest;
+    uint64_t digest_version = 0;
   };
   // Why a copy is being made valid; it decides what the move may evict
   // (Note [Eviction order]), whether it waits or gives up, and what the
@@ -395,8 +404,9 @@ class Residency {
     Tier tier = Tier::kHost;
     RoleMask written = 0;  // the roles it writes (Access::written)
     std::vector<int> chunks;
-    std::vector<uint64_t> serials;  // of the copy pinned, per chunk
-    std::thread::id thread;         // that fetched it
+    std::vector<uint64_t> serials;   // of the copy pinned, per chunk
+    std::vector<uint64_t> versions;  // of a written chunk, after its write
+    std::thread::id thread;          // that fetched it
   };
   // The bytes a group's chunks take at their homes, and the bytes a fetch
   // of the whole group needs beside them (at the device, its device roles;
@@ -528,9 +538,7 @@ class Residency {
   // The fence watcher's loop (Note [Fences]).
   void WatchFences();
   transport::Place PlaceOf(const Chunk& c, Tier tier) const;
-  static std::string TierLabel(Tier tier) {  // for messages
-    return std::string(TierName(tier));
-  }
+  static std::string TierLabel(Tier t) { return std::string(TierName(t)); }
   std::string Describe(const Chunk& c) const;
 
   // Fixed after construction (the tiers lock for themselves).

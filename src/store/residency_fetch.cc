@@ -118,6 +118,7 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
   const uint64_t pin = next_pin_++;
   holds_.emplace(pin, std::move(hold));
   fetched.pin = internal::PinOwner::Make(pin_owner_, pin);
+  fetched.hold = pin;
   return fetched;
 }
 
@@ -148,10 +149,13 @@ Status Residency::BeginWrites(Lock& lk, Hold& hold, const Access& access,
     Unpin(hold);
     return s;
   }
-  for (int id : hold.chunks) {
-    if (!Writes(hold, id)) continue;
-    if (speculative) StartSpeculation(chunks_[id]);
-    Invalidate(chunks_[id], &hold.tier);
+  hold.versions.assign(hold.chunks.size(), 0);
+  for (size_t i = 0; i < hold.chunks.size(); ++i) {
+    Chunk& c = chunks_[hold.chunks[i]];
+    if (!Writes(hold, hold.chunks[i])) continue;
+    if (speculative) StartSpeculation(c);
+    Invalidate(c, &hold.tier);
+    hold.versions[i] = c.version;
   }
   return Status();
 }

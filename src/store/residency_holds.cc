@@ -53,6 +53,22 @@ Status Residency::Release(uint64_t pin, const Fence& after) {
   return Status();
 }
 
+void Residency::AttachDigest(uint64_t hold, Role role,
+                             std::shared_ptr<const tier::Digest> digest) {
+  Lock lk(mu_);
+  const auto it = holds_.find(hold);
+  STRATA_CHECK(it != holds_.end());
+  const Hold& h = it->second;
+  for (size_t i = 0; i < h.chunks.size(); ++i) {
+    Chunk& c = chunks_[h.chunks[i]];
+    if (c.role != role) continue;
+    STRATA_CHECK(Writes(h, h.chunks[i]));
+    if (c.version != h.versions[i]) return;  // another write fetch began
+    c.digest = std::move(digest);
+    c.digest_version = c.version;
+  }
+}
+
 void Residency::SetRefetchHook(RefetchHook hook) {
   std::lock_guard<std::mutex> lock(hook_mu_);
   refetch_hook_ = std::move(hook);

@@ -341,8 +341,11 @@ Status Residency::WriteDown(Lock& lk, int id, Tier tier) {
   }
   if (status.ok()) {
     lower.state = CopyState::kFilling;
+    std::shared_ptr<const tier::Digest> digest =
+        c.digest_version == version ? c.digest : nullptr;
     lk.unlock();
-    status = mover_->Copy(c.role, PlaceOf(c, tier), PlaceOf(c, to), c.bytes);
+    status = mover_->Copy(c.role, PlaceOf(c, tier), PlaceOf(c, to), c.bytes,
+                          std::move(digest));
     lk.lock();
     const bool valid = status.ok() && version == c.version;
     lower.state = valid ? CopyState::kValid : CopyState::kStale;

@@ -1,7 +1,6 @@
 #include "src/tier/nvme_store.h"
 
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -50,8 +49,8 @@ Status ValidateOptions(const NvmeStoreOptions& options) {
 
 struct ExtentMeta {
   uint64_t bytes = 0;
-  bool has_data = false;  // the last write succeeded; `checksum` holds
-  uint64_t checksum = 0;
+  bool has_data = false;  // the last write succeeded; `digest` holds
+  std::shared_ptr<const Digest> digest;
 };
 
 struct SwapFile {
@@ -79,7 +78,8 @@ class NvmeStore::Impl {
 
   Result<Extent> Allocate(uint64_t bytes);
   void Free(const Extent& extent);
-  Result<PendingIo> StartWrite(const Extent& extent, const void* buf);
+  Result<PendingIo> StartWrite(const Extent& extent, const void* buf,
+                               std::shared_ptr<const Digest> digest);
   Result<PendingIo> StartRead(const Extent& extent, void* buf);
   Status FinishIo(PendingIo& io);
   std::string Describe(const Extent& extent) const;
@@ -212,7 +212,7 @@ Result<Extent> NvmeStore::Impl::Allocate(uint64_t bytes) {
     std::optional<uint64_t> offset = files_[i].ranges.Allocate(bytes);
     if (!offset) continue;
     const uint64_t size = files_[i].ranges.SizeOf(*offset);
-    files_[i].extents.emplace(*offset, ExtentMeta{.bytes = size});
+    files_[i].extents[*offset].bytes = size;
     next_file_ = (i + 1) % n;
     stats_.used += size;
     stats_.peak = std::max(stats_.peak, stats_.used);
@@ -260,10 +260,22 @@ Status NvmeStore::Impl::NoValidData(const Extent& extent) const {
       "before reading it");
 }
 
-Result<PendingIo> NvmeStore::Impl::StartWrite(const Extent& extent,
-                                              const void* buf) {
+Result<PendingIo> NvmeStore::Impl::StartWrite(
+    const Extent& extent, const void* buf,
+    std::shared_ptr<const Digest> digest) {
   STRATA_RETURN_IF_ERROR(CheckBuffer(buf, "write"));
-  const uint64_t checksum = XXH3_64bits(buf, extent.bytes);
+  if (digest == nullptr) {
+    digest = std::make_shared<const Digest>(DigestOf(buf, extent.bytes));
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_hashed += extent.bytes;
+  } else if (!Tiles(*digest, extent.bytes)) {
+    return Status::InvalidArgument(
+        "NVMe tier: the digest handed in for a write of " + Describe(extent) +
+        " does not tile it (its segments must cover bytes 0 to " +
+        std::to_string(extent.bytes) +
+        " in order); pass none to have the "
+        "store hash the buffer");
+  }
   {
     // Invalidate before any byte can change, so that a write that fails,
     // or is never finished, cannot be read back as good.
@@ -277,7 +289,7 @@ Result<PendingIo> NvmeStore::Impl::StartWrite(const Extent& extent,
                    .extent = extent,
                    .buf = const_cast<void*>(buf),
                    .write = true,
-                   .checksum = checksum};
+                   .digest = std::move(digest)};
 }
 
 Result<PendingIo> NvmeStore::Impl::StartRead(const Extent& extent, void* buf) {
@@ -289,7 +301,11 @@ Result<PendingIo> NvmeStore::Impl::StartRead(const Extent& extent, void* buf) {
   STRATA_ASSIGN_OR_RETURN(aio::Handle handle,
                           engine_->Read(files_[extent.file].file, buf,
                                         extent.bytes, extent.offset));
-  return PendingIo{.handle = std::move(handle), .extent = extent, .buf = buf};
+  PendingIo io;
+  io.handle = std::move(handle);
+  io.extent = extent;
+  io.buf = buf;
+  return io;
 }
 
 Status NvmeStore::Impl::FinishIo(PendingIo& io) {
@@ -311,7 +327,7 @@ Status NvmeStore::Impl::FinishWrite(PendingIo& io, const Status& done) {
                       done.message());
   }
   meta.has_data = true;
-  meta.checksum = io.checksum;
+  meta.digest = std::move(io.digest);
   stats_.bytes_written += io.extent.bytes;
   return Status::Ok();
 }
@@ -324,18 +340,26 @@ Status NvmeStore::Impl::FinishRead(PendingIo& io, const Status& done) {
     return Status(done.code(), "NVMe tier: read of " + Describe(io.extent) +
                                    " failed: " + done.message());
   }
-  const uint64_t actual = XXH3_64bits(io.buf, io.extent.bytes);
+  std::shared_ptr<const Digest> digest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const ExtentMeta& meta = Lookup(io.extent);
+    if (!meta.has_data) return NoValidData(io.extent);
+    digest = meta.digest;
+  }
+  const Segment* bad = FirstMismatch(*digest, io.buf);
   std::lock_guard<std::mutex> lock(mu_);
-  const ExtentMeta& meta = Lookup(io.extent);
-  if (!meta.has_data) return NoValidData(io.extent);
-  if (meta.checksum != actual) {
+  stats_.bytes_hashed += io.extent.bytes;
+  if (bad != nullptr) {
     ++stats_.checksum_failures;
     return Status::DataLoss(
         "NVMe tier: checksum mismatch in " + Describe(io.extent) +
-        " at offset " + std::to_string(io.extent.offset) + ": expected " +
-        Hex(meta.checksum) + ", got " + Hex(actual) +
-        "; the swap file was modified or the device returned "
-        "bad data");
+        " at offset " + std::to_string(io.extent.offset + bad->offset) +
+        " (its " + HumanBytes(bad->bytes) + " from byte " +
+        std::to_string(bad->offset) + " hash to " +
+        Hex(Hash(static_cast<const char*>(io.buf) + bad->offset, bad->bytes)) +
+        ", written as " + Hex(bad->hash) +
+        "); the swap file was modified or the device returned bad data");
   }
   stats_.bytes_read += io.extent.bytes;
   return Status::Ok();
@@ -369,8 +393,9 @@ Result<Extent> NvmeStore::Allocate(uint64_t bytes) {
 
 void NvmeStore::Free(const Extent& extent) { impl_->Free(extent); }
 
-Result<PendingIo> NvmeStore::StartWrite(const Extent& extent, const void* buf) {
-  return impl_->StartWrite(extent, buf);
+Result<PendingIo> NvmeStore::StartWrite(const Extent& extent, const void* buf,
+                                        std::shared_ptr<const Digest> digest) {
+  return impl_->StartWrite(extent, buf, std::move(digest));
 }
 
 Result<PendingIo> NvmeStore::StartRead(const Extent& extent, void* buf) {
@@ -379,8 +404,10 @@ Result<PendingIo> NvmeStore::StartRead(const Extent& extent, void* buf) {
 
 Status NvmeStore::FinishIo(PendingIo& io) { return impl_->FinishIo(io); }
 
-Status NvmeStore::Write(const Extent& extent, const void* buf) {
-  STRATA_ASSIGN_OR_RETURN(PendingIo io, StartWrite(extent, buf));
+Status NvmeStore::Write(const Extent& extent, const void* buf,
+                        std::shared_ptr<const Digest> digest) {
+  STRATA_ASSIGN_OR_RETURN(PendingIo io,
+                          StartWrite(extent, buf, std::move(digest)));
   return FinishIo(io);
 }
 

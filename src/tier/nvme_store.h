@@ -10,10 +10,13 @@
 //   rotate over the files so concurrent transfers spread over them.
 //
 // Integrity
-// - Every successful write records an xxHash (XXH3-64) of the extent's
-//   bytes. Every read is verified against it in FinishIo(); a mismatch is
-//   kDataLoss naming the extent, the file and the offset, counts in
+// - Every successful write records a digest of the extent's bytes
+//   (src/tier/digest.h: the XXH3-64 of each segment): the writer's, handed
+//   to StartWrite, or one the store makes of 1 MiB segments. Every read is
+//   verified against it in FinishIo(); a mismatch is kDataLoss naming the
+//   extent, the file and the offset of the first bad segment, counts in
 //   stats().checksum_failures, and the caller must not use the buffer.
+//   The digests live in memory only: swap data does not outlive the store.
 // - StartWrite() marks the extent as holding no valid data before any byte
 //   moves; only FinishIo() of a successful write marks it valid again. An
 //   extent whose last write failed or was never finished, and one never
@@ -52,6 +55,7 @@
 #include <memory>
 #include <string>
 
+#include "src/tier/digest.h"
 #include "strata/aio.h"
 #include "strata/status.h"
 
@@ -76,7 +80,7 @@ struct PendingIo {
   Extent extent;
   void* buf = nullptr;
   bool write = false;
-  uint64_t checksum = 0;  // of the written bytes (writes only)
+  std::shared_ptr<const Digest> digest;  // of the written bytes (writes)
 };
 
 struct NvmeStoreStats {
@@ -87,6 +91,9 @@ struct NvmeStoreStats {
   uint64_t bytes_read = 0;
   uint64_t checksum_failures = 0;
   uint64_t write_failures = 0;
+  // Bytes the store hashed itself: every read, and the writes that came
+  // without a digest.
+  uint64_t bytes_hashed = 0;
 };
 
 class NvmeStore {
@@ -111,18 +118,22 @@ class NvmeStore {
 
   // Start an asynchronous transfer of the whole extent to or from `buf`
   // (extent.bytes bytes, aligned to alignment()). A null or misaligned
-  // buffer is kInvalidArgument naming the requirement. A write's checksum
-  // is taken here, so the buffer must not change until FinishIo().
-  Result<PendingIo> StartWrite(const Extent& extent, const void* buf);
+  // buffer is kInvalidArgument naming the requirement. A write's digest is
+  // `digest` when given (kInvalidArgument unless its segments tile the
+  // extent; the caller vouches that it is the buffer's), else taken here;
+  // either way the buffer must not change until FinishIo().
+  Result<PendingIo> StartWrite(const Extent& extent, const void* buf,
+                               std::shared_ptr<const Digest> digest = {});
   Result<PendingIo> StartRead(const Extent& extent, void* buf);
-  // Waits for the transfer. Writes: records the checksum on success; on
+  // Waits for the transfer. Writes: records the digest on success; on
   // failure returns the aio error (kIoError, kNoSpace, ...) and counts it
   // in stats().write_failures. Reads: the aio error, or kDataLoss on a
   // checksum mismatch. Call exactly once per PendingIo.
   Status FinishIo(PendingIo& io);
 
   // Synchronous conveniences: Start + Finish.
-  Status Write(const Extent& extent, const void* buf);
+  Status Write(const Extent& extent, const void* buf,
+               std::shared_ptr<const Digest> digest = {});
   Status Read(const Extent& extent, void* buf);
 
   // "extent 2:+0x4000000 (32.0 MiB) of '/swap/strata-swap-2.bin'";

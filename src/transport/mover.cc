@@ -1,6 +1,7 @@
 #include "src/transport/mover.h"
 
 #include <cstring>
+#include <utility>
 
 namespace strata::transport {
 
@@ -23,14 +24,14 @@ void Mover::Count(Role role, const Place& from, const Place& to,
 }
 
 Status Mover::Copy(Role role, const Place& from, const Place& to,
-                   uint64_t bytes) {
+                   uint64_t bytes, std::shared_ptr<const tier::Digest> digest) {
   Status status;
   if (from.tier == Tier::kNvme && to.tier == Tier::kHost) {
     STRATA_CHECK(nvme_ != nullptr && from.extent.bytes == bytes);
     status = nvme_->Read(from.extent, to.ptr);
   } else if (from.tier == Tier::kHost && to.tier == Tier::kNvme) {
     STRATA_CHECK(nvme_ != nullptr && to.extent.bytes == bytes);
-    status = nvme_->Write(to.extent, from.ptr);
+    status = nvme_->Write(to.extent, from.ptr, std::move(digest));
   } else {
     Result<tier::Event> event = Issue(from, to, bytes);
     status = event.ok() ? event->Wait() : event.status();

@@ -15,6 +15,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 
 #include "src/tier/device.h"
 #include "src/tier/nvme_store.h"
@@ -39,8 +40,10 @@ class Mover {
   Mover(tier::Device* device, tier::NvmeStore* nvme);
 
   // Copies `bytes` of a `role` chunk from `from` to `to`, adjacent tiers;
-  // counts them once the copy succeeded.
-  Status Copy(Role role, const Place& from, const Place& to, uint64_t bytes);
+  // counts them once the copy succeeded. A write to NVMe records `digest`,
+  // the bytes' own (null: the store hashes them).
+  Status Copy(Role role, const Place& from, const Place& to, uint64_t bytes,
+              std::shared_ptr<const tier::Digest> digest = {});
   // Issues a copy of `bytes` of a `role` chunk between the host and the
   // device (either way) and returns its event; counts them once issued, as
   // the device does. The copy starts after `after` (Note [Fences]; the call

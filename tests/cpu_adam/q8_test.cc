@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cpu_adam/qmap.h"
@@ -422,6 +424,48 @@ TEST(Q8Step, ABlockTooSmallToScaleStoresZeros) {
     ASSERT_EQ(cpu_adam::SignedMap().code[pr.m[k]], 0.0f) << k;
   }
   for (float p : pr.p) ASSERT_TRUE(std::isfinite(p));
+}
+
+// The observer (CpuOptimizer::Step's third argument) sees pieces that tile
+// the step, whole blocks each, after their bytes are final: a copy taken
+// in the observer equals the step's result.
+TEST(Q8Step, TheObserverSeesEveryPieceOnceWithItsFinalBytes) {
+  STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto, 2);
+  const size_t n = 5 * 65536 + 3 * kQ8Block + 17;
+  Q8Problem pr(n);
+  std::vector<float> seen_p(n);
+  std::vector<uint8_t> seen_m(n);
+  std::vector<std::pair<size_t, size_t>> pieces;
+  std::mutex mu;
+  const CpuOptimizer::StepObserver observe = [&](size_t begin, size_t end) {
+    std::memcpy(&seen_p[begin], &pr.p[begin], (end - begin) * sizeof(float));
+    std::memcpy(&seen_m[begin], &pr.m[begin], end - begin);
+    std::lock_guard<std::mutex> lock(mu);
+    pieces.emplace_back(begin, end);
+  };
+  Result<StepReport> r =
+      opt->Step(AdamW(1, OverflowPolicy::kStopAtNonFinite), pr.View(), observe);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::sort(pieces.begin(), pieces.end());
+  size_t at = 0;
+  for (const auto& [begin, end] : pieces) {
+    ASSERT_EQ(begin, at);
+    ASSERT_LE(end - begin, 65536u);
+    ASSERT_TRUE(end == n || end % kQ8Block == 0) << end;
+    at = end;
+  }
+  EXPECT_EQ(at, n);
+  EXPECT_EQ(seen_p, pr.p);
+  EXPECT_EQ(seen_m, pr.m);
+
+  // A step stopped at a non-finite gradient shows no piece that holds it.
+  pieces.clear();
+  pr.g[n / 2] = std::numeric_limits<float>::infinity();
+  r = opt->Step(AdamW(2, OverflowPolicy::kStopAtNonFinite), pr.View(), observe);
+  ASSERT_TRUE(r.ok() && r->outcome == StepOutcome::kPartial);
+  for (const auto& [begin, end] : pieces) {
+    EXPECT_FALSE(begin <= n / 2 && n / 2 < end) << begin << ".." << end;
+  }
 }
 
 }  // namespace

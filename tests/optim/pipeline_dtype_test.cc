@@ -9,11 +9,14 @@
 // (the reference rounding as the pipeline must: seed = group id) and in
 // int8 (stepped tensor by tensor: the tensor of 4096 elements or more in
 // 8 bits, the smaller ones in fp32).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -343,6 +346,23 @@ class MixedModelTest
     ASSERT_TRUE(view->pin.Release().ok());
   }
 
+  // The store hashed what it read, and of what it wrote little more than
+  // the masters and state InitWeights wrote: every write-down of a step's
+  // bytes came with the digest the optimizer's pass made.
+  void ExpectThePassHashedWhatItWrote() const {
+    const EngineStats st = engine_->stats();
+    const int host = static_cast<int>(Tier::kHost);
+    const int nvme = static_cast<int>(Tier::kNvme);
+    uint64_t read = 0, written = 0;
+    for (const EngineStats::TierBytes& role : st.role_bytes) {
+      read += role[nvme][host];
+      written += role[host][nvme];
+    }
+    ASSERT_GE(st.nvme_bytes_hashed, read);
+    EXPECT_LT(2 * (st.nvme_bytes_hashed - read), written)
+        << "hashed " << st.nvme_bytes_hashed << ", read " << read;
+  }
+
   testutil::ScratchDir scratch_;  // outlives the engine's swap files
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<OffloadOptimizer> optimizer_;
@@ -388,6 +408,52 @@ TEST_P(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
     ASSERT_TRUE(engine_->Drain().ok());
     ExpectEqualToReference(s + 1);
   }
+  if (OnNvme()) ExpectThePassHashedWhatItWrote();
+}
+
+// With the state on NVMe, every byte a step wrote is in the swap files,
+// checksummed in the optimizer's pass (Note [Checksums in the optimizer's
+// pass]). A byte flipped in every 4 KiB of them is caught on the next
+// read: the next step fails with kDataLoss and never trains on the bytes.
+TEST_P(MixedModelTest, AByteFlippedInTheSwapFilesFailsTheNextStep) {
+  if (!OnNvme()) GTEST_SKIP() << "the state is on the host";
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(optimizer_->BeginStep(StepHyper{}).ok());
+    for (int g = engine_->group_count() - 1; g >= 1; --g) Backward(s, g);
+    ASSERT_TRUE(optimizer_->FinishStep().ok());
+  }
+  ASSERT_TRUE(engine_->Drain().ok());
+  ExpectThePassHashedWhatItWrote();
+  for (int g = 0; g < engine_->group_count(); ++g) {
+    ASSERT_TRUE(engine_->Evict(g, Tier::kHost).ok());
+  }
+  int files = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(scratch_.path())) {
+    if (entry.path().extension() != ".bin") continue;
+    const int fd = open(entry.path().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << entry.path();
+    for (off_t at = 100; at < static_cast<off_t>(entry.file_size());
+         at += 4096) {
+      char byte = 0;
+      ASSERT_EQ(pread(fd, &byte, 1, at), 1);
+      byte ^= 0x20;
+      ASSERT_EQ(pwrite(fd, &byte, 1, at), 1);
+    }
+    ASSERT_EQ(fsync(fd), 0);
+    close(fd);
+    ++files;
+  }
+  ASSERT_GT(files, 0);
+  Status status = optimizer_->BeginStep(StepHyper{});
+  for (int g = engine_->group_count() - 1; status.ok() && g >= 1; --g) {
+    Result<GradientBuffer> buffer = optimizer_->AcquireGradients(g);
+    status = buffer.ok() ? optimizer_->HandOff(*buffer) : buffer.status();
+  }
+  if (status.ok()) status = optimizer_->FinishStep().status();
+  ASSERT_EQ(status.code(), StatusCode::kDataLoss) << status.ToString();
+  EXPECT_NE(status.message().find("checksum mismatch"), std::string::npos)
+      << status.message();
 }
 
 INSTANTIATE_TEST_SUITE_P(
