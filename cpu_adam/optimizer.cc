@@ -1,11 +1,13 @@
 // CpuOptimizer: validation, the fp32 step constants, and the split of each
 // call into stable per-thread partitions. The arithmetic is in
 // kernel_body.h.
+#include <pthread.h>
 #include <tbb/blocked_range.h>
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
+#include <tbb/task_scheduler_observer.h>
 
 #include <atomic>
 #include <cmath>
@@ -271,9 +273,24 @@ Status CheckStepConsts(OptimAlgo algo, const StepConsts& c) {
 
 }  // namespace
 
+// Names each thread that joins the arena "strata-adam", for top and perf.
+class ArenaNamer : public tbb::task_scheduler_observer {
+ public:
+  explicit ArenaNamer(tbb::task_arena& arena)
+      : tbb::task_scheduler_observer(arena) {
+    observe(true);
+  }
+  ~ArenaNamer() override { observe(false); }
+  void on_scheduler_entry(bool worker) override {
+    if (worker)
+      static_cast<void>(pthread_setname_np(pthread_self(), "strata-adam"));
+  }
+};
+
 struct CpuOptimizer::Impl {
   const KernelTable* kernels = nullptr;
   std::optional<tbb::task_arena> arena;  // absent: the caller's arena
+  std::optional<ArenaNamer> namer;       // after `arena`: goes first
   tbb::affinity_partitioner affinity;
 
   int Partitions() const {
@@ -349,6 +366,7 @@ Result<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
   if (options.threads != CpuOptimizerOptions::kCallerArena) {
     impl->arena.emplace(options.threads > 0 ? options.threads
                                             : tbb::info::default_concurrency());
+    impl->namer.emplace(*impl->arena);
   }
   return std::unique_ptr<CpuOptimizer>(new CpuOptimizer(std::move(impl)));
 }

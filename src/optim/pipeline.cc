@@ -9,6 +9,7 @@
 
 #include "common/interrupt.h"
 #include "common/text.h"
+#include "common/thread_name.h"
 
 namespace strata {
 namespace {
@@ -64,8 +65,14 @@ Status OffloadOptimizer::Impl::Init(Engine* engine,
   held_for_step_ = std::make_shared<Counts>(groups_.size());
   STRATA_RETURN_IF_ERROR(AddSpares());
   STRATA_RETURN_IF_ERROR(AllocateSlots());
-  worker_ = std::thread([this] { WorkerLoop(); });
-  writer_ = std::thread([this] { WriterLoop(); });
+  worker_ = std::thread([this] {
+    NameThisThread("strata-optim");
+    WorkerLoop();
+  });
+  writer_ = std::thread([this] {
+    NameThisThread("strata-writer");
+    WriterLoop();
+  });
   return Status();
 }
 

@@ -1,11 +1,17 @@
 #include "src/sched/executor.h"
 
 #include "common/interrupt.h"
+#include "common/thread_name.h"
 
 namespace strata::sched {
 
 Executor::Executor(int threads) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+  for (int i = 0; i < threads; ++i) {
+    threads_.emplace_back([this] {
+      NameThisThread("strata-prefetch");
+      Run();
+    });
+  }
 }
 
 Executor::~Executor() {

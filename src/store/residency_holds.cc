@@ -6,6 +6,7 @@
 // contract is in residency.h.
 #include <utility>
 
+#include "common/thread_name.h"
 #include "src/store/residency.h"
 
 namespace strata::store {
@@ -97,6 +98,7 @@ void Residency::Unpin(const Hold& hold) {
 }
 
 void Residency::WatchFences() {
+  NameThisThread("strata-fences");
   Lock lk(mu_);
   for (;;) {
     fence_added_.wait(lk, [this] { return stopping_ || !fenced_.empty(); });

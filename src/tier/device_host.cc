@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "common/text.h"
+#include "common/thread_name.h"
 #include "src/tier/device_internal.h"
 #include "strata/aio.h"
 
@@ -101,6 +102,7 @@ class WorkQueue {
   };
 
   void Run() {
+    NameThisThread("strata-stream");
     for (;;) {
       Job job;
       {
