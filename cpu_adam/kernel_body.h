@@ -508,6 +508,9 @@ void FillOuts(StepFn* row) {
   row[0] = &StepKernel<V, A, G, S, NoOut>::Run;
   row[1] = &StepKernel<V, A, G, S, Bf16>::Run;
   row[2] = &StepKernel<V, A, G, S, F16>::Run;
+  if constexpr (std::is_same_v<G, float>) {
+    row[3] = &StepKernel<V, A, G, S, float>::Run;
+  }
 }
 
 template <class V, OptimAlgo A, class G>
@@ -518,6 +521,9 @@ void FillStates(StepFn (*rows)[kNumOuts]) {
     rows[2][0] = &Q8StepKernel<V, A, G, NoOut>::Run;
     rows[2][1] = &Q8StepKernel<V, A, G, Bf16>::Run;
     rows[2][2] = &Q8StepKernel<V, A, G, F16>::Run;
+    if constexpr (std::is_same_v<G, float>) {
+      rows[2][3] = &Q8StepKernel<V, A, G, float>::Run;
+    }
   }
 }
 

@@ -45,7 +45,7 @@ struct StepPtrs {
 inline constexpr int kNumAlgos = 4;
 inline constexpr int kNumTypes = 3;   // FloatType: f32, bf16, f16
 inline constexpr int kNumStates = 3;  // StateFormat: f32, bf16, q8
-inline constexpr int kNumOuts = 3;    // none, bf16, f16
+inline constexpr int kNumOuts = 4;    // none, bf16, f16, f32 (f32 grads)
 
 // Updates elements [begin, end). Returns end, or the index of the first
 // element of the vector (kQ8: of the block) whose scaled gradient holds
@@ -65,8 +65,10 @@ using FromF32Fn = void (*)(const float* src, void* dst, size_t begin,
 
 struct KernelTable {
   CpuIsa isa;
-  // [algo][grad type][StateFormat][out: none, bf16, f16]; null where the
-  // algorithm has no such state (kQ8: Adam and AdamW only).
+  // [algo][grad type][StateFormat][out: none, bf16, f16, f32]; null where
+  // the algorithm has no such state (kQ8: Adam and AdamW only), and for an
+  // fp32 copy-out of bf16 or f16 gradients (an fp32 model's gradients are
+  // fp32: Step refuses the rest).
   StepFn step[kNumAlgos][kNumTypes][kNumStates][kNumOuts];
   NonFiniteFn non_finite[kNumTypes];
   SumSquaresFn sum_squares[kNumTypes];

@@ -153,10 +153,14 @@ Status CheckBuffers(OptimAlgo algo, const OptimBuffers& b) {
   if (!ValidType(b.grad_type)) {
     return Status::InvalidArgument("grad_type is not a FloatType");
   }
-  if (b.params_out != nullptr && b.out_type != FloatType::kBF16 &&
-      b.out_type != FloatType::kF16) {
+  if (b.params_out != nullptr && !ValidType(b.out_type)) {
+    return Status::InvalidArgument("out_type is not a FloatType");
+  }
+  if (b.params_out != nullptr && b.out_type == FloatType::kF32 &&
+      b.grad_type != FloatType::kF32) {
     return Status::InvalidArgument(
-        "params_out must be bf16 or f16 (the fp32 copy is params)");
+        "an fp32 params_out needs fp32 grads (the gradients of an fp32 "
+        "copy); convert to bf16 or f16 for a copy of that width");
   }
   STRATA_RETURN_IF_ERROR(CheckStateFormat(algo, b));
   const size_t state_size = StateSize(b.state_format);
@@ -421,7 +425,8 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
 
   const int out = b.params_out == nullptr          ? 0
                   : b.out_type == FloatType::kBF16 ? 1
-                                                   : 2;
+                  : b.out_type == FloatType::kF16  ? 2
+                                                   : 3;
   cpu_adam::StepFn fn = k.step[static_cast<int>(options.algo)][g]
                               [static_cast<int>(b.state_format)][out];
   const cpu_adam::StepPtrs ptrs{b.params,      b.grads,      b.state1,

@@ -138,7 +138,9 @@ inline constexpr size_t Q8Blocks(size_t n) {
 //                 scale per block (Q8Blocks(n) each; all zero with zero
 //                 codes is a zero state). Null otherwise.
 //   params_out    optional (may be null): the updated parameters, converted
-//                 to out_type (bf16 or f16), for the device copy.
+//                 to out_type (bf16 or f16), for the device copy; or, with
+//                 fp32 grads, an fp32 copy (a model whose compute copy is
+//                 fp32 beside its master), written in the same pass.
 struct OptimBuffers {
   float* params = nullptr;
   const void* grads = nullptr;

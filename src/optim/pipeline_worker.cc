@@ -232,8 +232,10 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   b.state1 = chunk(Role::kState1);
   b.state2 = UsesState2(options_.algo) ? chunk(Role::kState2) : nullptr;
   b.seed = static_cast<uint32_t>(group);  // bf16 rounding: per group
-  b.params_out = g.compute == FloatType::kF32 ? nullptr : chunk(Role::kCompute);
-  b.out_type = g.compute == FloatType::kF32 ? FloatType::kBF16 : g.compute;
+  // The compute copy, written in the same pass (an fp32 one too, beside
+  // its master); none when it is the params, stepped in place.
+  b.params_out = g.in_place ? nullptr : chunk(Role::kCompute);
+  b.out_type = g.compute;
   b.n = g.n;
   StepOptions step;
   step.algo = options_.algo;
@@ -244,9 +246,6 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   step.overflow = OverflowPolicy::kStopAtNonFinite;
   optim::StepDigest digest(DigestedChunks(group, b));
   Result<StepReport> report = Step(group, step, b, &digest);
-  if (report.ok() && g.compute == FloatType::kF32 && !g.in_place) {
-    std::memcpy(chunk(Role::kCompute), b.params, g.n * sizeof(float));
-  }
   if (report.ok() && !report->overflow()) {
     for (auto& [role, d] : digest.Finish()) {
       parts_.residency->AttachDigest(hold.fetched.hold, role, std::move(d));

@@ -318,8 +318,11 @@ TEST(CpuAdamInput, BadBuffersAreRejectedBeforeAnyWrite) {
   ExpectInvalid(opt->Step(o, b), "for Adam and AdamW");
   o.algo = OptimAlgo::kAdamW;
   b = pr.View();
+  b.out_type = static_cast<FloatType>(9);
+  ExpectInvalid(opt->Step(o, b), "out_type is not a FloatType");
   b.out_type = FloatType::kF32;
-  ExpectInvalid(opt->Step(o, b), "params_out must be bf16 or f16");
+  b.grad_type = FloatType::kBF16;
+  ExpectInvalid(opt->Step(o, b), "an fp32 params_out needs fp32 grads");
   EXPECT_EQ(pr.Snapshot(), before);
 }
 

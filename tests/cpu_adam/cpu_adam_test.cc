@@ -49,7 +49,15 @@ namespace {
                state_tol(r.tol_s2, s.s2.Get(i), r.s2));
     if (!res) return res;
   }
-  if (s.combo.out != FloatType::kF32) {
+  if (s.combo.f32_out) {
+    const float p = static_cast<float>(s.p.Get(i));
+    float got;
+    std::memcpy(&got, static_cast<const uint8_t*>(s.out.data()) + 4 * i, 4);
+    if (std::memcmp(&got, &p, 4) != 0) {
+      return ::testing::AssertionFailure()
+             << "params_out[" << i << "] = " << got << ", params " << p;
+    }
+  } else if (s.combo.out != FloatType::kF32) {
     float p = static_cast<float>(s.p.Get(i));
     uint16_t want = s.combo.out == FloatType::kBF16 ? cpu_adam::F32ToBf16(p)
                                                     : cpu_adam::F32ToF16(p);

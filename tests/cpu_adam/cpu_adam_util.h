@@ -103,7 +103,8 @@ inline double RandomGrad(std::mt19937_64& rng, FloatType type) {
 struct Combo {
   OptimAlgo algo;
   FloatType grad, state;
-  FloatType out;  // kF32 here means "no params_out"
+  FloatType out;         // kF32 here means "no params_out", unless f32_out
+  bool f32_out = false;  // an fp32 params_out (with fp32 grads only)
 };
 
 inline bool HasState2(OptimAlgo a) {
@@ -114,8 +115,9 @@ inline std::string ComboName(const Combo& c) {
   return std::string(OptimAlgoName(c.algo)) +
          " grad=" + std::string(FloatTypeName(c.grad)) +
          " state=" + std::string(FloatTypeName(c.state)) + " out=" +
-         (c.out == FloatType::kF32 ? "none"
-                                   : std::string(FloatTypeName(c.out)));
+         (c.f32_out                  ? "f32"
+          : c.out == FloatType::kF32 ? "none"
+                                     : std::string(FloatTypeName(c.out)));
 }
 
 // The buffers of one step, each at its own misalignment.
@@ -126,8 +128,10 @@ struct StepState {
         g(c.grad, n, (shift + 3) % 16),
         s1(c.state, n, (shift + 5) % 16),
         s2(c.state, HasState2(c.algo) ? n : 0, (shift + 1) % 16),
-        out(c.out == FloatType::kF32 ? FloatType::kBF16 : c.out, n,
-            (shift + 7) % 16) {}
+        out(c.f32_out                  ? FloatType::kF32
+            : c.out == FloatType::kF32 ? FloatType::kBF16
+                                       : c.out,
+            n, (shift + 7) % 16) {}
 
   OptimBuffers View() {
     OptimBuffers b;
@@ -138,7 +142,8 @@ struct StepState {
     b.state2 = HasState2(combo.algo) ? s2.data() : nullptr;
     b.state_format =
         s1.type() == FloatType::kBF16 ? StateFormat::kBF16 : StateFormat::kF32;
-    b.params_out = combo.out == FloatType::kF32 ? nullptr : out.data();
+    const bool has_out = combo.f32_out || combo.out != FloatType::kF32;
+    b.params_out = has_out ? out.data() : nullptr;
     b.out_type = out.type();
     b.n = p.n();
     return b;
@@ -205,6 +210,7 @@ inline std::vector<Combo> AllCombos() {
              {FloatType::kF32, FloatType::kBF16, FloatType::kF16}) {
           combos.push_back({a, g, s, out});
         }
+        if (g == FloatType::kF32) combos.push_back({a, g, s, g, true});
       }
     }
   }

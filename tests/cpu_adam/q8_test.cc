@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -424,6 +425,28 @@ TEST(Q8Step, ABlockTooSmallToScaleStoresZeros) {
     ASSERT_EQ(cpu_adam::SignedMap().code[pr.m[k]], 0.0f) << k;
   }
   for (float p : pr.p) ASSERT_TRUE(std::isfinite(p));
+}
+
+// An fp32 copy-out (a model whose compute copy is fp32 beside its master)
+// is the params, bit for bit, and changes nothing else the step writes,
+// on every path.
+TEST(Q8Step, AnFp32CopyOutIsTheParamsOnEveryPath) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    std::unique_ptr<CpuOptimizer> opt = MakeOptimizer(isa);
+    if (opt == nullptr) continue;  // the CPU lacks it
+    const size_t n = 3 * kQ8Block + 77;
+    Q8Problem with(n), without(n);
+    std::vector<float> copy(n, -1.0f);
+    OptimBuffers b = with.View();
+    b.params_out = copy.data();
+    b.out_type = FloatType::kF32;
+    const StepOptions o = AdamW(1, OverflowPolicy::kStopAtNonFinite);
+    ASSERT_TRUE(opt->Step(o, b).ok());
+    ASSERT_TRUE(opt->Step(o, without.View()).ok());
+    EXPECT_EQ(std::memcmp(copy.data(), with.p.data(), n * sizeof(float)), 0)
+        << CpuIsaName(isa);
+    EXPECT_TRUE(with == without) << CpuIsaName(isa);
+  }
 }
 
 // The observer (CpuOptimizer::Step's third argument) sees pieces that tile
