@@ -7,13 +7,13 @@
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
-#include <tbb/task_scheduler_observer.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu_adam/convert.h"
@@ -275,26 +275,20 @@ Status CheckStepConsts(OptimAlgo algo, const StepConsts& c) {
   return Status();
 }
 
-}  // namespace
+// Names a TBB worker "strata-adam" (for top and perf) the first time it
+// runs a part of a step; never the thread that called into the arena.
+void NameWorker(std::thread::id caller) {
+  thread_local bool named = false;
+  if (named || std::this_thread::get_id() == caller) return;
+  named = true;
+  static_cast<void>(pthread_setname_np(pthread_self(), "strata-adam"));
+}
 
-// Names each thread that joins the arena "strata-adam", for top and perf.
-class ArenaNamer : public tbb::task_scheduler_observer {
- public:
-  explicit ArenaNamer(tbb::task_arena& arena)
-      : tbb::task_scheduler_observer(arena) {
-    observe(true);
-  }
-  ~ArenaNamer() override { observe(false); }
-  void on_scheduler_entry(bool worker) override {
-    if (worker)
-      static_cast<void>(pthread_setname_np(pthread_self(), "strata-adam"));
-  }
-};
+}  // namespace
 
 struct CpuOptimizer::Impl {
   const KernelTable* kernels = nullptr;
   std::optional<tbb::task_arena> arena;  // absent: the caller's arena
-  std::optional<ArenaNamer> namer;       // after `arena`: goes first
   tbb::affinity_partitioner affinity;
 
   int Partitions() const {
@@ -310,8 +304,10 @@ struct CpuOptimizer::Impl {
     if (parts == 1) return fn(0, bounds[0], bounds[1]);
     int token = 0;  // Note [TSan and TBB]
     SyncRelease(&token);
+    const std::thread::id caller = std::this_thread::get_id();
     auto body = [&](const tbb::blocked_range<int>& r) {
       SyncAcquire(&token);
+      NameWorker(caller);
       for (int p = r.begin(); p < r.end(); ++p) fn(p, bounds[p], bounds[p + 1]);
       SyncRelease(&token);
     };
@@ -370,7 +366,6 @@ Result<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
   if (options.threads != CpuOptimizerOptions::kCallerArena) {
     impl->arena.emplace(options.threads > 0 ? options.threads
                                             : tbb::info::default_concurrency());
-    impl->namer.emplace(*impl->arena);
   }
   return std::unique_ptr<CpuOptimizer>(new CpuOptimizer(std::move(impl)));
 }
