@@ -200,8 +200,9 @@ def strata_stepper(args: argparse.Namespace, variant: str, model: Any
                 **{k: after["bytes"][a][b] - before["bytes"][a][b]
                    for k, a, b in (("nvme_read", "nvme", "host"),
                                    ("nvme_written", "host", "nvme"))},
-                "discarded": after["discarded_bytes"]
-                - before["discarded_bytes"]}
+                **{k: after[s] - before[s]
+                   for k, s in (("discarded", "discarded_bytes"),
+                                ("nvme_hashed", "nvme_bytes_hashed"))}}
 
     def close() -> dict[str, Any]:
         tiers = engine.store.stats()["tiers"]
@@ -406,7 +407,7 @@ def summarize(args: argparse.Namespace, runs: dict[str, dict[str, Any]]
                        **{f"{k}_bytes": statistics.median(
                            s[k] for s in measured)
                           for k in ("nvme_read", "nvme_written",
-                                    "discarded")},
+                                    "discarded", "nvme_hashed")},
                        strata_peak_bytes=runs[v]["strata_peak_bytes"])
         out[v] = row
     return out
@@ -470,10 +471,10 @@ def report(args: argparse.Namespace, rows: dict[str, dict[str, Any]],
         "optimizer's finish: " + ", ".join(
         f"{v} {rows[v]['finish_wait_s']:.3f}" for v in strata))
     print("NVMe bytes a step (median, GB: read / written / dirty and "
-          "dropped unwritten): " + ", ".join(
+          "dropped unwritten / hashed by the store): " + ", ".join(
               f"{v} " + " / ".join(f"{rows[v][k + '_bytes'] / 1e9:.3f}"
                                    for k in ("nvme_read", "nvme_written",
-                                             "discarded"))
+                                             "discarded", "nvme_hashed"))
               for v in strata))
     print("phases (median s per step: forward, backward, update): " +
           ", ".join(f"{v} " + "/".join(

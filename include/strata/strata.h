@@ -282,6 +282,10 @@ typedef struct strata_engine_stats {
    * unread (the optimizer's gradients after their step), dropped without
    * the write-down an eviction would have made. */
   uint64_t discarded_bytes;
+  /* Added after discarded_bytes: bytes the NVMe tier hashed for its
+   * checksums, every read and the writes whose digest the optimizer's pass
+   * did not make (it hashes what it writes while that is in cache). */
+  uint64_t nvme_bytes_hashed;
 } strata_engine_stats;
 
 STRATA_EXPORT strata_status strata_engine_get_stats(const strata_engine* engine,

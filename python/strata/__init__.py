@@ -191,7 +191,10 @@ class Engine(Tracked):
         files into host memory); "role_bytes"[role][from][to] the same by
         the role of what moved (the gradient hand-off counts as "grad");
         "discarded_bytes" the dirty bytes dropped unwritten because their
-        contents ended (the optimizer's gradients after their step)."""
+        contents ended (the optimizer's gradients after their step);
+        "nvme_bytes_hashed" the bytes the NVMe tier hashed for its
+        checksums (every read, and the writes whose checksums the
+        optimizer's pass did not take)."""
         raw = sized(_native.EngineStats)
         lib().call("strata_engine_get_stats", self.handle, C.byref(raw))
         tiers = {name: {"budget": raw.tiers[i].budget,

@@ -78,7 +78,7 @@ EngineStats = _struct("EngineStats", [
     ("update_wait_seconds", C.c_double),
     ("abandoned_prefetches", C.c_uint64),
     ("role_bytes", ((C.c_uint64 * NUM_TIERS) * NUM_TIERS) * NUM_ROLES),
-    ("discarded_bytes", C.c_uint64)])
+    ("discarded_bytes", C.c_uint64), ("nvme_bytes_hashed", C.c_uint64)])
 
 TensorSpec = _struct("TensorSpec", [
     ("name", C.c_char_p), ("shape", C.POINTER(C.c_int64)),

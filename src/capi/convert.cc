@@ -205,6 +205,7 @@ strata_engine_stats ToCStats(const EngineStats& cc) {
     }
   }
   c.discarded_bytes = cc.discarded_bytes;
+  c.nvme_bytes_hashed = cc.nvme_bytes_hashed;
   return c;
 }
 

@@ -82,6 +82,7 @@ int main(void) {
   FIELD(strata_engine_stats, abandoned_prefetches);
   FIELD(strata_engine_stats, role_bytes);
   FIELD(strata_engine_stats, discarded_bytes);
+  FIELD(strata_engine_stats, nvme_bytes_hashed);
   END();
   BEGIN(strata_tensor_spec);
   FIELD(strata_tensor_spec, name);
