@@ -154,6 +154,8 @@ class OffloadOptimizer::Impl {
     bool write_behind = false;  // has roles homed on NVMe
     bool speculative = false;   // ... state ones, and steps speculatively
     uint64_t host_working = 0;  // its step's roles homed off the host
+    // The chunk the step updates as its fp32 params.
+    Role params() const { return in_place ? Role::kCompute : Role::kMaster; }
   };
   // What this step learned about a group so far; reset by BeginStep.
   struct GroupStep {

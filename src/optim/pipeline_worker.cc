@@ -225,8 +225,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   const store::Residency& residency = *parts_.residency;
   auto chunk = [&](Role role) -> void* { return hold.fetched.base[role]; };
   OptimBuffers b;
-  b.params =
-      static_cast<float*>(chunk(g.in_place ? Role::kCompute : Role::kMaster));
+  b.params = static_cast<float*>(chunk(g.params()));
   b.grads = grads;
   b.grad_type = grad_type;
   b.state1 = chunk(Role::kState1);
@@ -289,7 +288,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
 std::vector<optim::StepDigest::Chunk> OffloadOptimizer::Impl::DigestedChunks(
     int group, const OptimBuffers& b) const {
   const store::GroupLayout& layout = parts_.residency->layout(group);
-  const Role params = groups_[group].in_place ? Role::kCompute : Role::kMaster;
+  const Role params = groups_[group].params();
   std::vector<optim::StepDigest::Chunk> chunks;
   auto add = [&](Role role, const void* base) {
     const store::ChunkLayout& c = layout.chunks[layout.chunk_of_role[role]];
@@ -341,7 +340,7 @@ Result<StepReport> OffloadOptimizer::Impl::Step(int group,
                                                 const OptimBuffers& whole,
                                                 optim::StepDigest* digest) {
   const store::GroupLayout& layout = parts_.residency->layout(group);
-  const Role params = groups_[group].in_place ? Role::kCompute : Role::kMaster;
+  const Role params = groups_[group].params();
   if (!layout.packed_state) {
     OptimBuffers b = whole;
     b.state_format = layout.tensors[0].state;  // every tensor's
