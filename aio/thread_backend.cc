@@ -3,7 +3,6 @@
 // budget as the rings (rings x queue_depth pieces, one per thread, capped),
 // and settles every transfer through the same Settle() as io_uring, so short
 // transfers and errors behave identically.
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "aio/internal.h"
+#include "common/thread_name.h"
 
 namespace strata::aio::internal {
 namespace {
@@ -66,7 +66,7 @@ class ThreadBackend final : public Backend {
   void Main(int index) {
     char name[16];
     std::snprintf(name, sizeof(name), "strata-aio%d", index);
-    pthread_setname_np(pthread_self(), name);
+    NameThisThread(name);
     for (;;) {
       Piece* p;
       {

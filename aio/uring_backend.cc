@@ -14,7 +14,6 @@
 // ring thread batches everything that arrived into one io_uring_enter.
 #include <liburing.h>
 #include <poll.h>
-#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -31,6 +30,7 @@
 #include <vector>
 
 #include "aio/internal.h"
+#include "common/thread_name.h"
 
 namespace strata::aio::internal {
 namespace {
@@ -116,7 +116,7 @@ class Ring {
   void Main(std::promise<Status>& ready) {
     char name[16];
     std::snprintf(name, sizeof(name), "strata-ring%d", index_);
-    pthread_setname_np(pthread_self(), name);
+    NameThisThread(name);
     Status st = Setup();
     const bool ok = st.ok();
     ready.set_value(std::move(st));
