@@ -3,7 +3,7 @@ invocation (issue #19, section 5).
 
     python3 bench/torch_offload_bench.py [--swap ./swap] [--json out.json]
         [--rounds 12] [--block 1] [--warmup 2] [--batch 4] [--seq 256]
-        [--width 768] [--layers 15]
+        [--width 768] [--layers 15] [--schedule alone|together]
 
 It imports strata and the GPT from the tree (python/, examples/), loads
 libstrata from build/ (or $STRATA_LIBRARY), and runs under the Python of
@@ -26,14 +26,23 @@ strata runs on the host-emulated device (no GPU needed), with the budgets
 strata.torch derives from the model.
 
 Each variant is a worker process (this script with --variant), so its peak
-RSS is its own. The workers start together and take turns: after --warmup
-unmeasured steps each, every round asks each worker for --block steps, in
-an order that rotates from round to round, so the three share the load the
-machine has at the moment (this one is shared, and its load comes in
-bursts). What a worker leaves running when its turn ends (the nvme
-variant's write-behind of the last groups it stepped, which would
-otherwise run under its own next forward) runs under the next worker's
-step instead.
+RSS is its own. --schedule says when they run:
+  alone (the default)  one worker at a time, in the order above: it
+         starts, takes --warmup unmeasured steps, then --rounds blocks of
+         --block steps, and exits before the next one starts. Each
+         variant has the machine, and its memory, to itself, as a user
+         training one model has.
+  together  the workers start together and take turns: after --warmup
+         steps each, every round asks each worker for --block steps, in
+         an order that rotates from round to round, so they share the
+         load the machine has at the moment. But every worker's memory
+         stays allocated while the others step, and torch's step (whose
+         optimizer allocates and frees its temporaries each step) is then
+         slower than alone: its AdamW update took 0.42-0.60 s a step
+         beside the other four workers against 0.18 s alone, which
+         flatters strata's ratio by 5-10%. What a worker leaves running
+         when its turn ends (the nvme variant's write-behind) also runs
+         under the next worker's step.
 
 Before any figure, the per-step losses of the three are compared: the
 strata variants must match torch's within --loss-rtol (the optimizers
@@ -87,6 +96,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--layers", type=int, default=15)
+    ap.add_argument("--schedule", choices=("alone", "together"),
+                    default="alone",
+                    help="one worker at a time (alone), or all alive and "
+                    "taking turns (together); see above")
     ap.add_argument("--loss-rtol", type=float, default=1e-5,
                     help="largest relative loss difference to torch")
     ap.add_argument("--lossy-rtol", type=float, default=1e-2,
@@ -227,6 +240,7 @@ def worker(args: argparse.Namespace,
     mine = slice(rank * args.batch, (rank + 1) * args.batch)
     data = [(x[mine], y[mine]) for x, y in batches(
         text_bytes(), args.batch * world, args.seq, total)]
+    started = time.time()
     step, close = build(args, args.variant)
     done = 0
     for line in sys.stdin:
@@ -242,7 +256,8 @@ def worker(args: argparse.Namespace,
     extra = close()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
     print(json.dumps({"peak_rss_bytes": rss,
-                      "threads": torch.get_num_threads(), **extra}),
+                      "threads": torch.get_num_threads(),
+                      "alive": [started, time.time()], **extra}),
           flush=True)
 
 
@@ -266,9 +281,23 @@ def commands(args: argparse.Namespace) -> dict[str, list[Command]]:
 def run_workers(args: argparse.Namespace,
                 variants: dict[str, list[Command]]
                 ) -> dict[str, dict[str, Any]]:
-    """Starts every variant's processes together, runs the rounds
-    (run_rounds over args.warmup, args.rounds, args.block and the
-    variants in this order), and kills whatever is left at the end."""
+    """Runs the rounds (run_rounds over args.warmup, args.rounds,
+    args.block and the variants in this order): with args.schedule
+    "alone", one variant's processes at a time, each started after the
+    last one's exited; otherwise all of them started together."""
+    if getattr(args, "schedule", "together") != "alone":
+        return run_together(args, variants)
+    runs: dict[str, dict[str, Any]] = {}
+    for name, cmds in variants.items():
+        runs.update(run_together(args, {name: cmds}))
+    return runs
+
+
+def run_together(args: argparse.Namespace,
+                 variants: dict[str, list[Command]]
+                 ) -> dict[str, dict[str, Any]]:
+    """Starts every variant's processes together, runs the rounds, and
+    kills whatever is left at the end."""
     procs: dict[str, Worker] = {}
     try:
         for name, cmds in variants.items():
@@ -392,6 +421,7 @@ def summarize(args: argparse.Namespace, runs: dict[str, dict[str, Any]]
                "others_cpus": (load["busy"] - load["own"]) / load["wall"],
                "steal_cpus": load["steal"] / load["wall"],
                "torch_threads": runs[v]["threads"],
+               "alive": runs[v]["alive"],
                "phases_s": {p: statistics.median(s[p] for s in measured)
                             for p in ("forward", "backward", "update")},
                "step_seconds": [s["seconds"] for s in runs[v]["steps"]]}
@@ -449,7 +479,7 @@ def report(args: argparse.Namespace, rows: dict[str, dict[str, Any]],
                        seq=args.seq).parameters()
     print(f"torch_offload_bench: GPT width {args.width}, {args.layers} "
           f"layers, {params / 1e6:.1f}M parameters, batch {args.batch} x "
-          f"seq {args.seq}; {host['cpu']}, torch "
+          f"seq {args.seq}, workers {args.schedule}; {host['cpu']}, torch "
           f"{host['torch']}, swap on {host['swap_device']}")
     print("losses: largest relative difference to torch "
           + ", ".join(f"{v} {d:.2e}" for v, d in drift.items()))
@@ -493,7 +523,7 @@ def report(args: argparse.Namespace, rows: dict[str, dict[str, Any]],
 
 
 def main() -> None:
-    """Runs the three workers interleaved and reports (or is a worker)."""
+    """Runs the workers (--schedule) and reports (or is a worker)."""
     bootstrap()
     args = parse_args()
     if args.variant:

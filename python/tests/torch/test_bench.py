@@ -16,18 +16,29 @@ BENCH = Path(__file__).resolve().parents[3] / "bench" / \
 
 @pytest.mark.skipif(not BENCH.is_file(), reason="no bench/ beside the "
                     "tests (the GPU bundle carries none)")
-def test_the_offload_bench_runs_and_reports(scratch: Path) -> None:
+@pytest.mark.parametrize("schedule", ["alone", "together"])
+def test_the_offload_bench_runs_and_reports(scratch: Path,
+                                            schedule: str) -> None:
     out = scratch / "bench.json"
     done = subprocess.run(
         [sys.executable, str(BENCH), "--swap", str(scratch / "swap"),
          "--json", str(out), "--width", "64", "--layers", "2", "--seq",
-         "32", "--batch", "2", "--rounds", "2", "--warmup", "1"],
+         "32", "--batch", "2", "--rounds", "2", "--warmup", "1",
+         "--schedule", schedule],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "acceptance: nvme strata/torch" in done.stdout
+    assert f"workers {schedule}" in done.stdout
     summary = json.loads(out.read_text())
-    assert set(summary["variants"]) == {"torch", "nvme", "nvme-bf16",
-                                        "nvme-int8", "host"}
+    assert list(summary["variants"]) == ["torch", "nvme", "nvme-bf16",
+                                         "nvme-int8", "host"]
+    # Alone, each worker exits before the next starts; together, all
+    # are alive at once.
+    alive = [row["alive"] for row in summary["variants"].values()]
+    if schedule == "alone":
+        assert all(a[1] <= b[0] for a, b in zip(alive, alive[1:])), alive
+    else:
+        assert max(a[0] for a in alive) < min(a[1] for a in alive), alive
     drift = summary["loss_drift"]
     assert max(drift["nvme"], drift["host"]) <= 1e-5
     assert 0 < max(drift["nvme-bf16"], drift["nvme-int8"]) <= 1e-2
