@@ -6,6 +6,7 @@ DeepSpeed config dict, in one invocation (issue #32, section 4).
         [--rounds 3] [--block 5] [--warmup 2] [--threads N] [--json FILE]
         [--batch 4] [--seq 256] [--width 768] [--layers 15]
         [--device cpu|cuda] [--venv /var/cache/strata/ds-venv]
+        [--schedule alone|together]
 
 Settings, each a DeepSpeed config dict that both frameworks get (stage 3,
 AdamW, fp32, with `strata.device`/`threads` added for strata, and each
@@ -32,8 +33,12 @@ and strata's `strata.threads` is set to it too.
 
 Each framework and setting is a worker process (peak RSS of its own).
 One setting at a time (two DeepSpeed workers at once would not fit
-small machines), its workers take turns in rounds whose order rotates,
-as in torch_offload_bench.py; `torch` joins the first setting's rounds.
+small machines); `torch` joins the first setting. --schedule as in
+torch_offload_bench.py: alone (the default), one worker at a time, each
+exiting before the next starts; together, the setting's workers alive
+at once and taking turns in rounds whose order rotates (a worker's
+memory then stays allocated while the others step, which slows a
+framework that allocates every step: torch's AdamW 2-3x there).
 Per worker: median step, tokens/s, the median forward, backward and
 optimizer step (strata's engine.step(), with the part of its optimizer
 hidden under backward: StepReport.hidden_seconds), peak RSS
@@ -102,6 +107,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-deepspeed", action="store_true",
                     help="strata and torch only (DeepSpeed's venv absent)")
     ap.add_argument("--venv", default=ds_venv.DS_VENV)
+    ap.add_argument("--schedule", choices=("alone", "together"),
+                    default="alone")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.settings = tuple(args.settings.split(","))
@@ -317,7 +324,7 @@ def worker_command(args: argparse.Namespace, name: str, ds_python: str
 
 def run_setting(args: argparse.Namespace, names: list[str], ds_python: str
                 ) -> dict[str, dict[str, Any]]:
-    """The workers `names` started together, in rounds."""
+    """The workers `names`, in rounds (tob.run_workers: --schedule)."""
     return tob.run_workers(args, {
         name: [worker_command(args, name, ds_python)] for name in names})
 
@@ -374,6 +381,7 @@ def summarize(args: argparse.Namespace, runs: dict[str, dict[str, Any]]
                             for p in ("forward", "backward", "update")},
                "peak_rss_bytes": run["peak_rss_bytes"],
                "threads": run["threads"], "versions": run["versions"],
+               "alive": run["alive"],
                "others_cpus": (run["load"]["busy"] - run["load"]["own"])
                / run["load"]["wall"],
                "read_bytes_per_step": statistics.mean(

@@ -54,6 +54,9 @@ def test_strata_side_runs_and_reports(scratch: Path) -> None:
     summary = run_bench(scratch, "--no-deepspeed", "--settings",
                         "param-nvme")
     check_rows(summary, {"torch", "strata-param-nvme"})
+    # One worker at a time (--schedule alone, the default).
+    alive = sorted(row["alive"] for row in summary["workers"].values())
+    assert alive[0][1] <= alive[1][0], alive
     assert summary["workers"]["strata-param-nvme"]["write_bytes_per_step"] \
         > 0
     assert (scratch / "swap" / "strata-param-nvme").is_dir()
