@@ -6,7 +6,7 @@ config (issue #33, section 4).
         [--ds-world 2] [--no-deepspeed] [--rounds 3] [--block 3]
         [--warmup 2] [--threads N] [--batch 2] [--seq 256] [--width 768]
         [--layers 15] [--model gpt|llama] [--nvme build/ranks-bench-swap]
-        [--json FILE]
+        [--json FILE] [--schedule alone|together]
 
 A variant is `world` rank processes, started as torchrun starts them
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT on loopback;
@@ -23,8 +23,11 @@ offloads and partitions nothing, the ceiling), DeepSpeed and strata at
 accelerator). Both frameworks get the same DeepSpeed config dict
 (deepspeed_offload_bench.ds_config: stage 3, AdamW, fp32, the optimizer
 state on --setting, each variant its own swap directory under --nvme).
-Within a phase the variants' processes start together and take turns
-in rounds whose order rotates (torch_offload_bench.run_rounds).
+Within a phase, --schedule as in torch_offload_bench.py: alone (the
+default), one variant's ranks at a time, each exiting before the next
+variant starts; together, every variant's processes started at once,
+taking turns in rounds whose order rotates (torch_offload_bench.
+run_rounds), which slows a variant that allocates every step.
 
 Per variant, from rank 0 (the ranks are alike): median step, tokens/s,
 median forward, backward and update; strata's collectives per step
@@ -87,6 +90,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--layers", type=int, default=15)
     ap.add_argument("--venv", default=ds_venv.DS_VENV)
+    ap.add_argument("--schedule", choices=("alone", "together"),
+                    default="alone")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -181,6 +186,7 @@ def summarize(args: argparse.Namespace, name: str, run: dict[str, Any]
            "write_bytes_per_step": median("write_bytes"),
            "peak_rss_bytes": [p["peak_rss_bytes"] for p in run["processes"]],
            "threads_per_rank": run["threads"], "versions": run["versions"],
+           "alive": run["alive"],
            "losses": [s["loss"] for s in run["steps"]]}
     if name.startswith("strata-"):
         pairs = {k for s in measured for k in s["tier_bytes"]}

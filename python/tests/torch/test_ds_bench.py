@@ -99,6 +99,9 @@ def test_the_ranks_bench_runs_and_reports(scratch: Path) -> None:
     names = {"strata-1", "strata-2"} | (
         set() if ds else {"ddp-2", "ds-2", "strata-2 (vs ds)"})
     assert set(rows) == names
+    # One variant at a time (--schedule alone, the default).
+    alive = sorted(row["alive"] for row in rows.values())
+    assert all(a[1] <= b[0] for a, b in zip(alive, alive[1:])), alive
     for name, row in rows.items():
         assert row["median_step_s"] > 0, name
         assert len(row["peak_rss_bytes"]) == row["world"], name
