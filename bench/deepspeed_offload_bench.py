@@ -107,8 +107,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-deepspeed", action="store_true",
                     help="strata and torch only (DeepSpeed's venv absent)")
     ap.add_argument("--venv", default=ds_venv.DS_VENV)
-    ap.add_argument("--schedule", choices=("alone", "together"),
-                    default="alone")
+    tob.add_schedule(ap)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.settings = tuple(args.settings.split(","))

@@ -90,8 +90,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--layers", type=int, default=15)
     ap.add_argument("--venv", default=ds_venv.DS_VENV)
-    ap.add_argument("--schedule", choices=("alone", "together"),
-                    default="alone")
+    tob.add_schedule(ap)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

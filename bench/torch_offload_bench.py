@@ -96,10 +96,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--layers", type=int, default=15)
-    ap.add_argument("--schedule", choices=("alone", "together"),
-                    default="alone",
-                    help="one worker at a time (alone), or all alive and "
-                    "taking turns (together); see above")
+    add_schedule(ap)
     ap.add_argument("--loss-rtol", type=float, default=1e-5,
                     help="largest relative loss difference to torch")
     ap.add_argument("--lossy-rtol", type=float, default=1e-2,
@@ -111,6 +108,14 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if min(args.block, args.rounds, args.warmup) < 1:
         ap.error("--block, --rounds and --warmup must be >= 1")
     return args
+
+
+def add_schedule(ap: argparse.ArgumentParser) -> None:
+    """--schedule, which run_workers reads (this script's and its peers')."""
+    ap.add_argument("--schedule", choices=("alone", "together"),
+                    default="alone",
+                    help="one worker at a time (alone), or all alive and "
+                    "taking turns (together)")
 
 
 def bootstrap() -> None:
