@@ -14,7 +14,15 @@
 //   Hash/dispatch/bytes      XXH3_64bits_dispatch of libxxhash (the widest
 //                            vector code the CPU has)
 //   Read/bytes               an OR of every 64-bit word: the floor
-// Read the bytes_per_second column.
+//   Step/<how>               one thread's fp32 AdamW step over 16M
+//                            parameters streamed from memory, with the
+//                            old master, m and v verified: `none` (not
+//                            verified), `before` (hashed in a pass of
+//                            their own first, as the store verifies a
+//                            read), `in_pass` (each piece hashed just
+//                            before it is stepped: Note [Unchecked host
+//                            copies] in src/store/residency_checks.cc)
+// Read the bytes_per_second column (Step: of the bytes verified).
 #include <benchmark/benchmark.h>
 #define XXH_DISPATCH_DISABLE_REPLACE  // XXH3_64bits stays the SSE2 build
 #include <xxh_x86dispatch.h>
@@ -24,6 +32,7 @@
 #include <vector>
 
 #include "src/tier/digest.h"
+#include "strata/cpu_adam.h"
 
 namespace {
 
@@ -62,6 +71,45 @@ void BM_Read(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
+// The old bytes of one Step's master, m and v, hashed around the step as
+// `how` says (0 none, 1 before, 2 in the pass).
+void BM_Step(benchmark::State& state) {
+  constexpr size_t kN = size_t{16} << 20;
+  static std::vector<float> p(kN, 0.5f), g(kN, 1e-3f), m(kN), v(kN);
+  auto cpu = strata::CpuOptimizer::Create({strata::CpuIsa::kAuto, 1});
+  if (!cpu.ok()) return state.SkipWithError("no CPU optimizer");
+  strata::OptimBuffers b;
+  b.params = p.data();
+  b.grads = g.data();
+  b.grad_type = strata::FloatType::kF32;
+  b.state1 = m.data();
+  b.state2 = v.data();
+  b.n = kN;
+  strata::StepOptions o;
+  const int how = static_cast<int>(state.range(0));
+  strata::CpuOptimizer::StepHooks hooks;
+  uint64_t sink = 0;
+  if (how == 2) {
+    hooks.check = [&](size_t begin, size_t end) {
+      for (const float* a : {p.data(), m.data(), v.data()}) {
+        sink ^= strata::tier::Hash(a + begin, (end - begin) * 4);
+      }
+      return true;
+    };
+  }
+  for (auto _ : state) {
+    ++o.hyper.step;
+    if (how == 1) {
+      for (const float* a : {p.data(), m.data(), v.data()}) {
+        sink ^= strata::tier::Hash(a, kN * 4);
+      }
+    }
+    if (!(*cpu)->Step(o, b, hooks).ok()) state.SkipWithError("step failed");
+  }
+  benchmark::DoNotOptimize(sink);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kN * 12));
+}
+
 constexpr int64_t kCached = 64 << 10;
 constexpr int64_t kStreamed = int64_t{256} << 20;
 
@@ -75,6 +123,9 @@ BENCHMARK(BM_Hash<Dispatch>)
     ->Arg(kCached)
     ->Arg(kStreamed);
 BENCHMARK(BM_Read)->Name("Read")->Arg(kCached)->Arg(kStreamed);
+BENCHMARK(BM_Step)->Name("Step/none")->Arg(0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Step)->Name("Step/before")->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Step)->Name("Step/in_pass")->Arg(2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

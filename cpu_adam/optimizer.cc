@@ -29,19 +29,21 @@ using cpu_adam::StepConsts;
 // Note [Partitions]
 // Why: the optimizer streams gigabytes per step; the win is in keeping every
 // core's memory traffic flowing, not in load balancing. How: a call is split
-// into one contiguous partition per thread, with inner boundaries on 4 KiB
-// pages of the params buffer, so the split is identical from call to call
-// for the same buffers, and tbb::affinity_partitioner replays each partition
-// onto the thread that ran it last time: the same core touches the same
-// pages each step (first-touch friendly, no per-tile fork/join). A thread
-// walks its partition in kBlock pieces to notice, between pieces, that
-// another thread has stopped at a non-finite gradient, and to show each
-// piece to the caller's observer while it is in cache. Limits: below
-// kMinParallel elements one thread does the whole call, where waking workers
-// would cost more than it saves.
+// into one contiguous partition per thread, and tbb::affinity_partitioner
+// replays each partition onto the thread that ran it last time: the same
+// core touches the same pages each step (first-touch friendly, no per-tile
+// fork/join). Step's inner boundaries are multiples of kStepPiece
+// elements, so its pieces depend on n alone: a thread walks its partition
+// in those pieces to notice, between pieces, that another thread has
+// stopped, and to show each piece to the caller's hooks while it is in
+// cache; the next step's pieces are the same whatever the thread count or
+// the buffers' addresses (the NVMe tier verifies the old bytes piece by
+// piece against the digest the previous step made of the same pieces).
+// Convert's boundaries are on 4 KiB pages of its source instead. Limits:
+// below kMinParallel elements one thread does the whole call, where waking
+// workers would cost more than it saves.
 constexpr size_t kPageBytes = 4096;
 constexpr size_t kMinParallel = size_t{1} << 16;
-constexpr size_t kBlock = size_t{1} << 16;
 // SumSquares sums fixed blocks so its order does not depend on the split.
 constexpr size_t kNormBlock = size_t{1} << 16;
 constexpr int kMaxThreads = 4096;
@@ -322,6 +324,18 @@ struct CpuOptimizer::Impl {
     SyncAcquire(&token);
   }
 
+  // Step's split of n elements: inner boundaries on multiples of
+  // kStepPiece (see Note [Partitions]).
+  std::vector<size_t> PieceSplit(size_t n) const {
+    const size_t pieces = (n + kStepPiece - 1) / kStepPiece;
+    int parts = n < kMinParallel ? 1 : Partitions();
+    if (static_cast<size_t>(parts) > pieces) parts = static_cast<int>(pieces);
+    std::vector<size_t> bounds(parts + 1, n);
+    bounds[0] = 0;
+    for (int p = 1; p < parts; ++p) bounds[p] = pieces * p / parts * kStepPiece;
+    return bounds;
+  }
+
   // Page-aligned split of n elements of `elem_bytes` starting at `base`
   // (see Note [Partitions]).
   std::vector<size_t> Split(size_t n, const void* base,
@@ -375,12 +389,12 @@ int CpuOptimizer::threads() const { return impl_->Partitions(); }
 
 Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
                                       const OptimBuffers& b) {
-  return Step(options, b, nullptr);
+  return Step(options, b, StepHooks{});
 }
 
 Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
                                       const OptimBuffers& b,
-                                      const StepObserver& observer) {
+                                      const StepHooks& hooks) {
   if (static_cast<int>(options.algo) >= cpu_adam::kNumAlgos) {
     return Status::InvalidArgument("algo is not an OptimAlgo");
   }
@@ -399,13 +413,8 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
   if (b.n == 0) return report;
   const KernelTable& k = *impl_->kernels;
   const int g = static_cast<int>(b.grad_type);
-  std::vector<size_t> bounds = impl_->Split(b.n, b.params, sizeof(float));
-  if (b.state_format == StateFormat::kQ8) {
-    // A block is one thread's (Note [8-bit state]).
-    for (size_t& bound : bounds) {
-      if (bound != b.n) bound -= bound % kQ8Block;
-    }
-  }
+  // Whole pieces, so a block is one thread's (Note [8-bit state]).
+  const std::vector<size_t> bounds = impl_->PieceSplit(b.n);
 
   if (options.overflow == OverflowPolicy::kSkipStep) {
     std::atomic<bool> bad{false};
@@ -429,14 +438,14 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
                                 b.state2_scale};
   std::atomic<bool> stop{false};
   impl_->Run(bounds, [&](int, size_t begin, size_t end) {
-    for (size_t i = begin; i < end; i += kBlock) {
+    for (size_t i = begin; i < end; i += kStepPiece) {
       if (stop.load(std::memory_order_relaxed)) return;
-      size_t j = end - i < kBlock ? end : i + kBlock;
-      if (fn(c, ptrs, i, j) != j) {
+      size_t j = end - i < kStepPiece ? end : i + kStepPiece;
+      if ((hooks.check && !hooks.check(i, j)) || fn(c, ptrs, i, j) != j) {
         stop = true;
         return;
       }
-      if (observer) observer(i, j);
+      if (hooks.observer) hooks.observer(i, j);
     }
   });
   if (stop) report.outcome = StepOutcome::kPartial;

@@ -123,6 +123,9 @@ struct GradPrep {
 // small to gain (under a few blocks) are better kept in fp32 by the
 // caller.
 inline constexpr size_t kQ8Block = 256;
+// The pieces a step shows its hooks (CpuOptimizer::Step): whole blocks.
+inline constexpr size_t kStepPiece = size_t{1} << 16;
+static_assert(kStepPiece % kQ8Block == 0);
 inline constexpr size_t Q8Blocks(size_t n) {
   return (n + kQ8Block - 1) / kQ8Block;
 }
@@ -218,17 +221,27 @@ class STRATA_EXPORT CpuOptimizer {
 
   Result<StepReport> Step(const StepOptions& options,
                           const OptimBuffers& buffers);
-  // Step, calling `observer(begin, end)` on the stepping thread after each
-  // piece of elements [begin, end) it finished (at most 65536; with kQ8
-  // state, whole blocks but at n), while the piece's bytes are in cache: a
-  // caller hashes what the step wrote there (the NVMe tier's checksums).
-  // The pieces of a step that completes tile [0, n), each once; those of
-  // a kPartial or kSkipped one do not. Calls run on several threads at
-  // once; none before the buffers and hyperparameters passed the checks.
+  // Step, showing the caller each piece of elements [begin, end) while
+  // its bytes are in cache (the NVMe tier's checksums: the old bytes are
+  // verified before the piece is stepped, the new ones hashed after). The
+  // pieces are fixed by n alone: [k * kStepPiece, min(n, (k + 1) *
+  // kStepPiece)) for every k, so a step sees the pieces the previous one
+  // saw. Both hooks run on the stepping thread, on several threads at
+  // once, none before the buffers and hyperparameters passed the checks.
+  // - `check(begin, end)` before the piece is stepped; false stops the step
+  //   (kPartial: that piece and the ones not yet begun are unchanged).
+  // - `observer(begin, end)` after it was stepped. The pieces of a step
+  //   that completes tile [0, n), each once; those of a kPartial or
+  //   kSkipped one do not.
+  // Either may be null.
+  using PieceCheck = std::function<bool(size_t begin, size_t end)>;
   using StepObserver = std::function<void(size_t begin, size_t end)>;
+  struct StepHooks {
+    PieceCheck check;
+    StepObserver observer;
+  };
   Result<StepReport> Step(const StepOptions& options,
-                          const OptimBuffers& buffers,
-                          const StepObserver& observer);
+                          const OptimBuffers& buffers, const StepHooks& hooks);
 
   Result<SumSquaresResult> SumSquares(const void* grads, FloatType type,
                                       size_t n);

@@ -240,7 +240,7 @@ struct TensorView {
 
 // Where a caller queued asynchronous device work, so that the engine orders
 // its own work after it without blocking a CPU thread (Note [Fences] in
-// src/store/residency.h). On CUDA, `stream` is a cudaStream_t (the work
+// src/store/residency_holds.cc). On CUDA, `stream` is a cudaStream_t (the work
 // queued on it so far) or `event` a recorded cudaEvent_t (the work before
 // it); on the host-emulated device, `stream` is a HostStream*. The default,
 // both null, says the work is complete already (the caller synchronized).

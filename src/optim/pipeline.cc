@@ -101,7 +101,7 @@ bool OffloadOptimizer::Impl::UnderNextForward() const {
 }
 
 Status OffloadOptimizer::Impl::InspectGroups() {
-  const store::Residency& residency = *parts_.residency;
+  store::Residency& residency = *parts_.residency;
   RoleMask needed =
       RoleBit(Role::kCompute) | RoleBit(Role::kMaster) | RoleBit(Role::kState1);
   if (UsesState2(options_.algo)) needed |= RoleBit(Role::kState2);
@@ -139,6 +139,9 @@ Status OffloadOptimizer::Impl::InspectGroups() {
     g.compute = FloatTypeOf(layout.tensors[0].dtype);
     g.compute_bytes = g.n * FloatTypeSize(g.compute);
     g.step_roles = roles & ~kGradBit;
+    g.checked = g.step_roles & (RoleBit(g.params()) | RoleBit(Role::kState1) |
+                                RoleBit(Role::kState2));
+    residency.CheckInPass(id, g.checked);
     ReadHomes(layout, roles, g);
     speculates_ = speculates_ || g.speculative;
   }
@@ -285,9 +288,9 @@ Status OffloadOptimizer::Impl::AllocateSlots() {
   return Status();
 }
 
-// Note [Waits the caller could end] (src/store/residency.h), for gradient
-// buffers: with every buffer acquired by this thread and none on its way
-// back from the worker, only this thread could free one.
+// Note [Waits the caller could end] (src/store/residency_holds.cc), for
+// gradient buffers: with every buffer acquired by this thread and none on its
+// way back from the worker, only this thread could free one.
 Status OffloadOptimizer::Impl::CheckSelfWait(int group) const {
   std::string held;
   for (const Slot& s : slots_) {

@@ -19,9 +19,9 @@
 //    Exact only if the old state survives the speculative step: 12 B/param
 //    more host memory for state homed there, or a second set of NVMe
 //    extents for state homed on NVMe (Note [Speculative writes] in
-//    src/store/residency.h: the new state is written to the other extent,
-//    and the undo points the chunk back at the old one, with no I/O). The
-//    undone groups then run 1b, so a step that clips costs what 1b costs.
+//    src/store/residency_speculation.cc: the new state goes to the other
+//    extent, and the undo points the chunk back at the old one, with no I/O).
+//    The undone groups then run 1b, so a step that clips costs what 1b costs.
 // 3. Delay the update by a step (ZeRO-Offload's DPU): not exact.
 // How: kAfterBackward runs 1a (the baseline). kOverlap with clipping or
 // skip-on-overflow runs 2 for groups whose state (master, m, v) is all
@@ -106,6 +106,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/optim/step_check.h"
 #include "src/optim/step_digest.h"
 #include "src/store/engine_internal.h"
 #include "strata/offload_optimizer.h"
@@ -150,6 +151,9 @@ class OffloadOptimizer::Impl {
     FloatType compute = FloatType::kBF16;
     uint64_t compute_bytes = 0;
     RoleMask step_roles = 0;
+    // The roles its pass verifies as it reads them from NVMe (Note
+    // [Unchecked host copies] in src/store/residency_checks.cc).
+    RoleMask checked = 0;
     bool in_place = false;      // fp32, no master: steps its compute copy
     bool write_behind = false;  // has roles homed on NVMe
     bool speculative = false;   // ... state ones, and steps speculatively
@@ -252,23 +256,34 @@ class OffloadOptimizer::Impl {
   Result<store::Residency::Fetched> FetchToHost(
       int group, const store::Residency::Access& access,
       bool speculative = false);
-  // A step's hold on its chunks, when it began (the step's seconds), and
-  // whether its writes are speculative.
+  // A step's hold on its chunks, when it began (the step's seconds),
+  // whether its writes are speculative, and what it must verify of what
+  // it read (null: nothing).
   struct StepHold {
     store::Residency::Fetched fetched;
     Clock::time_point start;
     bool speculative = false;
+    std::unique_ptr<optim::StepCheck> check;
     static Result<StepHold> Of(Result<store::Residency::Fetched> f) {
       if (!f.ok()) return f.status();
-      return StepHold{std::move(*f), Clock::now()};
+      return StepHold{std::move(*f), Clock::now(), false, nullptr};
     }
   };
   Result<StepHold> HoldForStep(int group, store::Residency::Access extra,
                                bool speculative);
-  // `digest` (may be null) hashes what the step writes (Note [Checksums
-  // in the optimizer's pass] in src/optim/step_digest.h).
+  // Releases a step's hold once every byte it read unchecked is verified;
+  // a mismatch marks its chunks lost (Residency::MarkLost) and is
+  // returned before any error of the release.
+  Status Release(StepHold& hold);
+  // `digest` hashes what the step writes (Note [Checksums in the
+  // optimizer's pass] in src/optim/step_digest.h), `check` verifies what
+  // it reads (src/optim/step_check.h).
   Result<StepReport> Step(int group, const StepOptions& step,
-                          const OptimBuffers& whole, optim::StepDigest* digest);
+                          const OptimBuffers& whole, optim::StepDigest* digest,
+                          optim::StepCheck* check);
+  // What the step's pass verifies of `fetched`, the hold of its chunks.
+  std::unique_ptr<optim::StepCheck> CheckOf(
+      int group, const store::Residency::Fetched& fetched) const;
   // The chunks of `b` that the step writes and that are homed on NVMe.
   std::vector<optim::StepDigest::Chunk> DigestedChunks(
       int group, const OptimBuffers& b) const;
@@ -301,7 +316,7 @@ class OffloadOptimizer::Impl {
                            OptimStepReport* report);
   // Discards the gradients of this step's groups that no deferred step
   // will read: all of them unless `stepping` (Note [Discarded bytes] in
-  // src/store/residency.h). Called with mu_ held; unlocks it meanwhile.
+  // src/store/residency_moves.cc). Called with mu_ held; unlocks it meanwhile.
   void EndGradients(std::unique_lock<std::mutex>& lk, bool stepping);
   float ClipCoef(double grad_norm) const;
   // Queues, marked pending, in the next forward's order: the step of every

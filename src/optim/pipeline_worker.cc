@@ -163,7 +163,7 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     }
   }
   if (!hold->fetched.pin.held()) return status;  // StepGroup released it
-  Status released = hold->fetched.pin.Release();
+  Status released = Release(*hold);
   return status.ok() ? released : status;
 }
 
@@ -204,7 +204,9 @@ Result<OffloadOptimizer::Impl::StepHold> OffloadOptimizer::Impl::HoldForStep(
   hold.start = Clock::now();
   hold.speculative = speculative;
   extra.update |= groups_[group].step_roles;
+  extra.checked = groups_[group].checked;
   STRATA_ASSIGN_OR_RETURN(hold.fetched, FetchToHost(group, extra, speculative));
+  hold.check = CheckOf(group, hold.fetched);
   held_for_step_->Add(group);
   RecordWritten(group);
   if (speculative) {
@@ -244,21 +246,23 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   step.prep = {static_cast<float>(1.0 / h.loss_scale), params.clip_coef};
   step.overflow = OverflowPolicy::kStopAtNonFinite;
   optim::StepDigest digest(DigestedChunks(group, b));
-  Result<StepReport> report = Step(group, step, b, &digest);
+  Result<StepReport> report = Step(group, step, b, &digest, hold.check.get());
   if (report.ok() && !report->overflow()) {
     for (auto& [role, d] : digest.Finish()) {
       parts_.residency->AttachDigest(hold.fetched.hold, role, std::move(d));
     }
   }
-  Status released = hold.fetched.pin.Release();
+  Status released = Release(hold);
   if (released.ok() && !hold.speculative &&
       hold.fetched.base[Role::kGrad] != nullptr) {
     // The step stands and read the gradients last: they are not written
     // down when the write-behind evicts the group (Note [Discarded bytes]
-    // in src/store/residency.h). A discard refused costs only that write.
+    // in src/store/residency_moves.cc). A discard refused costs only that
+    // write.
     static_cast<void>(parts_.residency->Discard(group, kGradBit));
   }
   const Clock::time_point end = Clock::now();
+  if (hold.check && hold.check->failed()) return released;  // bad reads
   if (!report.ok()) return report.status();
   if (report->overflow()) {
     const store::GroupLayout& layout = residency.layout(group);
@@ -283,98 +287,6 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
     changed_.notify_all();
   }
   return released;
-}
-
-std::vector<optim::StepDigest::Chunk> OffloadOptimizer::Impl::DigestedChunks(
-    int group, const OptimBuffers& b) const {
-  const store::GroupLayout& layout = parts_.residency->layout(group);
-  const Role params = groups_[group].params();
-  std::vector<optim::StepDigest::Chunk> chunks;
-  auto add = [&](Role role, const void* base) {
-    const store::ChunkLayout& c = layout.chunks[layout.chunk_of_role[role]];
-    if (base == nullptr || c.home != Tier::kNvme) return;
-    chunks.push_back({role, static_cast<const char*>(base), c.bytes});
-  };
-  add(params, b.params);
-  add(Role::kState1, b.state1);
-  add(Role::kState2, b.state2);
-  add(Role::kCompute, b.params_out);
-  return chunks;
-}
-
-namespace {
-
-// What one Step call over `b` writes, piece by piece, hashed into `digest`
-// (Note [Checksums in the optimizer's pass]): the whole group's flat
-// arrays (`t` null), or tensor `t`'s part of them with packed state.
-CpuOptimizer::StepObserver Observer(optim::StepDigest* digest,
-                                    const OptimBuffers& b, Role params,
-                                    const store::TensorLayout* t) {
-  const uint64_t first = t == nullptr ? 0 : t->element;
-  const uint64_t out_width = FloatTypeSize(b.out_type);
-  return [=](size_t begin, size_t end) {
-    digest->AddElements(params, first * 4, 4, begin, end);
-    if (b.params_out != nullptr) {
-      digest->AddElements(Role::kCompute, first * out_width, out_width, begin,
-                          end);
-    }
-    for (Role r : {Role::kState1, Role::kState2}) {
-      const uint64_t at = t == nullptr ? 0 : t->offset[r];
-      if (b.state_format == StateFormat::kQ8) {
-        digest->AddQ8(r, at, Q8Blocks(t->elements) * kQ8Block, begin, end);
-      } else {
-        const uint64_t width = b.state_format == StateFormat::kBF16 ? 2 : 4;
-        digest->AddElements(r, at, width, begin, end);
-      }
-    }
-  };
-}
-
-}  // namespace
-
-// Steps the group's buffers `whole` in its state format: in one pass, or
-// with packed state (kQ8: src/store/layout.h) tensor by tensor, each in its
-// own format, stopping at the first that does not apply.
-Result<StepReport> OffloadOptimizer::Impl::Step(int group,
-                                                const StepOptions& step,
-                                                const OptimBuffers& whole,
-                                                optim::StepDigest* digest) {
-  const store::GroupLayout& layout = parts_.residency->layout(group);
-  const Role params = groups_[group].params();
-  if (!layout.packed_state) {
-    OptimBuffers b = whole;
-    b.state_format = layout.tensors[0].state;  // every tensor's
-    return cpu_->Step(step, b, Observer(digest, b, params, nullptr));
-  }
-  auto at = [](const void* base, uint64_t bytes) {
-    return static_cast<char*>(const_cast<void*>(base)) + bytes;
-  };
-  const size_t grad_width = FloatTypeSize(whole.grad_type);
-  const size_t out_width = FloatTypeSize(whole.out_type);
-  StepReport report;
-  for (const store::TensorLayout& t : layout.tensors) {
-    OptimBuffers b = whole;
-    b.params = whole.params + t.element;
-    b.grads = at(whole.grads, t.element * grad_width);
-    b.state1 = at(whole.state1, t.offset[Role::kState1]);
-    b.state2 = whole.state2 == nullptr
-                   ? nullptr
-                   : at(whole.state2, t.offset[Role::kState2]);
-    b.state_format = t.state;
-    if (t.state == StateFormat::kQ8) {
-      const uint64_t codes = Q8Blocks(t.elements) * kQ8Block;
-      b.state1_scale = reinterpret_cast<float*>(at(b.state1, codes));
-      b.state2_scale = reinterpret_cast<float*>(at(b.state2, codes));
-    }
-    if (whole.params_out != nullptr) {
-      b.params_out = at(whole.params_out, t.element * out_width);
-    }
-    b.n = t.elements;
-    STRATA_ASSIGN_OR_RETURN(
-        report, cpu_->Step(step, b, Observer(digest, b, params, &t)));
-    if (report.overflow()) break;
-  }
-  return report;
 }
 
 void OffloadOptimizer::Impl::ReadAhead(int group) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "strata/cpu_adam.h"
 #include "strata/status.h"
 
 namespace strata::optim {
@@ -25,20 +24,6 @@ void StepDigest::Add(Role role, uint64_t offset, uint64_t n) {
   const tier::Segment segment{offset, n, tier::Hash(c.base + offset, n)};
   std::lock_guard<std::mutex> lock(mu_);
   segments_[i].push_back(segment);
-}
-
-void StepDigest::AddElements(Role role, uint64_t at, uint64_t width,
-                             size_t begin, size_t end) {
-  Add(role, at + begin * width, (end - begin) * width);
-}
-
-void StepDigest::AddQ8(Role role, uint64_t at, uint64_t codes, size_t begin,
-                       size_t end) {
-  constexpr uint64_t kScale = sizeof(float);
-  const uint64_t first = begin / kQ8Block;
-  const uint64_t last = (end + kQ8Block - 1) / kQ8Block;
-  Add(role, at + begin, end - begin);
-  Add(role, at + codes + first * kScale, (last - first) * kScale);
 }
 
 std::vector<std::pair<Role, std::shared_ptr<const tier::Digest>>>

@@ -8,30 +8,34 @@
 // state on NVMe, docs/PERF.md). The optimizer's pass has just written
 // those bytes; hashed there, piece by piece while each piece is in cache,
 // they cost the hashing alone.
-// How: CpuOptimizer::Step shows each piece of elements it finished (at
-// most 65536) to an observer, which hashes the piece's bytes in every
-// chunk the step writes: the master (or the compute copy stepped in
-// place), m and v (in 8-bit state, a tensor's codes and its scales are two
-// ranges) and the low-precision copy-out. Finish hashes what no piece
-// covered (the padding after the last tensor, the codes that pad 8-bit
-// state to whole blocks: a few KiB) and orders each chunk's segments into
-// its digest. The pipeline attaches them to its hold before releasing it
-// (Residency::AttachDigest), and a write-down of those bytes to NVMe hands
-// the digest to the store instead of having it hash them.
+// How: CpuOptimizer::Step shows each piece of elements it finished (its
+// fixed pieces of kStepPiece elements) to an observer, which hashes the
+// piece's bytes in every chunk the step writes (src/optim/pipeline_pass.cc):
+// the master (or the compute copy stepped in place), m and v (in 8-bit state, a
+// tensor's codes and its scales are two ranges) and the low-precision copy-out.
+// Finish hashes what no piece covered (the padding after the last tensor, the
+// codes that pad 8-bit state to whole blocks: a few KiB) and orders each
+// chunk's segments into its digest. The pipeline attaches them to its hold
+// before releasing it (Residency::AttachDigest), and a write-down of those
+// bytes to NVMe hands the digest to the store instead of having it hash them.
 // Why it is safe: a digest is made after the step wrote the bytes and
 // attached while the hold still keeps every other writer out; the
 // residency voids it once another write fetch of the chunk begins. A
-// wrong one is loud, never silent: the store verifies every read against
-// the digest it recorded, so the next read of the extent fails as corrupt.
-// Limits: reads are still verified by the store, once the transfer ends,
-// in a pass of their own; a step that stops early (kPartial, an 8-bit
-// overflow) attaches nothing, and the store hashes as before.
+// wrong one is loud, never silent: every read is verified against the
+// digest the store recorded, so the next read of the extent fails as
+// corrupt. The read side: the next step's pass verifies the bytes it reads,
+// piece by piece, against the segments this one made of the same pieces
+// (src/optim/step_check.h; Note [Unchecked host copies] in
+// src/store/residency_checks.cc).
+// Limits: a step that stops early (kPartial, an 8-bit overflow) attaches
+// nothing, and the store hashes as before.
 //
 // Usage:
 //   StepDigest digest({{Role::kMaster, master, master_bytes}, ...});
-//   cpu.Step(options, buffers, [&](size_t b, size_t e) {
-//     digest.AddElements(Role::kMaster, 0, sizeof(float), b, e);
-//   });
+//   hooks.observer = [&](size_t b, size_t e) {
+//     digest.Add(Role::kMaster, b * sizeof(float), (e - b) * sizeof(float));
+//   };
+//   cpu.Step(options, buffers, hooks);
 //   for (auto& [role, d] : digest.Finish()) residency.AttachDigest(...);
 //
 // Thread safety: Add* may be called from several threads at once; Finish
@@ -63,13 +67,6 @@ class StepDigest {
   // Hashes bytes [offset, offset + n) of `role`'s chunk, which the step
   // wrote and which no other call covers; nothing for a role not given.
   void Add(Role role, uint64_t offset, uint64_t n);
-  // Elements [begin, end) of `width` bytes each, element 0 at byte `at`.
-  void AddElements(Role role, uint64_t at, uint64_t width, size_t begin,
-                   size_t end);
-  // Elements [begin, end) of a tensor in 8-bit state whose codes start at
-  // byte `at` and its scales `codes` bytes later (Note [8-bit state] in
-  // strata/cpu_adam.h): `begin` starts a block.
-  void AddQ8(Role role, uint64_t at, uint64_t codes, size_t begin, size_t end);
 
   // Each chunk's digest: the segments added, and the bytes between them
   // hashed now.

@@ -22,28 +22,6 @@
 //   release, prefetches skip it (Note [Waits the caller could end]).
 // - A read view keeps the bytes it was given: Note [Retired copies].
 //
-// Note [Retired copies]
-// A write at one tier makes the copies at the others stale, and a read
-// view may hold one of them. Its bytes stay as they were for that view.
-// But the engine never waits for such a view's release (its holder may be
-// the very thread that waits, which then never returns): a move that needs
-// the tier's copy (a fetch there, a write-down into it) retires the held
-// copy instead. The retired copy leaves the chunk, with its memory, pins
-// and fences, and is freed when the last of them ends; the chunk gets a
-// fresh copy at that tier (a home one too: the retired memory then comes
-// back as the home copy when it is freed before a fresh one could be
-// placed). Each hold names the copy it pinned by serial, so a release
-// finds it wherever it went. Retired memory counts against the tier's
-// budget like any pinned copy: when nothing can be evicted for the fresh
-// copy, the move fails naming the views.
-//
-// Note [Waits the caller could end]
-// Every wait in the residency is ended by another thread: a transfer, the
-// fence watcher, or the release of a write view held by another thread.
-// A demand fetch that would wait for a write view held by its own thread
-// (fetched by it and not released) could wait forever, so it fails with
-// kFailedPrecondition naming that view instead.
-//
 // Note [Eviction order]
 // An allocation that does not fit drops copies at that tier, cheapest
 // first: invalid copies, then the copy whose group's next use in the trace
@@ -70,48 +48,10 @@
 // that come and go stays one range. So with nothing else pinned, a fetch
 // that registration admitted finds its room.
 //
-// Note [Fences]
-// A GPU runs a caller's kernels long after the CPU queued them, so the end
-// of a fetch's pin on the CPU is not the end of its use: kernels may still
-// read (or write) the views. A release may therefore name a fence (Fence in
-// strata/engine.h, a point on the caller's stream), recorded as a device
-// event. Until it completes, the copies the pin held count as in use: they
-// are not evicted, not filled, not written down into and not copied from
-// (`fences` on the copy; every move that waits for a busy copy also waits
-// for a fenced one). The fence watcher thread waits for each fence in
-// turn, then clears it and wakes the waiters, so no training thread blocks
-// on one. Gradients handed off with a fence are copied to the host on a
-// stream ordered after it (Mover::Start). This is the bug class that
-// silently corrupts training on a GPU and can never show on a CPU, whose
-// "kernels" are done when the call returns: tests model late kernels with
-// tests/testutil/fake_stream.h.
-//
-// Note [Speculative writes]
-// The optimizer steps a group before it knows whether the step stands
-// (Note [Exact steps under overlap] in src/optim/pipeline.h), so the bytes
-// it overwrites must survive until it does. A chunk homed on NVMe may get
-// a second extent (AddSpares). A speculative write fetch (FetchToHost
-// with `speculative`) of it leaves the chunk's current bytes in the extent
-// that holds them and points the NVMe copy at the other one, so every
-// write-down of the new bytes goes there; a chunk whose only valid copy
-// was above NVMe is written down first. EndSpeculation then keeps the new
-// bytes (the other extent is the chunk's from now on: nothing moves) or
-// restores the old: every copy above NVMe is dropped and the NVMe copy is
-// the old extent again, valid as it was (or never written). Old bytes of
-// chunks homed on the host or the device are not kept: a caller
-// restores those itself.
-//
-// Note [Discarded bytes]
-// Some roles' contents end with a step: the optimizer reads a group's
-// gradients for its step, and the next step's first micro-batch
-// overwrites them without reading. A dirty copy of such a chunk evicted
-// later would be written toward its home for nothing. Discard ends the
-// chunk's bytes instead: it becomes blank again, as if never written
-// (it reads as zeros, without I/O), its copies go stale (the idle ones
-// above home are freed, a moving one ends stale by the version, a view
-// keeps its old bytes: Note [Retired copies]), and nothing of it is
-// written down. The bytes a write-down would have moved count in
-// EngineStats::discarded_bytes.
+// Notes [Retired copies], [Waits the caller could end] and [Fences] are
+// in residency_holds.cc, Note [Speculative writes] in
+// residency_speculation.cc, Note [Discarded bytes] in residency_moves.cc,
+// Note [Unchecked host copies] in residency_checks.cc.
 //
 // Thread safety: one mutex guards all state; transfers run without it.
 #ifndef STRATA_SRC_STORE_RESIDENCY_H_
@@ -187,6 +127,27 @@ class Residency {
   bool EndStep(std::string* diverged);
   sched::Trace TraceSnapshot() const;
 
+  // Note [Unchecked host copies] (residency_checks.cc). The host copies
+  // of the group's chunks in `roles` read from NVMe are left for the
+  // fetch that names them in Access::checked to verify, in its own pass.
+  void CheckInPass(int group, RoleMask roles);
+  // What such a fetch is handed for a chunk: the digest the bytes must
+  // match (null: verified already) and the extent they were read from.
+  struct Unchecked {
+    std::shared_ptr<const tier::Digest> digest;
+    tier::Extent extent;
+  };
+  // A pass found segment `bad` of the group's `role` chunk, read as
+  // `read`, hashing to `got`: counted as the store counts a read that
+  // fails, and returned as its kDataLoss, naming the chunk.
+  Status Mismatch(int group, Role role, const Unchecked& read,
+                  const tier::Segment& bad, uint64_t got) const;
+  // The bytes of the chunks write hold `hold` writes are lost (its pass
+  // found corrupt bytes part-way through): every copy goes stale, and
+  // every later fetch of them fails with `why` until a fetch overwrites
+  // them (FetchOptions::discard) or EndSpeculation restores old bytes.
+  void MarkLost(uint64_t hold, const Status& why);
+
   // What a demand fetch returns: its trace position (-1 when not following
   // a trace, or when FetchOptions::record is false: the fetch is then not
   // part of the trace) and the pin that releases exactly this fetch.
@@ -197,6 +158,9 @@ class Residency {
     // the views point, valid while `pin` is held.
     RoleArray<char*> base;
     uint64_t hold = 0;  // names the hold for AttachDigest
+    // The roles of Access::checked whose bytes the caller must verify
+    // (Note [Unchecked host copies] in residency_checks.cc).
+    RoleArray<Unchecked> unchecked;
   };
   // Demand fetch (Engine::Fetch): validates and pins the group's chunks in
   // `opt.roles` at `tier`.
@@ -211,6 +175,9 @@ class Residency {
     RoleMask read = 0;
     RoleMask update = 0;
     RoleMask overwrite = 0;
+    // Of these, the roles whose unchecked host copies the caller verifies
+    // itself (CheckInPass): handed over in Fetched::unchecked.
+    RoleMask checked = 0;
     RoleMask all() const { return read | update | overwrite; }
     RoleMask written() const { return update | overwrite; }
   };
@@ -315,7 +282,9 @@ class Residency {
   // `fences` counts the releases whose device work has not yet run (Note
   // [Fences]); until it is 0 the copy is treated like a busy one. Its
   // state is unchanged meanwhile. `prefetched` marks a kValid copy that a
-  // prefetch made and no fetch used yet. A home copy is never kAbsent.
+  // prefetch made and no fetch used yet; `unchecked` a kValid host copy
+  // read from NVMe whose bytes no one verified yet (Note [Unchecked host
+  // copies]). A home copy is never kAbsent.
   // Every write fetch bumps the chunk's version, and a transfer validates
   // its destination only if the version it started with still holds
   // (a Discard bumps it too). A `blank` chunk was never written, or its
@@ -330,6 +299,7 @@ class Residency {
     int fences = 0;       // Note [Fences] not yet complete
     tier::Event landing;  // while kFilling from the host to the device
     bool prefetched = false;
+    Unchecked unchecked;
     uint64_t serial = 0;  // names the memory for holds (Note [Retired
                           // copies]); set by each allocation
     uint64_t last_use = 0;
@@ -367,6 +337,7 @@ class Residency {
     // The bytes' digest, while `version` is `digest_version` (AttachDigest).
     std::shared_ptr<const tier::Digest> digest;
     uint64_t digest_version = 0;
+    std::string lost;  // MarkLost's message (empty: not lost)
   };
   // Why a copy is being made valid; it decides what the move may evict
   // (Note [Eviction order]), whether it waits or gives up, and what the
@@ -418,7 +389,8 @@ class Residency {
   struct Group {
     GroupLayout layout;
     Footprint footprint;
-    std::vector<int> chunks;  // ids, in layout.chunks order
+    std::vector<int> chunks;       // ids, in layout.chunks order
+    RoleMask checked_in_pass = 0;  // CheckInPass
   };
   using Lock = std::unique_lock<std::mutex>;
 
@@ -472,10 +444,22 @@ class Residency {
   struct ChunkAccess {
     bool write = false;
     bool discard = false;
+    bool checked = false;  // Access::checked
     void* stream = nullptr;
   };
   Status FetchChunk(Lock& lk, int id, Tier tier, const ChunkAccess& how,
                     FetchTally& tally);
+  // Note [Unchecked host copies]: verifies the host copy of chunk `id`
+  // (without the lock meanwhile); on a mismatch it goes stale. Returns
+  // with the lock held.
+  Status CheckHost(Lock& lk, int id);
+  // FetchFor's part for Access::checked: the unchecked host copies of
+  // `checked` in `hold` handed over to `out`; with `back`, handed back to
+  // the copies still valid (the fetch failed after all).
+  void HandOverChecks(const Hold& hold, RoleMask checked,
+                      RoleArray<Unchecked>& out, bool back);
+  // kDataLoss naming a chunk that MarkLost marked, else OK.
+  Status CheckNotLost(const Chunk& c) const;
   // FetchChunk's way for a read on the caller's stream: pins a copy still
   // landing on the device and makes the stream wait for it. False when the
   // copy is not landing.

@@ -70,6 +70,8 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
                                                const FetchOptions& opt,
                                                const Access& access,
                                                bool speculative) {
+  STRATA_CHECK((access.checked & ~access.written()) == 0 &&
+               "a fetch checks only the roles it writes");
   Lock lk(mu_);
   STRATA_RETURN_IF_ERROR(CheckFetch(group, tier, opt));
   if (opt.record && trace_.in_step()) {
@@ -99,7 +101,12 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
   }
   if (opt.record) Count(ids.size(), tally);
   STRATA_RETURN_IF_ERROR(placed);
-  STRATA_RETURN_IF_ERROR(BeginWrites(lk, hold, access, speculative));
+  Fetched fetched;
+  HandOverChecks(hold, access.checked, fetched.unchecked, false);
+  if (Status s = BeginWrites(lk, hold, access, speculative); !s.ok()) {
+    HandOverChecks(hold, access.checked, fetched.unchecked, true);
+    return s;
+  }
   if (opt.record && access.written() != 0) {
     const uint64_t serial = ++caller_writes_;
     for (int id : hold.chunks) {
@@ -108,7 +115,6 @@ Result<Residency::Fetched> Residency::FetchFor(int group, Tier tier,
       chunks_[id].caller_version = chunks_[id].version;
     }
   }
-  Fetched fetched;
   fetched.position = position;
   for (size_t i = 0; i < hold.chunks.size(); ++i) {
     const int id = hold.chunks[i];
@@ -155,6 +161,7 @@ Status Residency::BeginWrites(Lock& lk, Hold& hold, const Access& access,
     if (!Writes(hold, hold.chunks[i])) continue;
     if (speculative) StartSpeculation(c);
     Invalidate(c, &hold.tier);
+    if ((access.overwrite & RoleBit(c.role)) != 0) c.lost.clear();
     hold.versions[i] = c.version;
   }
   return Status();
@@ -174,6 +181,7 @@ Status Residency::PinAll(Lock& lk, std::vector<int>& ids,
     const RoleMask role = RoleBit(chunks_[id].role);
     const ChunkAccess how{.write = (access.written() & role) != 0,
                           .discard = (access.overwrite & role) != 0,
+                          .checked = (access.checked & role) != 0,
                           .stream = opt.stream};
     if (Status s = FetchChunk(lk, id, hold.tier, how, tally); !s.ok()) {
       Unpin(hold);
@@ -226,11 +234,21 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
   bool hit = false;
   Status s = Ensure(lk, id, tier, Reason::For(how.discard), &hit);
   // A write fetch hands its copy out only once no transfer is still copying
-  // from it; the copy may move meanwhile, so ensure it again. Such a wait
-  // is a stall, not a hit.
-  while (s.ok() && how.write && dst.readers > 0) {
-    hit = false;
-    s = internal::WaitOnce(changed_, lk, "a transfer copying from the copy");
+  // from it, and a copy whose NVMe read is unchecked only once checked (or
+  // to the fetch that checks it: Note [Unchecked host copies]); the copy
+  // may move meanwhile, so ensure it again. Such a wait is a stall, not a
+  // hit.
+  for (;;) {
+    if (s.ok() && dst.unchecked.digest != nullptr && how.discard) {
+      dst.unchecked = Unchecked();
+    }
+    const bool check =
+        s.ok() && dst.unchecked.digest != nullptr && !how.checked;
+    if (!check && !(s.ok() && how.write && dst.readers > 0)) break;
+    hit = hit && check;  // a check is not a miss: the copy was there
+    s = check ? CheckHost(lk, id)
+              : internal::WaitOnce(changed_, lk,
+                                   "a transfer copying from the copy");
     if (s.ok()) s = Ensure(lk, id, tier, Reason::For(how.discard), nullptr);
   }
   tally.hits += hit;

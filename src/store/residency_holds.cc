@@ -11,6 +11,44 @@
 
 namespace strata::store {
 
+// Note [Retired copies]
+// A write at one tier makes the copies at the others stale, and a read
+// view may hold one of them. Its bytes stay as they were for that view.
+// But the engine never waits for such a view's release (its holder may be
+// the very thread that waits, which then never returns): a move that needs
+// the tier's copy (a fetch there, a write-down into it) retires the held
+// copy instead. The retired copy leaves the chunk, with its memory, pins
+// and fences, and is freed when the last of them ends; the chunk gets a
+// fresh copy at that tier (a home one too: the retired memory then comes
+// back as the home copy when it is freed before a fresh one could be
+// placed). Each hold names the copy it pinned by serial, so a release
+// finds it wherever it went. Retired memory counts against the tier's
+// budget like any pinned copy: when nothing can be evicted for the fresh
+// copy, the move fails naming the views.
+//
+// Note [Waits the caller could end]
+// Every wait in the residency is ended by another thread: a transfer, the
+// fence watcher, or the release of a write view held by another thread.
+// A demand fetch that would wait for a write view held by its own thread
+// (fetched by it and not released) could wait forever, so it fails with
+// kFailedPrecondition naming that view instead.
+//
+// Note [Fences]
+// A GPU runs a caller's kernels long after the CPU queued them, so the end
+// of a fetch's pin on the CPU is not the end of its use: kernels may still
+// read (or write) the views. A release may therefore name a fence (Fence in
+// strata/engine.h, a point on the caller's stream), recorded as a device
+// event. Until it completes, the copies the pin held count as in use: they
+// are not evicted, not filled, not written down into and not copied from
+// (`fences` on the copy; every move that waits for a busy copy also waits
+// for a fenced one). The fence watcher thread waits for each fence in
+// turn, then clears it and wakes the waiters, so no training thread blocks
+// on one. Gradients handed off with a fence are copied to the host on a
+// stream ordered after it (Mover::Start). This is the bug class that
+// silently corrupts training on a GPU and can never show on a CPU, whose
+// "kernels" are done when the call returns: tests model late kernels with
+// tests/testutil/fake_stream.h.
+
 // Note [Updates below the device]
 // The optimizer writes a group's new compute copy at its home, below the
 // device, and so leaves the device copy stale. The plan is for a steady

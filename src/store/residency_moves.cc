@@ -67,7 +67,9 @@ Status Residency::Ensure(Lock& lk, int id, Tier tier, Reason why, bool* hit) {
       continue;
     }
     if (from != tier && !src.usable()) {
-      // The device fills from the host: its copy comes first.
+      // A lost chunk has no valid copy (MarkLost). The device fills from
+      // the host: its copy comes first.
+      STRATA_RETURN_IF_ERROR(CheckNotLost(c));
       STRATA_CHECK(tier == Tier::kDevice &&
                    "a written chunk has no valid copy");
       const Reason hop = why.demand() ? Reason{Reason::Kind::kHop} : why;
@@ -93,11 +95,15 @@ Tier Residency::SourceOf(const Chunk& c, Tier tier) const {
 
 // One transfer into `tier` from `from` (== tier: zero fill). Allocates the
 // destination first, holding nothing while it may wait (see Note [Eviction
-// order]); if the source went away meanwhile, the caller re-plans. Returns
-// with the lock held.
+// order]); if the source went away meanwhile, the caller re-plans, as it
+// does after a host source was first checked (Note [Unchecked host
+// copies]). Returns with the lock held.
 Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, Reason why) {
   Chunk& c = chunks_[id];
   Copy& dst = c.copy[tier];
+  if (from == Tier::kHost && c.copy[from].unchecked.digest != nullptr) {
+    return CheckHost(lk, id);
+  }
   if (!dst.allocated()) {
     STRATA_RETURN_IF_ERROR(Allocate(lk, id, tier, why));
   }
@@ -116,6 +122,8 @@ Status Residency::Fill(Lock& lk, int id, Tier tier, Tier from, Reason why) {
   if (valid) {
     dst.prefetched = why.prefetch();
     dst.last_use = ++clock_;
+  } else {
+    dst.unchecked = Unchecked();
   }
   changed_.notify_all();
   return status;
@@ -140,6 +148,17 @@ Status Residency::Transfer(Lock& lk, int id, Tier tier, Tier from, Reason why) {
     if (landing.ok()) dst.landing = *landing;
     lk.unlock();
     status = landing.ok() ? landing->Wait() : landing.status();
+  } else if (from == Tier::kNvme &&
+             (groups_[c.group].checked_in_pass & RoleBit(c.role)) != 0) {
+    // Note [Unchecked host copies].
+    const transport::Place src = PlaceOf(c, from);
+    lk.unlock();
+    Result<std::shared_ptr<const tier::Digest>> digest =
+        mover_->ReadUnchecked(c.role, src, to, c.bytes);
+    lk.lock();
+    if (!digest.ok()) return digest.status();
+    dst.unchecked = {std::move(*digest), src.extent};
+    return Status();
   } else {
     lk.unlock();
     status = mover_->Copy(c.role, PlaceOf(c, from), to, c.bytes);
@@ -383,6 +402,7 @@ void Residency::Invalidate(Chunk& c, const Tier* keep) {
     if (keep != nullptr && t == *keep) continue;
     Copy& copy = c.copy[t];
     copy.prefetched = false;
+    copy.unchecked = Unchecked();
     if (copy.state == CopyState::kValid) copy.state = CopyState::kStale;
     const bool idle =
         !copy.busy() && copy.readers == 0 && copy.pins == 0 && !copy.fenced();
@@ -390,7 +410,18 @@ void Residency::Invalidate(Chunk& c, const Tier* keep) {
   }
 }
 
-// Note [Discarded bytes].
+// Note [Discarded bytes]
+// Some roles' contents end with a step: the optimizer reads a group's
+// gradients for its step, and the next step's first micro-batch
+// overwrites them without reading. A dirty copy of such a chunk evicted
+// later would be written toward its home for nothing. Discard ends the
+// chunk's bytes instead: it becomes blank again, as if never written
+// (it reads as zeros, without I/O), its copies go stale (the idle ones
+// above home are freed, a moving one ends stale by the version, a view
+// keeps its old bytes: Note [Retired copies]), and nothing of it is
+// written down. The bytes a write-down would have moved count in
+// EngineStats::discarded_bytes.
+//
 Status Residency::Discard(int group, RoleMask roles) {
   Lock lk(mu_);
   if (group < 0 || group >= static_cast<int>(groups_.size())) {

@@ -1,5 +1,5 @@
-// The residency manager's speculative writes (Note [Speculative writes] in
-// residency.h): spare NVMe extents, the write fetch that keeps the old bytes,
+// The residency manager's speculative writes (Note [Speculative writes]
+// below): spare NVMe extents, the write fetch that keeps the old bytes,
 // and keeping or restoring them.
 #include <atomic>
 #include <utility>
@@ -9,6 +9,22 @@
 #include "src/store/residency.h"
 
 namespace strata::store {
+
+// Note [Speculative writes]
+// The optimizer steps a group before it knows whether the step stands
+// (Note [Exact steps under overlap] in src/optim/pipeline.h), so the bytes
+// it overwrites must survive until it does. A chunk homed on NVMe may get
+// a second extent (AddSpares). A speculative write fetch (FetchToHost
+// with `speculative`) of it leaves the chunk's current bytes in the extent
+// that holds them and points the NVMe copy at the other one, so every
+// write-down of the new bytes goes there; a chunk whose only valid copy
+// was above NVMe is written down first. EndSpeculation then keeps the new
+// bytes (the other extent is the chunk's from now on: nothing moves) or
+// restores the old: every copy above NVMe is dropped and the NVMe copy is
+// the old extent again, valid as it was (or never written). Old bytes of
+// chunks homed on the host or the device are not kept: a caller
+// restores those itself.
+
 namespace {
 
 std::atomic<SpeculationHook> speculation_hook{nullptr};
@@ -129,6 +145,7 @@ Status Residency::RestoreOldBytes(Lock& lk, int id) {
   c.blank = c.old_blank;
   nvme.state = c.blank ? CopyState::kStale : CopyState::kValid;
   c.speculative = false;
+  c.lost.clear();  // the old bytes are the chunk's again
   return Status();
 }
 

@@ -159,8 +159,8 @@ class Device {
   // gradient buffer while backward waits for it.
   virtual Status Memset(void* device, int byte, size_t bytes) = 0;
 
-  // Fences (Note [Fences] in src/store/residency.h). The point of a caller's
-  // work that `fence` names, as an Event: on CUDA a cudaStream_t or a
+  // Fences (Note [Fences] in src/store/residency_holds.cc). The point of a
+  // caller's work that `fence` names, as an Event: on CUDA a cudaStream_t or a
   // cudaEvent_t, on the host-emulated device a HostStream*. The default
   // fence gives an Event that is already complete; one the backend cannot
   // use is kInvalidArgument.

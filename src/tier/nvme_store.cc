@@ -80,7 +80,8 @@ class NvmeStore::Impl {
   void Free(const Extent& extent);
   Result<PendingIo> StartWrite(const Extent& extent, const void* buf,
                                std::shared_ptr<const Digest> digest);
-  Result<PendingIo> StartRead(const Extent& extent, void* buf);
+  Result<PendingIo> StartRead(const Extent& extent, void* buf, ReadCheck check);
+  Status Mismatch(const Extent& extent, const Segment& bad, uint64_t got);
   Status FinishIo(PendingIo& io);
   std::string Describe(const Extent& extent) const;
 
@@ -292,7 +293,8 @@ Result<PendingIo> NvmeStore::Impl::StartWrite(
                    .digest = std::move(digest)};
 }
 
-Result<PendingIo> NvmeStore::Impl::StartRead(const Extent& extent, void* buf) {
+Result<PendingIo> NvmeStore::Impl::StartRead(const Extent& extent, void* buf,
+                                             ReadCheck check) {
   STRATA_RETURN_IF_ERROR(CheckBuffer(buf, "read"));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -305,6 +307,7 @@ Result<PendingIo> NvmeStore::Impl::StartRead(const Extent& extent, void* buf) {
   io.handle = std::move(handle);
   io.extent = extent;
   io.buf = buf;
+  io.verified = check == ReadCheck::kStore;
   return io;
 }
 
@@ -346,23 +349,36 @@ Status NvmeStore::Impl::FinishRead(PendingIo& io, const Status& done) {
     const ExtentMeta& meta = Lookup(io.extent);
     if (!meta.has_data) return NoValidData(io.extent);
     digest = meta.digest;
+    if (!io.verified) {
+      stats_.bytes_read += io.extent.bytes;
+      io.digest = std::move(digest);
+      return Status::Ok();
+    }
   }
   const Segment* bad = FirstMismatch(*digest, io.buf);
+  if (bad != nullptr) {
+    return Mismatch(
+        io.extent, *bad,
+        Hash(static_cast<const char*>(io.buf) + bad->offset, bad->bytes));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   stats_.bytes_hashed += io.extent.bytes;
-  if (bad != nullptr) {
-    ++stats_.checksum_failures;
-    return Status::DataLoss(
-        "NVMe tier: checksum mismatch in " + Describe(io.extent) +
-        " at offset " + std::to_string(io.extent.offset + bad->offset) +
-        " (its " + HumanBytes(bad->bytes) + " from byte " +
-        std::to_string(bad->offset) + " hash to " +
-        Hex(Hash(static_cast<const char*>(io.buf) + bad->offset, bad->bytes)) +
-        ", written as " + Hex(bad->hash) +
-        "); the swap file was modified or the device returned bad data");
-  }
   stats_.bytes_read += io.extent.bytes;
   return Status::Ok();
+}
+
+Status NvmeStore::Impl::Mismatch(const Extent& extent, const Segment& bad,
+                                 uint64_t got) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.checksum_failures;
+  }
+  return Status::DataLoss(
+      "NVMe tier: checksum mismatch in " + Describe(extent) + " at offset " +
+      std::to_string(extent.offset + bad.offset) + " (its " +
+      HumanBytes(bad.bytes) + " from byte " + std::to_string(bad.offset) +
+      " hash to " + Hex(got) + ", written as " + Hex(bad.hash) +
+      "); the swap file was modified or the device returned bad data");
 }
 
 NvmeStore::NvmeStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -398,8 +414,14 @@ Result<PendingIo> NvmeStore::StartWrite(const Extent& extent, const void* buf,
   return impl_->StartWrite(extent, buf, std::move(digest));
 }
 
-Result<PendingIo> NvmeStore::StartRead(const Extent& extent, void* buf) {
-  return impl_->StartRead(extent, buf);
+Result<PendingIo> NvmeStore::StartRead(const Extent& extent, void* buf,
+                                       ReadCheck check) {
+  return impl_->StartRead(extent, buf, check);
+}
+
+Status NvmeStore::Mismatch(const Extent& extent, const Segment& bad,
+                           uint64_t got) {
+  return impl_->Mismatch(extent, bad, got);
 }
 
 Status NvmeStore::FinishIo(PendingIo& io) { return impl_->FinishIo(io); }

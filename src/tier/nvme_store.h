@@ -16,6 +16,11 @@
 //   verified against it in FinishIo(); a mismatch is kDataLoss naming the
 //   extent, the file and the offset of the first bad segment, counts in
 //   stats().checksum_failures, and the caller must not use the buffer.
+//   A read started with ReadCheck::kCaller is not: FinishIo hands the
+//   caller the digest instead (PendingIo::digest), and the caller verifies
+//   every byte before it uses it (the optimizer's pass: Note [Checksums in
+//   the optimizer's pass] in src/optim/step_digest.h) and reports a
+//   mismatch through Mismatch().
 //   The digests live in memory only: swap data does not outlive the store.
 // - StartWrite() marks the extent as holding no valid data before any byte
 //   moves; only FinishIo() of a successful write marks it valid again. An
@@ -80,8 +85,14 @@ struct PendingIo {
   Extent extent;
   void* buf = nullptr;
   bool write = false;
-  std::shared_ptr<const Digest> digest;  // of the written bytes (writes)
+  // Of the written bytes (writes); after FinishIo of a kCaller read, what
+  // the bytes read must hash to.
+  std::shared_ptr<const Digest> digest;
+  bool verified = true;  // reads: FinishIo verifies them
 };
+
+// Who verifies a read's bytes against the extent's digest.
+enum class ReadCheck { kStore, kCaller };
 
 struct NvmeStoreStats {
   uint64_t capacity = 0;
@@ -124,12 +135,18 @@ class NvmeStore {
   // either way the buffer must not change until FinishIo().
   Result<PendingIo> StartWrite(const Extent& extent, const void* buf,
                                std::shared_ptr<const Digest> digest = {});
-  Result<PendingIo> StartRead(const Extent& extent, void* buf);
+  Result<PendingIo> StartRead(const Extent& extent, void* buf,
+                              ReadCheck check = ReadCheck::kStore);
   // Waits for the transfer. Writes: records the digest on success; on
   // failure returns the aio error (kIoError, kNoSpace, ...) and counts it
   // in stats().write_failures. Reads: the aio error, or kDataLoss on a
   // checksum mismatch. Call exactly once per PendingIo.
   Status FinishIo(PendingIo& io);
+
+  // A caller's verification of a kCaller read failed: segment `bad` of
+  // `extent` hashed to `got`. Counts it in stats().checksum_failures and
+  // returns the kDataLoss a store-verified read gives.
+  Status Mismatch(const Extent& extent, const Segment& bad, uint64_t got);
 
   // Synchronous conveniences: Start + Finish.
   Status Write(const Extent& extent, const void* buf,

@@ -40,6 +40,18 @@ Status Mover::Copy(Role role, const Place& from, const Place& to,
   return status;
 }
 
+Result<std::shared_ptr<const tier::Digest>> Mover::ReadUnchecked(
+    Role role, const Place& from, const Place& to, uint64_t bytes) {
+  STRATA_CHECK(nvme_ != nullptr && from.tier == Tier::kNvme &&
+               to.tier == Tier::kHost && from.extent.bytes == bytes);
+  STRATA_ASSIGN_OR_RETURN(
+      tier::PendingIo io,
+      nvme_->StartRead(from.extent, to.ptr, tier::ReadCheck::kCaller));
+  STRATA_RETURN_IF_ERROR(nvme_->FinishIo(io));
+  Count(role, from, to, bytes);
+  return std::move(io.digest);
+}
+
 Result<tier::Event> Mover::Start(Role role, const Place& from, const Place& to,
                                  uint64_t bytes, const tier::Event& after) {
   if (!after.Poll()) {

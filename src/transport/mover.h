@@ -6,7 +6,8 @@
 // overlaps it with other work (the optimizer's gradient copies).
 // Host<->device hops go through the device's copy engine (CUDA streams or
 // the emulated device's workers); host<->NVMe hops go through the extent
-// store, whose reads are checksum-verified.
+// store, whose reads are checksum-verified (by the store, or by the caller
+// of ReadUnchecked).
 //
 // Thread safety: every method may be called from any thread.
 #ifndef STRATA_SRC_TRANSPORT_MOVER_H_
@@ -44,6 +45,13 @@ class Mover {
   // the bytes' own (null: the store hashes them).
   Status Copy(Role role, const Place& from, const Place& to, uint64_t bytes,
               std::shared_ptr<const tier::Digest> digest = {});
+  // Copy from NVMe to the host whose bytes the caller verifies before it
+  // uses them (tier::ReadCheck::kCaller): returns the digest they must
+  // match.
+  Result<std::shared_ptr<const tier::Digest>> ReadUnchecked(Role role,
+                                                            const Place& from,
+                                                            const Place& to,
+                                                            uint64_t bytes);
   // Issues a copy of `bytes` of a `role` chunk between the host and the
   // device (either way) and returns its event; counts them once issued, as
   // the device does. The copy starts after `after` (Note [Fences]; the call

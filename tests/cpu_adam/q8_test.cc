@@ -449,10 +449,34 @@ TEST(Q8Step, AnFp32CopyOutIsTheParamsOnEveryPath) {
   }
 }
 
-// The observer (CpuOptimizer::Step's third argument) sees pieces that tile
-// the step, whole blocks each, after their bytes are final: a copy taken
-// in the observer equals the step's result.
+// The observer (CpuOptimizer::Step's hooks) sees the fixed pieces, which
+// tile the step, after their bytes are final: a copy taken in the
+// observer equals the step's result. The same pieces at 1, 2 and 3
+// threads.
 TEST(Q8Step, TheObserverSeesEveryPieceOnceWithItsFinalBytes) {
+  for (int threads : {1, 3}) {
+    STRATA_OPTIMIZER_OR_SKIP(other, CpuIsa::kAuto, threads);
+    const size_t n = 3 * kStepPiece + 5;
+    Q8Problem pr(n);
+    std::vector<std::pair<size_t, size_t>> pieces;
+    std::mutex mu;
+    CpuOptimizer::StepHooks hooks;
+    hooks.observer = [&](size_t begin, size_t end) {
+      std::lock_guard<std::mutex> lock(mu);
+      pieces.emplace_back(begin, end);
+    };
+    ASSERT_TRUE(
+        other
+            ->Step(AdamW(1, OverflowPolicy::kStopAtNonFinite), pr.View(), hooks)
+            .ok());
+    std::sort(pieces.begin(), pieces.end());
+    const std::vector<std::pair<size_t, size_t>> fixed = {
+        {0, kStepPiece},
+        {kStepPiece, 2 * kStepPiece},
+        {2 * kStepPiece, 3 * kStepPiece},
+        {3 * kStepPiece, n}};
+    EXPECT_EQ(pieces, fixed) << threads << " threads";
+  }
   STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto, 2);
   const size_t n = 5 * 65536 + 3 * kQ8Block + 17;
   Q8Problem pr(n);
@@ -460,7 +484,8 @@ TEST(Q8Step, TheObserverSeesEveryPieceOnceWithItsFinalBytes) {
   std::vector<uint8_t> seen_m(n);
   std::vector<std::pair<size_t, size_t>> pieces;
   std::mutex mu;
-  const CpuOptimizer::StepObserver observe = [&](size_t begin, size_t end) {
+  CpuOptimizer::StepHooks observe;
+  observe.observer = [&](size_t begin, size_t end) {
     std::memcpy(&seen_p[begin], &pr.p[begin], (end - begin) * sizeof(float));
     std::memcpy(&seen_m[begin], &pr.m[begin], end - begin);
     std::lock_guard<std::mutex> lock(mu);
@@ -473,8 +498,7 @@ TEST(Q8Step, TheObserverSeesEveryPieceOnceWithItsFinalBytes) {
   size_t at = 0;
   for (const auto& [begin, end] : pieces) {
     ASSERT_EQ(begin, at);
-    ASSERT_LE(end - begin, 65536u);
-    ASSERT_TRUE(end == n || end % kQ8Block == 0) << end;
+    ASSERT_EQ(end, std::min(n, begin + kStepPiece));
     at = end;
   }
   EXPECT_EQ(at, n);
@@ -489,6 +513,41 @@ TEST(Q8Step, TheObserverSeesEveryPieceOnceWithItsFinalBytes) {
   for (const auto& [begin, end] : pieces) {
     EXPECT_FALSE(begin <= n / 2 && n / 2 < end) << begin << ".." << end;
   }
+}
+
+// The check sees each piece before it is stepped (a copy taken there
+// holds the old bytes); one that fails stops the step: kPartial, and that
+// piece unchanged.
+TEST(Q8Step, TheCheckSeesEachPieceBeforeItIsSteppedAndCanStopTheStep) {
+  STRATA_OPTIMIZER_OR_SKIP(opt, CpuIsa::kAuto, 2);
+  const size_t n = 4 * kStepPiece + 3 * kQ8Block;
+  Q8Problem pr(n);
+  const std::vector<float> before_p = pr.p;
+  const std::vector<uint8_t> before_m = pr.m;
+  std::vector<float> seen_p(n);
+  std::vector<uint8_t> seen_m(n);
+  CpuOptimizer::StepHooks hooks;
+  hooks.check = [&](size_t begin, size_t end) {
+    std::memcpy(&seen_p[begin], &pr.p[begin], (end - begin) * sizeof(float));
+    std::memcpy(&seen_m[begin], &pr.m[begin], end - begin);
+    return true;
+  };
+  Result<StepReport> r =
+      opt->Step(AdamW(1, OverflowPolicy::kStopAtNonFinite), pr.View(), hooks);
+  ASSERT_TRUE(r.ok() && r->outcome == StepOutcome::kApplied);
+  EXPECT_EQ(seen_p, before_p);
+  EXPECT_EQ(seen_m, before_m);
+  EXPECT_NE(pr.p, before_p);
+
+  const std::vector<float> stepped = pr.p;
+  const size_t bad = 2 * kStepPiece;
+  hooks.check = [&](size_t begin, size_t) { return begin != bad; };
+  r = opt->Step(AdamW(2, OverflowPolicy::kStopAtNonFinite), pr.View(), hooks);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->outcome, StepOutcome::kPartial);
+  EXPECT_TRUE(std::equal(stepped.begin() + bad,
+                         stepped.begin() + bad + kStepPiece,
+                         pr.p.begin() + bad));
 }
 
 }  // namespace

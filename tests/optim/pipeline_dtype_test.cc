@@ -346,21 +346,23 @@ class MixedModelTest
     ASSERT_TRUE(view->pin.Release().ok());
   }
 
-  // The store hashed what it read, and of what it wrote little more than
-  // the masters and state InitWeights wrote: every write-down of a step's
-  // bytes came with the digest the optimizer's pass made.
-  void ExpectThePassHashedWhatItWrote() const {
+  // The store hashed nothing: the optimizer's pass verified every byte it
+  // read from NVMe (Note [Unchecked host copies]), and every write-down
+  // of a step's bytes came with the digest the pass made of them (Note
+  // [Checksums in the optimizer's pass]).
+  void ExpectThePassHashedWhatItReadAndWrote() const {
     const EngineStats st = engine_->stats();
-    const int host = static_cast<int>(Tier::kHost);
-    const int nvme = static_cast<int>(Tier::kNvme);
     uint64_t read = 0, written = 0;
     for (const EngineStats::TierBytes& role : st.role_bytes) {
-      read += role[nvme][host];
-      written += role[host][nvme];
+      read +=
+          role[static_cast<int>(Tier::kNvme)][static_cast<int>(Tier::kHost)];
+      written +=
+          role[static_cast<int>(Tier::kHost)][static_cast<int>(Tier::kNvme)];
     }
-    ASSERT_GE(st.nvme_bytes_hashed, read);
-    EXPECT_LT(2 * (st.nvme_bytes_hashed - read), written)
-        << "hashed " << st.nvme_bytes_hashed << ", read " << read;
+    EXPECT_GT(read, 0u);
+    EXPECT_GT(written, 0u);
+    EXPECT_EQ(st.nvme_bytes_hashed, 0u)
+        << "of " << read << " bytes read and " << written << " written";
   }
 
   testutil::ScratchDir scratch_;  // outlives the engine's swap files
@@ -408,13 +410,14 @@ TEST_P(MixedModelTest, EveryDtypeStepsExactlyAndFrozenGroupsStayAsTheyWere) {
     ASSERT_TRUE(engine_->Drain().ok());
     ExpectEqualToReference(s + 1);
   }
-  if (OnNvme()) ExpectThePassHashedWhatItWrote();
+  if (OnNvme()) ExpectThePassHashedWhatItReadAndWrote();
 }
 
 // With the state on NVMe, every byte a step wrote is in the swap files,
 // checksummed in the optimizer's pass (Note [Checksums in the optimizer's
-// pass]). A byte flipped in every 4 KiB of them is caught on the next
-// read: the next step fails with kDataLoss and never trains on the bytes.
+// pass]). A byte flipped in every 4 KiB of them is caught by the next
+// step's pass, which verifies what it reads: the step fails with kDataLoss
+// and never trains on the bytes.
 TEST_P(MixedModelTest, AByteFlippedInTheSwapFilesFailsTheNextStep) {
   if (!OnNvme()) GTEST_SKIP() << "the state is on the host";
   for (int s = 0; s < 2; ++s) {
@@ -423,7 +426,7 @@ TEST_P(MixedModelTest, AByteFlippedInTheSwapFilesFailsTheNextStep) {
     ASSERT_TRUE(optimizer_->FinishStep().ok());
   }
   ASSERT_TRUE(engine_->Drain().ok());
-  ExpectThePassHashedWhatItWrote();
+  ExpectThePassHashedWhatItReadAndWrote();
   for (int g = 0; g < engine_->group_count(); ++g) {
     ASSERT_TRUE(engine_->Evict(g, Tier::kHost).ok());
   }
@@ -452,7 +455,9 @@ TEST_P(MixedModelTest, AByteFlippedInTheSwapFilesFailsTheNextStep) {
   }
   if (status.ok()) status = optimizer_->FinishStep().status();
   ASSERT_EQ(status.code(), StatusCode::kDataLoss) << status.ToString();
-  EXPECT_NE(status.message().find("checksum mismatch"), std::string::npos)
+  // Found by the pass (Note [Unchecked host copies]), naming the chunk.
+  EXPECT_NE(status.message().find("): NVMe tier: checksum mismatch"),
+            std::string::npos)
       << status.message();
 }
 

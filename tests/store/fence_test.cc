@@ -1,4 +1,4 @@
-// Fences (Note [Fences] in src/store/residency.h) on the host-emulated
+// Fences (Note [Fences] in src/store/residency_holds.cc) on the host-emulated
 // device, with "kernels" that run late on a testutil::FakeStream: memory a
 // released view's kernels still read is not reused, memory they still
 // write is not copied down, and handed-off gradients are copied to the host

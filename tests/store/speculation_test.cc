@@ -1,98 +1,16 @@
-// Speculative writes (Note [Speculative writes] in src/store/residency.h):
-// a chunk homed on NVMe keeps its old bytes in one extent while its new
-// bytes go to the other, until they are kept or the old ones restored.
-// And discarded bytes (Note [Discarded bytes]): a chunk whose contents
-// ended is blank again, and nothing of it is written down.
+// Speculative writes (Note [Speculative writes] in
+// src/store/residency_speculation.cc): a chunk homed on NVMe keeps its old
+// bytes in one extent while its new bytes go to the other, until they are kept
+// or the old ones restored. And discarded bytes (Note [Discarded bytes]): a
+// chunk whose contents ended is blank again, and nothing of it is written down.
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 
-#include "src/store/engine_internal.h"
-#include "src/store/residency.h"
-#include "strata/engine.h"
-#include "tests/store/store_util.h"
-#include "tests/testutil/testutil.h"
+#include "tests/store/speculation_fixture.h"
 
-namespace strata {
+namespace strata::store_test {
 namespace {
-
-using store::Residency;
-using store_test::Check;
-using store_test::Fill;
-using store_test::kKiB;
-using store_test::Layer;
-constexpr RoleMask kMaster = RoleBit(Role::kMaster);
-
-class SpeculationTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    EngineOptions o;
-    o.device = "host";
-    o.device_budget = 256 * kKiB;
-    o.host_budget = 512 * kKiB;
-    o.nvme_budget = nvme_budget_;
-    o.swap_dir = dir_.path();
-    o.placement.home.fill(Tier::kNvme);
-    auto engine = internal::EngineAccess::Open(o, {});
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    engine_ = std::move(*engine);
-    residency_ = internal::PartsOf(*engine_).residency;
-    auto g = engine_->RegisterGroup(Layer("layer.0", 16384));
-    ASSERT_TRUE(g.ok()) << g.status().ToString();
-    group_ = *g;
-  }
-
-  // Writes seeded bytes into the group's master (a plain write fetch).
-  void Write(uint64_t seed) {
-    auto view =
-        engine_->Fetch(group_, Tier::kHost, {.roles = kMaster, .write = true});
-    ASSERT_TRUE(view.ok()) << view.status().ToString();
-    Fill(*view, seed);
-    ASSERT_TRUE(view->pin.Release().ok());
-  }
-  // Writes seeded bytes into the master speculatively.
-  void Speculate(uint64_t seed) {
-    auto fetched = residency_->FetchToHost(group_, {.update = kMaster}, true);
-    ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
-    char* data = fetched->base[Role::kMaster];
-    testutil::FillRandom(data, 16384 * 4, store_test::Seed(seed, 0));
-    ASSERT_TRUE(fetched->pin.Release().ok());
-  }
-  // The master holds what Write(seed) wrote, on the host and then read back
-  // from NVMe.
-  void ExpectMaster(uint64_t seed) {
-    for (int pass = 0; pass < 2; ++pass) {
-      auto view = engine_->Fetch(group_, Tier::kHost, {.roles = kMaster});
-      ASSERT_TRUE(view.ok()) << view.status().ToString();
-      Check(*view, seed);
-      ASSERT_TRUE(view->pin.Release().ok());
-      ASSERT_TRUE(engine_->Evict(group_, Tier::kHost).ok());
-    }
-  }
-  void ExpectZeros() {
-    auto view = engine_->Fetch(group_, Tier::kHost, {.roles = kMaster});
-    ASSERT_TRUE(view.ok()) << view.status().ToString();
-    const auto* bytes =
-        static_cast<const unsigned char*>(view->tensors[0].data);
-    for (uint64_t i = 0; i < view->tensors[0].bytes; ++i)
-      ASSERT_EQ(bytes[i], 0);
-    ASSERT_TRUE(view->pin.Release().ok());
-  }
-  uint64_t NvmeReads() const {
-    return engine_->stats().bytes[2][1];  // nvme -> host
-  }
-  uint64_t NvmeWrites() const {
-    return engine_->stats().bytes[1][2];  // host -> nvme
-  }
-  Status Discard() { return residency_->Discard(group_, kMaster); }
-
-  uint64_t nvme_budget_ = 4096 * kKiB;
-  testutil::ScratchDir dir_;
-  std::unique_ptr<Engine> engine_;
-  Residency* residency_ = nullptr;
-  int group_ = -1;
-};
 
 // Kept: the new bytes are the chunk's, through NVMe; twice in a row, so
 // each extent is in turn the one written.
@@ -291,4 +209,4 @@ TEST_F(DiscardTest, ARestoreAfterADiscardGivesZeros) {
 }
 
 }  // namespace
-}  // namespace strata
+}  // namespace strata::store_test

@@ -1,6 +1,6 @@
 // A stream whose work runs late: the host-emulated device's stand-in for a
 // CUDA stream on which a framework queued kernels that the GPU runs long
-// after the CPU moved on (Note [Fences] in src/store/residency.h). Work
+// after the CPU moved on (Note [Fences] in src/store/residency_holds.cc). Work
 // queued here runs only when the test calls Run(), so a test can catch the
 // engine reusing, filling or copying memory before the work that uses it.
 //

@@ -128,6 +128,27 @@ TEST_F(StoreDigestTest, AWritersDigestIsUsedNotRecomputedAndVerifiesReads) {
   EXPECT_EQ(store_->stats().checksum_failures, 1u);
 }
 
+// ReadCheck::kCaller: the store hashes nothing and hands the caller the
+// digest it recorded; the caller's mismatch is counted and worded as the
+// store's own.
+TEST_F(StoreDigestTest, AReadTheCallerVerifiesGetsTheDigestInstead) {
+  const std::shared_ptr<const Digest> written = WritersDigest();
+  ASSERT_TRUE(store_->Write(extent_, out_.data(), written).ok());
+  auto io = store_->StartRead(extent_, in_.data(), ReadCheck::kCaller);
+  ASSERT_TRUE(io.ok()) << io.status().ToString();
+  ASSERT_TRUE(store_->FinishIo(*io).ok());
+  EXPECT_EQ(io->digest, written);
+  EXPECT_EQ(store_->stats().bytes_hashed, 0u);
+  EXPECT_EQ(store_->stats().bytes_read, extent_.bytes);
+  const Status st = store_->Mismatch(extent_, (*written)[1], 7);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("at offset " +
+                              std::to_string(extent_.offset + 40 * kKiB)),
+            std::string::npos)
+      << st.message();
+  EXPECT_EQ(store_->stats().checksum_failures, 1u);
+}
+
 TEST_F(StoreDigestTest, AWrongDigestFailsTheReadAndAnUntiledOneTheWrite) {
   // The store trusts the writer's hashes: a wrong one is caught on read,
   // never passed as good.

@@ -60,13 +60,13 @@ def test_the_offload_bench_runs_and_reports(scratch: Path,
             for v in ("nvme", "nvme-bf16", "nvme-int8")}
     assert max(read["nvme-int8"], read["nvme-bf16"]) < read["nvme"]
     assert summary["variants"]["host"]["nvme_written_bytes"] == 0
-    # The store hashes what it reads; the state a step writes comes with
-    # the checksums the optimizer's pass took (kept gradients written under
-    # pressure do not).
+    # The optimizer's pass verifies the state it reads and hashes the state
+    # it writes, so the store hashes neither; only kept gradients written
+    # under pressure (and read back) are its own to hash.
     for v in ("nvme", "nvme-bf16", "nvme-int8"):
         row = summary["variants"][v]
         read, hashed = row["nvme_read_bytes"], row["nvme_hashed_bytes"]
-        assert 0 < read <= hashed < read + row["nvme_written_bytes"], v
+        assert 0 <= hashed < read, v
     assert "NVMe bytes a step" in done.stdout
     assert summary["variants"]["host"]["strata_peak_bytes"]["nvme"] == 0
 
