@@ -156,7 +156,10 @@ def plot(path: str, losses: dict[str, list[float]]) -> None:
         ax.plot(range(1, len(l) + 1), l, label=v, linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title("AdamW's state: fp32, bf16, int8 (strata), torchao 8-bit")
+    title = "AdamW's state: fp32, bf16, int8 (strata)"
+    if "torchao" in losses:
+        title += ", torchao 8-bit"
+    ax.set_title(title)
     ax.legend()
     fig.savefig(path, dpi=120)
 
