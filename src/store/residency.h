@@ -338,6 +338,9 @@ class Residency {
     std::shared_ptr<const tier::Digest> digest;
     uint64_t digest_version = 0;
     std::string lost;  // MarkLost's message (empty: not lost)
+    // A write hold verifies the host copy's bytes in its pass (Note
+    // [Unchecked host copies]): other host fetches wait for its release.
+    bool checking = false;
   };
   // Why a copy is being made valid; it decides what the move may evict
   // (Note [Eviction order]), whether it waits or gives up, and what the

@@ -38,19 +38,22 @@ Status Named(const std::string& chunk, const Status& failed) {
 // Why it is safe: no byte of an unchecked copy reaches anyone unverified.
 // The copy is a cache of the NVMe copy, valid beside it, so no write-down
 // starts from it; all that pins it or copies from it checks first, or
-// takes the check over. CheckHost counts as a reader of the copy while it
-// hashes without the lock, so no write fetch or eviction changes the bytes
-// meanwhile; two threads may check one copy at once, each correctly. Any
-// change of state (stale, freed) ends the mark.
+// takes the check over. While a pass holds the check (`checking`), other
+// fetches of the host copy wait for the hold's release, as fetches at
+// other tiers wait for any writer. CheckHost counts as a reader of the
+// copy while it hashes without the lock, so no write fetch, eviction or
+// free of a retired copy changes the bytes meanwhile; two threads may
+// check one copy at once, each correctly. Any change of state (stale,
+// freed) ends the mark.
 // Failures: a copy that CheckHost finds corrupt goes stale, so the next
 // use reads NVMe again and fails again, as a read the store verifies
-// does. A pass that finds a corrupt piece has stepped some pieces and not
-// others: MarkLost makes every chunk its hold writes fail every fetch
-// with the mismatch until overwritten (a checkpoint's load) or restored
-// (EndSpeculation's undo brings the old extent back, verified at its next
-// read). Limits: the digest must be the one the extent was written with,
-// so a speculative undo that swaps extents keeps its own digest per extent
-// (the store's).
+// does; but one that a checking fetch pinned meanwhile (it is still
+// placing its other chunks) keeps its mark, so that fetch's pass finds
+// the bytes corrupt too. A pass that finds a corrupt piece has stepped
+// some pieces and not others: MarkLost makes every chunk its hold writes
+// fail every fetch with the mismatch until overwritten (a checkpoint's
+// load) or restored (EndSpeculation's undo brings the old extent back,
+// verified at its next read).
 
 void Residency::CheckInPass(int group, RoleMask roles) {
   Lock lk(mu_);
@@ -75,6 +78,7 @@ void Residency::MarkLost(uint64_t hold, const Status& why) {
     Chunk& c = chunks_[id];
     Invalidate(c, nullptr);
     c.blank = false;
+    c.checking = false;
     c.lost = why.message();
   }
   changed_.notify_all();
@@ -88,8 +92,12 @@ void Residency::HandOverChecks(const Hold& hold, RoleMask checked,
     Copy& copy = c.copy[hold.tier];
     if (!back) {
       out[c.role] = std::exchange(copy.unchecked, Unchecked());
-    } else if (copy.usable() && out[c.role].digest != nullptr) {
-      copy.unchecked = out[c.role];
+      c.checking = out[c.role].digest != nullptr;
+    } else {
+      c.checking = false;
+      if (copy.usable() && out[c.role].digest != nullptr) {
+        copy.unchecked = out[c.role];
+      }
     }
   }
 }
@@ -115,12 +123,17 @@ Status Residency::CheckHost(Lock& lk, int id) {
   Copy& after = CopyBySerial(id, Tier::kHost, serial);
   --after.readers;
   changed_.notify_all();
+  FreeIfUnheld(serial);  // a copy retired meanwhile
   // The mark ends here, unless another check or the fetch that took it
-  // over ended it meanwhile.
+  // over ended it meanwhile. A corrupt copy goes stale; one pinned already
+  // (by a fetch that verifies it in its pass, still placing its other
+  // chunks) keeps its mark, which that fetch takes over.
   if (after.unchecked.digest == read.digest) {
-    after.unchecked = Unchecked();
-    if (bad != nullptr && after.usable() && after.pins == 0) {
-      after.state = CopyState::kStale;
+    if (bad == nullptr) {
+      after.unchecked = Unchecked();
+    } else if (after.pins == 0) {
+      after.unchecked = Unchecked();
+      if (after.usable()) after.state = CopyState::kStale;
     }
   }
   if (bad == nullptr) return Status();

@@ -225,6 +225,7 @@ Status Residency::DropUnpinned(Lock& lk, const std::vector<int>& ids,
 // tallying what the fetch found; Fetch makes it writable.
 Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
                              const ChunkAccess& how, FetchTally& tally) {
+  const Chunk& c = chunks_[id];
   Copy& dst = chunks_[id].copy[tier];
   const bool prefetched = dst.prefetched;
   tally.late += dst.busy() && prefetched;
@@ -234,21 +235,25 @@ Status Residency::FetchChunk(Lock& lk, int id, Tier tier,
   bool hit = false;
   Status s = Ensure(lk, id, tier, Reason::For(how.discard), &hit);
   // A write fetch hands its copy out only once no transfer is still copying
-  // from it, and a copy whose NVMe read is unchecked only once checked (or
-  // to the fetch that checks it: Note [Unchecked host copies]); the copy
-  // may move meanwhile, so ensure it again. Such a wait is a stall, not a
-  // hit.
-  for (;;) {
-    if (s.ok() && dst.unchecked.digest != nullptr && how.discard) {
-      dst.unchecked = Unchecked();
+  // from it; a copy whose NVMe read is unchecked, once checked or to the
+  // fetch that checks it, and not while a pass checks it (Note [Unchecked
+  // host copies]). The copy may move meanwhile, so ensure it again.
+  while (s.ok()) {
+    if (how.discard) dst.unchecked = Unchecked();  // its bytes do not matter
+    const bool check = dst.unchecked.digest != nullptr && !how.checked;
+    const bool checking = c.checking && !how.checked;
+    if (!check && !checking && !(how.write && dst.readers > 0)) break;
+    hit = hit && check;  // a check is not a miss; a wait is a stall
+    if (check) {
+      s = CheckHost(lk, id);
+    } else if (checking) {
+      s = CheckSelfWait(c, id, tier);
+      if (s.ok()) {
+        s = internal::WaitOnce(changed_, lk, "a pass verifying what it read");
+      }
+    } else {
+      s = internal::WaitOnce(changed_, lk, "a transfer copying from the copy");
     }
-    const bool check =
-        s.ok() && dst.unchecked.digest != nullptr && !how.checked;
-    if (!check && !(s.ok() && how.write && dst.readers > 0)) break;
-    hit = hit && check;  // a check is not a miss: the copy was there
-    s = check ? CheckHost(lk, id)
-              : internal::WaitOnce(changed_, lk,
-                                   "a transfer copying from the copy");
     if (s.ok()) s = Ensure(lk, id, tier, Reason::For(how.discard), nullptr);
   }
   tally.hits += hit;

@@ -130,7 +130,11 @@ void Residency::Unpin(const Hold& hold) {
     const int id = hold.chunks[i];
     --CopyBySerial(id, hold.tier, hold.serials[i]).pins;
     FreeIfUnheld(hold.serials[i]);
-    chunks_[id].writers -= Writes(hold, id);
+    if (Writes(hold, id)) {
+      --chunks_[id].writers;
+      chunks_[id].checking =
+          false;  // its pass verified the bytes, or lost them
+    }
   }
   changed_.notify_all();
 }
@@ -195,7 +199,7 @@ void Residency::FreeIfUnheld(uint64_t serial) {
   const auto it = retired_.find(serial);
   if (it == retired_.end()) return;
   Copy& copy = it->second.copy;
-  if (copy.pins > 0 || copy.fenced()) return;
+  if (copy.pins > 0 || copy.readers > 0 || copy.fenced()) return;
   Chunk& c = chunks_[it->second.chunk];
   const Tier tier = it->second.tier;
   if (c.home == tier && !c.copy[tier].allocated()) {

@@ -459,6 +459,13 @@ TEST_P(MixedModelTest, AByteFlippedInTheSwapFilesFailsTheNextStep) {
   EXPECT_NE(status.message().find("): NVMe tier: checksum mismatch"),
             std::string::npos)
       << status.message();
+  // And no group hands its state out afterwards: each is lost, or back on
+  // NVMe as it was and failing its checksum again.
+  for (int g = 1; g < engine_->group_count(); ++g) {
+    auto view = engine_->Fetch(g, Tier::kHost, {RoleBit(Role::kState1)});
+    EXPECT_EQ(view.status().code(), StatusCode::kDataLoss)
+        << "group " << g << ": " << view.status().ToString();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -30,7 +30,8 @@ class SpeculationTest : public ::testing::Test {
     o.nvme_budget = nvme_budget_;
     o.swap_dir = dir_.path();
     o.placement.home.fill(Tier::kNvme);
-    auto engine = internal::EngineAccess::Open(o, {});
+    auto engine =
+        internal::EngineAccess::Open(o, {.fault_injector = injector_});
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
     residency_ = internal::PartsOf(*engine_).residency;
@@ -84,6 +85,7 @@ class SpeculationTest : public ::testing::Test {
   Status Discard() { return residency_->Discard(group_, kMaster); }
 
   uint64_t nvme_budget_ = 4096 * kKiB;
+  aio::FaultInjector* injector_ = nullptr;  // outlives the engine
   testutil::ScratchDir dir_;
   std::unique_ptr<Engine> engine_;
   Residency* residency_ = nullptr;

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <string>
 
 #include "tests/store/speculation_fixture.h"
@@ -17,10 +20,23 @@ namespace {
 
 constexpr RoleMask kCompute = RoleBit(Role::kCompute);
 
+// Holds the reads that complete while it is armed until released.
+class ReadGate : public aio::FaultInjector {
+ public:
+  void AfterRead(uint64_t, char*, uint32_t) override {
+    if (!armed) return;
+    reached = true;
+    while (!released) std::this_thread::yield();
+  }
+  std::atomic<bool> armed{false}, reached{false}, released{false};
+};
+
 // The speculation fixture's group, with its master and compute copy read
 // unchecked from NVMe, to be checked in a pass.
 class UncheckedTest : public SpeculationTest {
  protected:
+  UncheckedTest() { injector_ = &gate_; }
+  void TearDown() override { engine_.reset(); }  // before the gate goes
   void SetUp() override {
     SpeculationTest::SetUp();
     residency_->CheckInPass(group_, kMaster | kCompute);
@@ -59,6 +75,11 @@ class UncheckedTest : public SpeculationTest {
   void Prefetch(RoleMask roles) {
     ASSERT_TRUE(residency_->Prefetch(group_, Tier::kHost, roles, -1).ok());
   }
+  // The pass's fetch of the master (and the compute copy beside it).
+  Result<Residency::Fetched> FetchForPass() {
+    return residency_->FetchToHost(
+        group_, {.update = kMaster | kCompute, .checked = kMaster}, false);
+  }
   static void ExpectMismatch(const Status& s, const std::string& role) {
     EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
     EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos)
@@ -66,6 +87,8 @@ class UncheckedTest : public SpeculationTest {
     EXPECT_NE(s.message().find("'layer.0' (" + role + ")"), std::string::npos)
         << s.message();
   }
+
+  ReadGate gate_;
 };
 
 // The store leaves the read to the residency, which verifies the copy at
@@ -100,13 +123,13 @@ TEST_F(UncheckedTest, CorruptBytesReachNoViewAndNoDevice) {
 }
 
 // The fetch that names the role in Access::checked is handed the digest
-// instead of a check; the pass that finds a mismatch marks the chunks
-// lost: every fetch then fails, until a fetch overwrites them.
+// instead of a check; the pass that finds a mismatch marks the chunks it
+// writes lost: every fetch of them then fails, until a fetch overwrites
+// them.
 TEST_F(UncheckedTest, ThePassGetsTheDigestAndLosesWhatItFoundCorrupt) {
   WriteDown(kMaster, 1);
   CorruptSwapFiles();
-  auto fetched = residency_->FetchToHost(
-      group_, {.update = kMaster, .checked = kMaster}, false);
+  auto fetched = FetchForPass();
   ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
   const Residency::Unchecked read = fetched->unchecked[Role::kMaster];
   ASSERT_NE(read.digest, nullptr);
@@ -119,15 +142,14 @@ TEST_F(UncheckedTest, ThePassGetsTheDigestAndLosesWhatItFoundCorrupt) {
   ExpectMismatch(mismatch, "master");
   residency_->MarkLost(fetched->hold, mismatch);
   ASSERT_TRUE(fetched->pin.Release().ok());
-  auto lost = engine_->Fetch(group_, Tier::kHost, {.roles = kMaster});
-  ASSERT_FALSE(lost.ok());
-  EXPECT_EQ(lost.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(lost.status().message().find("was lost"), std::string::npos)
-      << lost.status().message();
-  // A chunk the hold did not write stays as it was.
-  auto compute = engine_->Fetch(group_, Tier::kDevice, {.roles = kCompute});
-  ASSERT_TRUE(compute.ok()) << compute.status().ToString();
-  ASSERT_TRUE(compute->pin.Release().ok());
+  // Every chunk the hold wrote (the pass stepped part of each).
+  for (RoleMask role : {kMaster, kCompute}) {
+    auto lost = engine_->Fetch(group_, Tier::kHost, {.roles = role});
+    ASSERT_FALSE(lost.ok());
+    EXPECT_EQ(lost.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(lost.status().message().find("was lost"), std::string::npos)
+        << lost.status().message();
+  }
   auto load = engine_->Fetch(
       group_, Tier::kHost, {.roles = kMaster, .write = true, .discard = true});
   ASSERT_TRUE(load.ok()) << load.status().ToString();
@@ -156,6 +178,56 @@ TEST_F(UncheckedTest, AnUndoneSpeculativeStepBringsTheOldBytesBack) {
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   Check(*view, 1);
   ASSERT_TRUE(view->pin.Release().ok());
+}
+
+// A view that finds the copy corrupt while the pass's fetch has pinned
+// it, still placing the compute copy, leaves the mark for that fetch: the
+// pass gets the digest and finds the bytes corrupt too, rather than take
+// them as verified.
+TEST_F(UncheckedTest, ACheckThatFailsUnderThePassesPinLeavesItTheDigest) {
+  WriteDown(kMaster, 1);
+  CorruptSwapFiles();
+  WriteDown(kCompute, 2);  // written after: good bytes
+  Prefetch(kMaster);
+  gate_.armed = true;  // the compute copy's read waits
+  std::future<Result<Residency::Fetched>> pass =
+      std::async(std::launch::async, [this] { return FetchForPass(); });
+  while (!gate_.reached) std::this_thread::yield();
+  gate_.armed = false;
+  auto view = engine_->Fetch(group_, Tier::kHost, {.roles = kMaster});
+  ASSERT_FALSE(view.ok());
+  ExpectMismatch(view.status(), "master");
+  gate_.released = true;
+  Result<Residency::Fetched> fetched = pass.get();
+  ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
+  const Residency::Unchecked read = fetched->unchecked[Role::kMaster];
+  ASSERT_NE(read.digest, nullptr) << "the pass would take corrupt bytes";
+  EXPECT_NE(tier::FirstMismatch(*read.digest, fetched->base[Role::kMaster]),
+            nullptr);
+  ASSERT_TRUE(fetched->pin.Release().ok());
+}
+
+// While the pass holds the check, a view of the same copy waits for its
+// end: it gets the bytes once verified (here: lost, as the pass found them
+// corrupt), never bytes no one verified.
+TEST_F(UncheckedTest, AViewWaitsForThePassThatChecksTheCopy) {
+  WriteDown(kMaster, 1);
+  CorruptSwapFiles();
+  auto fetched = FetchForPass();
+  ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
+  ASSERT_NE(fetched->unchecked[Role::kMaster].digest, nullptr);
+  std::future<Result<GroupView>> view = std::async(std::launch::async, [this] {
+    return engine_->Fetch(group_, Tier::kHost, {.roles = kMaster});
+  });
+  EXPECT_EQ(view.wait_for(std::chrono::milliseconds(200)),
+            std::future_status::timeout)
+      << "the view got bytes the pass had not verified";
+  residency_->MarkLost(fetched->hold, Status::DataLoss("the pass's mismatch"));
+  ASSERT_TRUE(fetched->pin.Release().ok());
+  Result<GroupView> got = view.get();
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("was lost"), std::string::npos)
+      << got.status().message();
 }
 
 }  // namespace
