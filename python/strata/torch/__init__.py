@@ -291,20 +291,27 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
     """Budgets the config leaves out, from the model's sizes: the device
     holds every compute copy and the gradient buffers (set device_budget
     to stream a model larger than the GPU); the host holds what is homed
-    there and the staging of the largest groups; NVMe what is homed there
-    and a largest chunk for each swap file (the chunks go to the files
-    round robin, so one file may fill while the others keep space), twice
-    when steps speculate (they write a second copy)."""
+    there and the staging of the largest groups, or, with the gradients
+    homed on NVMe, every group's gradients (a step keeps them until its
+    global checks say whether it stands; written down meanwhile, they
+    would be bytes written for nothing) beside the largest group's other
+    roles, whichever is more; NVMe what is homed there and a largest
+    chunk for each swap file (the chunks go to the files round robin, so
+    one file may fill while the others keep space), twice when steps
+    speculate (they write a second copy)."""
     sizes = [_group_bytes(cfg, p, dtype, ranks) for p in plans]
     compute = sum(c for c, _ in sizes)
     state = sum(s for _, s in sizes)
     largest = max((c + s for c, s in sizes), default=0)
     largest_compute = max((c for c, _ in sizes), default=0)
+    grads = [4 * _numel(p, ranks) if p.trainable else 0 for p in plans]
+    kept = sum(grads) if cfg.state_tier == "nvme" else 0
+    beside = max((c + s - g for (c, s), g in zip(sizes, grads)), default=0)
     homed = {"host": 0, "nvme": 0}
     homed[cfg.param_tier] += compute
     homed[cfg.state_tier] += state
     device = compute + (cfg.grad_buffers + 2) * largest_compute + 64 * _MIB
-    host = (homed["host"] + 4 * largest
+    host = (homed["host"] + max(4 * largest, kept + beside)
             + cfg.grad_buffers * largest_compute + 64 * _MIB)
     copies = 2 if cfg.speculates else 1
     # Each swap file may end with up to a chunk it could not place.

@@ -61,12 +61,11 @@ def test_the_offload_bench_runs_and_reports(scratch: Path,
     assert max(read["nvme-int8"], read["nvme-bf16"]) < read["nvme"]
     assert summary["variants"]["host"]["nvme_written_bytes"] == 0
     # The optimizer's pass verifies the state it reads and hashes the state
-    # it writes, so the store hashes neither; only kept gradients written
-    # under pressure (and read back) are its own to hash.
+    # it writes, so the store hashes neither; and the host budget holds the
+    # gradients a step keeps, so none is written for nothing (what the store
+    # would hash).
     for v in ("nvme", "nvme-bf16", "nvme-int8"):
-        row = summary["variants"][v]
-        read, hashed = row["nvme_read_bytes"], row["nvme_hashed_bytes"]
-        assert 0 <= hashed < read, v
+        assert summary["variants"][v]["nvme_hashed_bytes"] == 0, v
     assert "NVMe bytes a step" in done.stdout
     assert summary["variants"]["host"]["strata_peak_bytes"]["nvme"] == 0
 
