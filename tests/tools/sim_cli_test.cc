@@ -87,25 +87,35 @@ TEST(SimCliTest, StreamsStateFromNvmeAndReportsEveryFigure) {
 }
 
 // --state-dtype int8: m and v move in a byte an element and a scale per
-// 256, about a quarter of the fp32 master's bytes.
+// 256, about a quarter of the fp32 master's bytes (0.254). Summed over the
+// steps that read (the first reads nothing): which step a group's read
+// counts in, and whether one group's state stays on the host between two
+// steps, depend on the timing; over two steps of 4 groups one such group
+// still leaves the ratio above 0.2.
 TEST(SimCliTest, Int8StateMovesAQuarterOfTheBytes) {
   strata::testutil::ScratchDir dir;
   const std::string json = dir.File("out.json");
   const Outcome run = Sim(
       "--params 4M --layers 4 --device-budget 8M --host-budget 32M --nvme " +
           dir.path() +
-          " --steps 2 --mode after_backward --state-dtype int8 --json " + json,
+          " --steps 3 --mode after_backward --state-dtype int8 --json " + json,
       dir.path());
   ASSERT_EQ(run.status, 0) << run.err;
   std::ifstream in(json);
   const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
   ASSERT_TRUE(doc.is_object());
-  const nlohmann::json& roles = doc["runs"][0]["steps"][1]["role_bytes"];
-  const uint64_t master = roles["master"]["nvme->host"].get<uint64_t>();
+  auto read = [&](const char* role) {
+    uint64_t sum = 0;
+    for (const nlohmann::json& step : doc["runs"][0]["steps"]) {
+      sum += step["role_bytes"][role].value("nvme->host", uint64_t{0});
+    }
+    return sum;
+  };
+  const uint64_t master = read("master");
+  ASSERT_GT(master, 0u);
   for (const char* state : {"state1", "state2"}) {
-    const uint64_t read = roles[state]["nvme->host"].get<uint64_t>();
-    EXPECT_GT(read, master / 5) << state;
-    EXPECT_LT(read, master / 3) << state;
+    EXPECT_GT(read(state), master / 5) << state;
+    EXPECT_LT(read(state), master / 3) << state;
   }
 }
 
