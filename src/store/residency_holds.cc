@@ -131,9 +131,9 @@ void Residency::Unpin(const Hold& hold) {
     --CopyBySerial(id, hold.tier, hold.serials[i]).pins;
     FreeIfUnheld(hold.serials[i]);
     if (Writes(hold, id)) {
+      // Its pass verified the bytes it was handed, or lost them.
       --chunks_[id].writers;
-      chunks_[id].checking =
-          false;  // its pass verified the bytes, or lost them
+      chunks_[id].checking = false;
     }
   }
   changed_.notify_all();
