@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "tests/testutil/testutil.h"
@@ -43,6 +44,10 @@ bool Contains(const std::string& text, const std::string& part) {
 }
 
 bool HaveFio() { return std::system("fio --version >/dev/null 2>&1") == 0; }
+
+std::string FirstLine(const std::string& text) {
+  return text.substr(0, text.find('\n'));
+}
 
 TEST(NvmeBenchCliTest, SweepsEveryCombinationAndWritesJson) {
   testutil::ScratchDir dir;
@@ -192,6 +197,59 @@ TEST(NvmeBenchCliTest, FullFileSystemIsReported) {
       std::filesystem::exists(small.path() + "/strata-nvme-bench.dat"));
 }
 
+// A mistyped directory is not silently made a file in its parent.
+TEST(NvmeBenchCliTest, APathThatDoesNotExistIsAnErrorUnlessCreate) {
+  testutil::ScratchDir dir;
+  const std::string typo = dir.File("nonexistent_dir_xyz");
+  const std::string args = " --rw read --bs 64K --size 1M";
+  const Outcome o = Bench("--path " + typo + args);
+  EXPECT_EQ(o.status, 1);
+  EXPECT_TRUE(Contains(o.output, "'" + typo + "' does not exist")) << o.output;
+  EXPECT_TRUE(Contains(o.output, "mkdir -p " + typo)) << o.output;
+  EXPECT_TRUE(Contains(o.output, "add --create")) << o.output;
+  EXPECT_FALSE(Contains(o.output, "GB/s")) << o.output;
+  EXPECT_FALSE(std::filesystem::exists(typo));
+
+  // --create: a new file at that path, removed afterwards unless --keep.
+  const Outcome made = Bench("--path " + typo + " --create" + args);
+  ASSERT_EQ(made.status, 0) << made.output;
+  EXPECT_TRUE(Contains(made.output, "strata-nvme-bench: " + typo + " (1M)"))
+      << made.output;
+  EXPECT_FALSE(std::filesystem::exists(typo));
+  const Outcome kept = Bench("--path " + typo + " --create --keep" + args);
+  ASSERT_EQ(kept.status, 0) << kept.output;
+  EXPECT_EQ(std::filesystem::file_size(typo), 1u << 20);
+}
+
+// The first line says which file system and device the figures are of.
+TEST(NvmeBenchCliTest, HeaderNamesTheFileSystemAndDevice) {
+  testutil::ScratchDir dir;
+  const Outcome o =
+      Bench("--path " + dir.path() + " --rw read --bs 64K --size 1M");
+  ASSERT_EQ(o.status, 0) << o.output;
+  const std::string first = FirstLine(o.output);
+  const std::string file = dir.File("strata-nvme-bench.dat");
+  EXPECT_EQ(first.rfind("strata-nvme-bench: " + file + " (1M) on ", 0), 0u)
+      << first;
+  EXPECT_TRUE(std::regex_search(first, std::regex(R"(, \S+ \(\d+:\d+\)$)")) ||
+              Contains(first, "(not a block device: "))
+      << first;
+}
+
+// tmpfs takes O_DIRECT since Linux 6.6: the run says its figures are
+// memory speed.
+TEST(NvmeBenchCliTest, HeaderSaysTmpfsIsNoBlockDevice) {
+  testutil::Mount ram("tmpfs", "size=16m");
+  if (!ram.ok()) GTEST_SKIP() << ram.error();
+  const Outcome o =
+      Bench("--path " + ram.path() + " --rw read --bs 64K --size 1M");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_TRUE(Contains(FirstLine(o.output),
+                       " on tmpfs (not a block device: figures are memory "
+                       "speed and mean nothing for a drive)"))
+      << o.output;
+}
+
 TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {
   const Outcome o = Bench("--help");
   ASSERT_EQ(o.status, 0);
@@ -218,6 +276,7 @@ TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {
                           "--verify-max",
                           "--keep",
                           "--overwrite",
+                          "--create",
                           "--seed",
                           "--quiet"}) {
     EXPECT_TRUE(Contains(o.output, opt)) << opt;

@@ -1,6 +1,9 @@
 // strata-nvme-bench building blocks: sizes, permutations, latency
-// percentiles, fio's JSON, recommendations, jobs and the verifier.
+// percentiles, fio's JSON, recommendations, jobs and the verifier, and
+// where a run is placed.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <algorithm>
 #include <fstream>
@@ -12,6 +15,7 @@
 #include "tools/nvme_bench/cli.h"
 #include "tools/nvme_bench/fio.h"
 #include "tools/nvme_bench/latency.h"
+#include "tools/nvme_bench/place.h"
 #include "tools/nvme_bench/report.h"
 #include "tools/nvme_bench/verify.h"
 #include "tools/nvme_bench/workload.h"
@@ -315,6 +319,55 @@ TEST_F(WorkloadTest, VerifyCatchesACorruptedRead) {
   EXPECT_EQ(r->mismatched_words, 1u);
   EXPECT_NE(r->first_mismatch.find("offset 5242880"), std::string::npos)
       << r->first_mismatch;
+}
+
+constexpr char kMountInfo[] =
+    "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+    "30 22 0:25 / /mnt rw shared:2 master:1 - tmpfs tmpfs rw,size=4k\n"
+    "31 30 259:1 / /mnt/x rw - xfs /dev/nvme0n1p1 rw\n"
+    "32 30 0:40 / /mnt/xy rw - overlay overlay rw\n"
+    "33 30 0:41 / /mnt/with\\040space rw - btrfs /dev/sdb rw\n"
+    "34 30 259:2 / /mnt/x rw - ext4 /dev/nvme1n1 rw\n"
+    "a line that does not parse\n";
+
+TEST(PlaceTest, FindMountTakesTheLongestMountPointThatHoldsThePath) {
+  auto source = [](const std::string& path) {
+    auto m = FindMount(kMountInfo, path);
+    return m ? m->type + " " + m->source : std::string("none");
+  };
+  EXPECT_EQ(source("/home/me/f"), "ext4 /dev/vda");
+  EXPECT_EQ(source("/mnt"), "tmpfs tmpfs");
+  EXPECT_EQ(source("/mnt/other"), "tmpfs tmpfs");
+  // Two mounts on /mnt/x: the later one is on top.
+  EXPECT_EQ(source("/mnt/x/strata-nvme-bench.dat"), "ext4 /dev/nvme1n1");
+  EXPECT_EQ(source("/mnt/xy/f"), "overlay overlay");  // not /mnt/x's
+  EXPECT_EQ(source("/mnt/with space/f"), "btrfs /dev/sdb");
+  EXPECT_EQ(FindMount(kMountInfo, "/mnt/x")->mount_point, "/mnt/x");
+  EXPECT_FALSE(FindMount("garbage\n", "/mnt").has_value());
+}
+
+TEST(PlaceTest, FileSystemTextNamesTheDeviceOrSaysThereIsNone) {
+  EXPECT_EQ(FileSystemText({"ext4", "/dev/vda", 254, 0, true}),
+            "ext4, /dev/vda (254:0)");
+  EXPECT_EQ(FileSystemText({"tmpfs", "tmpfs", 0, 25, false}),
+            "tmpfs (not a block device: figures are memory speed and mean "
+            "nothing for a drive)");
+  EXPECT_NE(FileSystemText({"overlay", "overlay", 0, 40, false})
+                .find("overlay (not a block device"),
+            std::string::npos);
+}
+
+TEST(PlaceTest, FileSystemOfAScratchDirectoryIsTheMountThatHoldsIt) {
+  testutil::ScratchDir dir;
+  const FileSystem fs = FileSystemOf(dir.path());
+  struct stat st = {};
+  ASSERT_EQ(stat(dir.path().c_str(), &st), 0);
+  EXPECT_FALSE(fs.type.empty());
+  if (major(st.st_dev) != 0) {
+    EXPECT_TRUE(fs.block_device);
+    EXPECT_EQ(fs.major, major(st.st_dev));
+    EXPECT_EQ(fs.minor, minor(st.st_dev));
+  }
 }
 
 }  // namespace

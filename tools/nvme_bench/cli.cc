@@ -124,8 +124,12 @@ struct Texts {
 void AddJobOptions(CLI::App& app, BenchOptions& o, Texts& text) {
   app.add_option("--path", o.path,
                  "Directory (a strata-nvme-bench.dat file is created in it and "
-                 "removed afterwards) or file to test")
+                 "removed afterwards) or existing file to test; a path that "
+                 "does not exist is an error unless --create")
       ->required();
+  app.add_flag("--create", o.create,
+               "Let --path name a new file in an existing directory: created "
+               "for the run and removed afterwards unless --keep");
   app.add_option("--rw", text.rw,
                  "Access patterns: read,write,randread,randwrite")
       ->capture_default_str();

@@ -37,6 +37,7 @@ struct BenchOptions {
   uint64_t verify_max = 4u << 20;
   bool keep = false;
   bool overwrite = false;
+  bool create = false;  // --path may name a file that does not exist yet
   uint64_t seed = 1;
   bool quiet = false;
 };

@@ -1,6 +1,5 @@
 // strata-nvme-bench: see --help, and docs/PERF.md for measured figures.
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "tools/nvme_bench/cli.h"
 #include "tools/nvme_bench/fio.h"
 #include "tools/nvme_bench/fio_buffers.h"
+#include "tools/nvme_bench/place.h"
 #include "tools/nvme_bench/report.h"
 #include "tools/nvme_bench/verify.h"
 #include "tools/nvme_bench/workload.h"
@@ -22,7 +22,6 @@
 namespace strata::bench {
 namespace {
 
-constexpr char kFileName[] = "strata-nvme-bench.dat";
 constexpr size_t kPrefillChunk = 1u << 20;
 constexpr int kPrefillDepth = 8;
 
@@ -59,37 +58,6 @@ class Progress {
   uint64_t last_ns_ = 0;
 };
 
-struct Placement {
-  std::string file;
-  bool ours = false;  // created (or named) by the benchmark: may be written
-                      // and is removed afterwards unless --keep
-};
-
-Result<Placement> Place(const BenchOptions& o) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path path(o.path);
-  if (fs::is_directory(path, ec)) {
-    return Placement{(path / kFileName).string(), true};
-  }
-  if (fs::exists(path, ec)) {
-    if (!fs::is_regular_file(path, ec)) {
-      return Status::InvalidArgument(
-          "--path '" + o.path + "' is neither a directory nor a regular file");
-    }
-    return Placement{o.path, false};
-  }
-  const fs::path parent =
-      path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (!fs::is_directory(parent, ec)) {
-    return Status::NotFound(
-        "--path '" + o.path + "': directory '" + parent.string() +
-        "' does not exist; create it (mkdir -p " + parent.string() +
-        ") or name an existing directory");
-  }
-  return Placement{o.path, true};
-}
-
 void FillRandom(char* buf, size_t bytes, uint64_t seed) {
   auto* words = reinterpret_cast<uint64_t*>(buf);
   for (size_t i = 0; i < bytes / 8; ++i) words[i] = Mix64(seed + i);
@@ -124,9 +92,9 @@ bool StrataHugePages(const BenchOptions& o, const aio::PinnedBuffer& pool) {
          TransparentHugeBytes(pool.data(), pool.size()) * 10 >= pool.size() * 9;
 }
 
-std::string Describe(const aio::IoInfo& info, const aio::File& file,
-                     const std::string& path, bool pinned, bool asked_huge,
-                     bool huge) {
+std::string Describe(const BenchOptions& o, const aio::IoInfo& info,
+                     const aio::File& file, const Placement& place,
+                     const FileSystem& fs, const aio::PinnedBuffer& pool) {
   std::string io = file.direct()
                        ? fmt::format("O_DIRECT (align mem {} / offset {})",
                                      file.mem_align(), file.offset_align())
@@ -142,14 +110,15 @@ std::string Describe(const aio::IoInfo& info, const aio::File& file,
         info.fallback_reason);
   }
   return fmt::format(
-      "strata-nvme-bench: {} ({}), {}\n  backend {}, {} buffers{}\n"
+      "strata-nvme-bench: {} ({}) on {}\n  {}, backend {}, {} buffers{}\n"
       "  GB/s = 1e9 B/s, GiB/s = 2^30 B/s; latency = submit to completion; "
       "CPU % of one core, whole process\n",
-      path, SizeText(file.size()), io, backend, pinned ? "pinned" : "unpinned",
-      huge         ? " on huge pages"
-      : asked_huge ? " on 4 KiB pages (transparent huge pages were asked for "
-                     "and not had)"
-                   : " on 4 KiB pages");
+      place.file, SizeText(file.size()), FileSystemText(fs), io, backend,
+      pool.locked() ? "pinned" : "unpinned",
+      StrataHugePages(o, pool) ? " on huge pages"
+      : o.huge_pages ? " on 4 KiB pages (transparent huge pages were asked "
+                       "for and not had)"
+                     : " on 4 KiB pages");
 }
 
 size_t PoolBytes(const BenchOptions& o) {
@@ -163,21 +132,6 @@ size_t PoolBytes(const BenchOptions& o) {
     need = std::max(need, bs * qd * th);
   }
   return need;
-}
-
-Status CheckWritable(const BenchOptions& o, const Placement& place,
-                     const aio::File& file) {
-  if (place.ours || o.overwrite) return Status::Ok();
-  const bool writes =
-      o.verify || std::any_of(o.rw.begin(), o.rw.end(), IsWrite);
-  if (writes || file.size() < o.size) {
-    return Status::FailedPrecondition(
-        "'" + place.file +
-        "' already exists and this run would write to it; "
-        "pass --overwrite to allow that, or give --path a "
-        "directory");
-  }
-  return Status::Ok();
 }
 
 // Runs one configuration --repeat times, alternating strata and fio.
@@ -331,24 +285,29 @@ class RemoveOnExit {
   std::string path_;
 };
 
-Status RunOnFile(const BenchOptions& o, const Placement& place,
-                 aio::Backend backend, aio::PinnedBuffer& pool,
-                 bool* verified) {
-  // Someone else's file is neither grown nor written until CheckWritable
-  // has allowed it.
-  const bool may_write = place.ours || o.overwrite;
+// What a run has settled before it opens the file.
+struct Plan {
+  Placement place;
+  FileSystem fs;
+  aio::Backend backend = aio::Backend::kAuto;
+};
+
+Status RunOnFile(const BenchOptions& o, const Plan& plan,
+                 aio::PinnedBuffer& pool, bool* verified) {
+  // Someone else's file is neither grown nor written without --overwrite
+  // (CheckPlacement has refused a run that would).
+  const bool may_write = plan.place.ours || o.overwrite;
+  const std::string& path = plan.place.file;
   STRATA_ASSIGN_OR_RETURN(
       auto session,
-      OpenSession(Target{place.file, !o.buffered, backend}, 1, kPrefillDepth,
+      OpenSession(Target{path, !o.buffered, plan.backend}, 1, kPrefillDepth,
                   kPrefillChunk, may_write ? o.size : 0));
   aio::File* file = session.file;
-  STRATA_RETURN_IF_ERROR(CheckWritable(o, place, *file));
-  std::printf("%s",
-              Describe(session.engine->info(), *file, place.file, pool.locked(),
-                       o.huge_pages, StrataHugePages(o, pool))
-                  .c_str());
+  std::printf("%s", Describe(o, session.engine->info(), *file, plan.place,
+                             plan.fs, pool)
+                        .c_str());
   std::fflush(stdout);
-  const Target target{place.file, file->direct(), backend};
+  const Target target{path, file->direct(), plan.backend};
   Progress progress(!o.quiet);
   if (o.verify) {
     session.engine.reset();
@@ -365,19 +324,31 @@ Status RunOnFile(const BenchOptions& o, const Placement& place,
   return Sweep(o, target, pool, &progress);
 }
 
+// What can be found before the file is made.
+Result<Plan> Preflight(const BenchOptions& o) {
+  Plan plan;
+  STRATA_ASSIGN_OR_RETURN(plan.backend, aio::ParseBackend(o.backend));
+  STRATA_ASSIGN_OR_RETURN(plan.place, Place(o));
+  std::error_code ec;
+  plan.fs = FileSystemOf(std::filesystem::exists(plan.place.file, ec)
+                             ? plan.place.file
+                             : plan.place.dir);
+  STRATA_RETURN_IF_ERROR(CheckPlacement(o, plan.place, plan.fs));
+  return plan;
+}
+
 // Returns the process exit status.
 Result<int> Run(const BenchOptions& o) {
-  STRATA_ASSIGN_OR_RETURN(aio::Backend backend, aio::ParseBackend(o.backend));
-  STRATA_ASSIGN_OR_RETURN(Placement place, Place(o));
+  STRATA_ASSIGN_OR_RETURN(Plan plan, Preflight(o));
   aio::PinOptions pin;
   pin.lock = o.pin;
   pin.huge_pages = o.huge_pages;
   STRATA_ASSIGN_OR_RETURN(auto pool,
                           aio::PinnedBuffer::Allocate(PoolBytes(o), pin));
   FillRandom(static_cast<char*>(pool.data()), pool.size(), o.seed);
-  RemoveOnExit cleanup(place, o.keep);
+  RemoveOnExit cleanup(plan.place, o.keep);
   bool verified = true;
-  STRATA_RETURN_IF_ERROR(RunOnFile(o, place, backend, pool, &verified));
+  STRATA_RETURN_IF_ERROR(RunOnFile(o, plan, pool, &verified));
   return verified ? 0 : 1;
 }
 

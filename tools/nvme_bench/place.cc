@@ -1,0 +1,180 @@
+#include "tools/nvme_bench/place.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "common/text.h"
+
+namespace strata::bench {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+// mountinfo writes a space, tab, newline or backslash in a path as \ooo.
+std::string Unescape(std::string_view field) {
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size() &&
+        std::all_of(field.begin() + i + 1, field.begin() + i + 4,
+                    [](char c) { return c >= '0' && c <= '7'; })) {
+      out += static_cast<char>((field[i + 1] - '0') * 64 +
+                               (field[i + 2] - '0') * 8 + (field[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += field[i];
+    }
+  }
+  return out;
+}
+
+// One line: "36 35 98:0 /root /mnt/point rw,noatime shared:1 - ext4
+// /dev/vda rw": the mount point is the fifth field; after the "-" that
+// ends the optional fields come the type and the source.
+std::optional<MountEntry> ParseMountLine(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> fields;
+  for (std::string f; in >> f;) fields.push_back(std::move(f));
+  const auto dash = std::find(fields.begin(), fields.end(), "-");
+  if (fields.size() < 6 || dash == fields.end() || fields.end() - dash < 3 ||
+      dash - fields.begin() < 6) {
+    return std::nullopt;
+  }
+  return MountEntry{Unescape(fields[4]), Unescape(*(dash + 1)),
+                    Unescape(*(dash + 2))};
+}
+
+bool Contains(const std::string& mount_point, const std::string& path) {
+  if (mount_point == "/") return !path.empty() && path[0] == '/';
+  return path == mount_point ||
+         (path.size() > mount_point.size() &&
+          path.compare(0, mount_point.size(), mount_point) == 0 &&
+          path[mount_point.size()] == '/');
+}
+
+std::string ReadAll(const char* path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+Status NotThere(const std::string& path) {
+  return Status::NotFound(
+      "--path '" + path +
+      "' does not exist: to measure a directory there, create it (mkdir -p " +
+      path + "); to measure a new file at that path, add --create");
+}
+
+// Someone else's file, for a run without --overwrite.
+Status CheckTheirs(const BenchOptions& o, const Placement& place,
+                   uint64_t file_size) {
+  const bool writes =
+      o.verify || std::any_of(o.rw.begin(), o.rw.end(), IsWrite);
+  if (writes || file_size < o.size) {
+    return Status::FailedPrecondition(
+        "'" + place.file +
+        "' already exists and this run would write to it; "
+        "pass --overwrite to allow that, or give --path a "
+        "directory");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Placement> Place(const BenchOptions& o) {
+  std::error_code ec;
+  const stdfs::path path(o.path);
+  if (stdfs::is_directory(path, ec)) {
+    return Placement{(path / kBenchFileName).string(), o.path, true};
+  }
+  const stdfs::path parent =
+      path.has_parent_path() ? path.parent_path() : stdfs::path(".");
+  if (stdfs::exists(path, ec)) {
+    if (!stdfs::is_regular_file(path, ec)) {
+      return Status::InvalidArgument(
+          "--path '" + o.path + "' is neither a directory nor a regular file");
+    }
+    return Placement{o.path, parent.string(), false};
+  }
+  if (!o.create || !path.has_filename()) return NotThere(o.path);
+  if (!stdfs::is_directory(parent, ec)) {
+    return Status::NotFound(
+        "--path '" + o.path + "': directory '" + parent.string() +
+        "' does not exist; create it (mkdir -p " + parent.string() +
+        ") or name an existing directory");
+  }
+  return Placement{o.path, parent.string(), true};
+}
+
+std::optional<MountEntry> FindMount(std::string_view mountinfo,
+                                    const std::string& path) {
+  std::optional<MountEntry> best;
+  std::istringstream in{std::string(mountinfo)};
+  for (std::string line; std::getline(in, line);) {
+    std::optional<MountEntry> m = ParseMountLine(line);
+    if (!m || !Contains(m->mount_point, path)) continue;
+    if (!best || m->mount_point.size() >= best->mount_point.size()) best = m;
+  }
+  return best;
+}
+
+FileSystem FileSystemOf(const std::string& path) {
+  FileSystem out;
+  std::error_code ec;
+  const std::string real = stdfs::canonical(path, ec).string();
+  if (std::optional<MountEntry> m =
+          FindMount(ReadAll("/proc/self/mountinfo"), real)) {
+    out.type = m->type;
+    out.source = m->source;
+  }
+  struct stat st = {};
+  if (stat(path.c_str(), &st) == 0) {
+    out.major = major(st.st_dev);
+    out.minor = minor(st.st_dev);
+    out.block_device = out.major != 0;
+  }
+  // btrfs gives its files an anonymous st_dev (major 0) on a real device.
+  struct stat src = {};
+  if (!out.block_device && stat(out.source.c_str(), &src) == 0 &&
+      S_ISBLK(src.st_mode)) {
+    out.major = major(src.st_rdev);
+    out.minor = minor(src.st_rdev);
+    out.block_device = true;
+  }
+  return out;
+}
+
+std::string FileSystemText(const FileSystem& fs) {
+  const std::string type = fs.type.empty() ? "an unknown file system" : fs.type;
+  if (fs.block_device) {
+    return fmt::format("{}, {} ({}:{})", type, fs.source, fs.major, fs.minor);
+  }
+  if (fs.type == "tmpfs" || fs.type == "ramfs") {
+    return type +
+           " (not a block device: figures are memory speed and mean nothing "
+           "for a drive)";
+  }
+  return fmt::format(
+      "{} (not a block device: figures are {}'s and may not be a drive's)",
+      type, type);
+}
+
+Status CheckPlacement(const BenchOptions& o, const Placement& place,
+                      const FileSystem& fs) {
+  struct stat st = {};
+  const bool exists = stat(place.file.c_str(), &st) == 0;
+  if (exists && !place.ours && !o.overwrite) {
+    return CheckTheirs(o, place, static_cast<uint64_t>(st.st_size));
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,71 @@
+// Where strata-nvme-bench runs, checked before anything is created or
+// written: the file --path names, the file system and device that hold it,
+// and whether the run may write it and has room for it.
+//
+// Failure: every check returns a Status that names the problem and the
+// fix. Thread safety: pure functions and reads of the file system.
+#ifndef STRATA_TOOLS_NVME_BENCH_PLACE_H_
+#define STRATA_TOOLS_NVME_BENCH_PLACE_H_
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "strata/status.h"
+#include "tools/nvme_bench/cli.h"
+
+namespace strata::bench {
+
+// The file the benchmark makes in a directory given as --path.
+inline constexpr char kBenchFileName[] = "strata-nvme-bench.dat";
+
+struct Placement {
+  std::string file;
+  std::string dir;    // the directory that holds `file`
+  bool ours = false;  // created (or named) by the benchmark: may be written
+                      // and is removed afterwards unless --keep
+};
+
+// A directory gets kBenchFileName in it; an existing regular file is used
+// as it is. A path that does not exist is kNotFound, with both fixes,
+// unless --create makes it name a new file in an existing directory.
+Result<Placement> Place(const BenchOptions& o);
+
+struct MountEntry {
+  std::string mount_point;
+  std::string type;    // "ext4", "tmpfs"
+  std::string source;  // "/dev/vda", "tmpfs"
+};
+
+// The mount that holds `path` (absolute, links resolved) according to
+// `mountinfo`, the text of /proc/self/mountinfo: the longest mount point
+// that contains it, and of several stacked on one point the last (the one
+// on top). nullopt when no line parses.
+std::optional<MountEntry> FindMount(std::string_view mountinfo,
+                                    const std::string& path);
+
+struct FileSystem {
+  std::string type;    // "" when /proc/self/mountinfo could not tell
+  std::string source;  // as mounted: "/dev/vda"
+  unsigned major = 0;  // the block device, or st_dev when there is none
+  unsigned minor = 0;
+  bool block_device = false;  // st_dev is a block device's (major not 0),
+                              // or the mount's source is one (btrfs)
+};
+
+// The file system and device that hold `path`, which must exist.
+FileSystem FileSystemOf(const std::string& path);
+
+// "ext4, /dev/vda (254:0)", or for a file system on no block device
+// "tmpfs (not a block device: ...)" with why the figures mean nothing for
+// a drive.
+std::string FileSystemText(const FileSystem& fs);
+
+// Someone else's file is neither written nor grown without --overwrite,
+// and a read-only run needs it to hold --size.
+Status CheckPlacement(const BenchOptions& o, const Placement& place,
+                      const FileSystem& fs);
+
+}  // namespace strata::bench
+
+#endif  // STRATA_TOOLS_NVME_BENCH_PLACE_H_
