@@ -187,14 +187,35 @@ TEST(NvmeBenchCliTest, BadInputGetsAClearError) {
   EXPECT_TRUE(std::filesystem::exists(theirs));
 }
 
+// An oversized --size is refused before anything is made, with the true
+// free space, counting what the file holds already.
 TEST(NvmeBenchCliTest, FullFileSystemIsReported) {
   testutil::Mount small("tmpfs", "size=4m");
   if (!small.ok()) GTEST_SKIP() << small.error();
   const Outcome o = Bench("--path " + small.path() + " --size 64M");
   EXPECT_EQ(o.status, 1);
-  EXPECT_TRUE(Contains(o.output, "no space")) << o.output;
+  EXPECT_TRUE(Contains(o.output, "--size 64M does not fit: " + small.path() +
+                                     " has 4.0 MiB free (tmpfs); pass a "
+                                     "smaller --size or another --path"))
+      << o.output;
+  EXPECT_FALSE(Contains(o.output, "strata-nvme-bench: " + small.path()))
+      << o.output;  // no header: the file was never opened
   EXPECT_FALSE(
       std::filesystem::exists(small.path() + "/strata-nvme-bench.dat"));
+
+  const std::string file = small.path() + "/f.dat";
+  const std::string args = " --rw read --bs 64K --create --overwrite --keep";
+  ASSERT_EQ(Bench("--path " + file + args + " --size 3M").status, 0);
+  const Outcome more = Bench("--path " + file + args + " --size 8M");
+  EXPECT_EQ(more.status, 1);
+  EXPECT_TRUE(Contains(more.output,
+                       "has 1.0 MiB free (tmpfs) besides the "
+                       "3.0 MiB that '" +
+                           file + "' holds"))
+      << more.output;
+  // 3M fits again in the blocks the file holds, though 1 MiB is free.
+  const Outcome again = Bench("--path " + file + args + " --size 3M");
+  EXPECT_EQ(again.status, 0) << again.output;
 }
 
 // A mistyped directory is not silently made a file in its parent.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 
 #include <algorithm>
@@ -70,6 +71,24 @@ Status NotThere(const std::string& path) {
       "--path '" + path +
       "' does not exist: to measure a directory there, create it (mkdir -p " +
       path + "); to measure a new file at that path, add --create");
+}
+
+// A file the run creates or grows to --size must fit beside what the file
+// system holds already.
+Status CheckSpace(const BenchOptions& o, const Placement& place,
+                  const FileSystem& fs, uint64_t held) {
+  struct statvfs vfs = {};
+  if (statvfs(place.dir.c_str(), &vfs) != 0) return Status::Ok();
+  const uint64_t free = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  if (o.size <= free + held) return Status::Ok();
+  std::string msg = fmt::format("--size {} does not fit: {} has {} free ({})",
+                                SizeText(o.size), place.dir, HumanBytes(free),
+                                fs.type.empty() ? "?" : fs.type);
+  if (held > 0) {
+    msg += fmt::format(" besides the {} that '{}' holds", HumanBytes(held),
+                       place.file);
+  }
+  return Status::NoSpace(msg + "; pass a smaller --size or another --path");
 }
 
 // Someone else's file, for a run without --overwrite.
@@ -174,7 +193,8 @@ Status CheckPlacement(const BenchOptions& o, const Placement& place,
   if (exists && !place.ours && !o.overwrite) {
     return CheckTheirs(o, place, static_cast<uint64_t>(st.st_size));
   }
-  return Status::Ok();
+  const uint64_t held = exists ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+  return CheckSpace(o, place, fs, held);
 }
 
 }  // namespace strata::bench

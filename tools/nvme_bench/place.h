@@ -62,7 +62,8 @@ FileSystem FileSystemOf(const std::string& path);
 std::string FileSystemText(const FileSystem& fs);
 
 // Someone else's file is neither written nor grown without --overwrite,
-// and a read-only run needs it to hold --size.
+// and a read-only run needs it to hold --size; a file the run creates or
+// grows must fit in the free space (counting what it holds already).
 Status CheckPlacement(const BenchOptions& o, const Placement& place,
                       const FileSystem& fs);
 
