@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
 
 #include "tests/testutil/testutil.h"
@@ -47,6 +48,13 @@ bool HaveFio() { return std::system("fio --version >/dev/null 2>&1") == 0; }
 
 std::string FirstLine(const std::string& text) {
   return text.substr(0, text.find('\n'));
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 TEST(NvmeBenchCliTest, SweepsEveryCombinationAndWritesJson) {
@@ -269,6 +277,21 @@ TEST(NvmeBenchCliTest, HeaderSaysTmpfsIsNoBlockDevice) {
                        " on tmpfs (not a block device: figures are memory "
                        "speed and mean nothing for a drive)"))
       << o.output;
+}
+
+// A read-only run on someone else's file that is too small for --size.
+TEST(NvmeBenchCliTest, ASmallFileForAReadOnlyRunIsSaidToBeSmall) {
+  testutil::ScratchDir dir;
+  const std::string theirs = dir.File("theirs.bin");
+  std::ofstream(theirs) << std::string(1 << 20, 'x');
+  const Outcome o = Bench("--path " + theirs + " --rw read --bs 64K --size 2M");
+  EXPECT_EQ(o.status, 1);
+  EXPECT_TRUE(Contains(o.output, "is 1.0 MiB, smaller than --size 2M"))
+      << o.output;
+  EXPECT_TRUE(Contains(o.output, "a smaller --size (at most 1M)"));
+  EXPECT_TRUE(Contains(o.output, "--overwrite"));
+  EXPECT_FALSE(Contains(o.output, "would write")) << o.output;
+  EXPECT_EQ(ReadText(theirs), std::string(1 << 20, 'x'));
 }
 
 TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {

@@ -94,16 +94,19 @@ Status CheckSpace(const BenchOptions& o, const Placement& place,
 // Someone else's file, for a run without --overwrite.
 Status CheckTheirs(const BenchOptions& o, const Placement& place,
                    uint64_t file_size) {
-  const bool writes =
-      o.verify || std::any_of(o.rw.begin(), o.rw.end(), IsWrite);
-  if (writes || file_size < o.size) {
+  if (o.verify || std::any_of(o.rw.begin(), o.rw.end(), IsWrite)) {
     return Status::FailedPrecondition(
         "'" + place.file +
-        "' already exists and this run would write to it; "
-        "pass --overwrite to allow that, or give --path a "
-        "directory");
+        "' already exists and this run would write to it; pass --overwrite "
+        "to allow that, or give --path a directory");
   }
-  return Status::Ok();
+  if (file_size >= o.size) return Status::Ok();
+  const uint64_t fits = file_size / 4096 * 4096;
+  return Status::FailedPrecondition(fmt::format(
+      "'{}' is {}, smaller than --size {}; pass a smaller --size{}, or "
+      "--overwrite to let the run grow it and fill it with its own data",
+      place.file, HumanBytes(file_size), SizeText(o.size),
+      fits > 0 ? " (at most " + SizeText(fits) + ")" : ""));
 }
 
 }  // namespace
