@@ -1,6 +1,6 @@
 // strata-nvme-bench building blocks: sizes, permutations, latency
-// percentiles, fio's JSON, recommendations, jobs and the verifier, and
-// where a run is placed.
+// percentiles, fio's JSON, recommendations, jobs and the verifier, where a
+// run is placed, and progress texts.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -16,6 +16,7 @@
 #include "tools/nvme_bench/fio.h"
 #include "tools/nvme_bench/latency.h"
 #include "tools/nvme_bench/place.h"
+#include "tools/nvme_bench/progress.h"
 #include "tools/nvme_bench/report.h"
 #include "tools/nvme_bench/verify.h"
 #include "tools/nvme_bench/workload.h"
@@ -368,6 +369,30 @@ TEST(PlaceTest, FileSystemOfAScratchDirectoryIsTheMountThatHoldsIt) {
     EXPECT_EQ(fs.major, major(st.st_dev));
     EXPECT_EQ(fs.minor, minor(st.st_dev));
   }
+}
+
+TEST(ProgressTest, PercentStopsAt100AndTheRateIsOfTheLastInterval) {
+  const JobSpec timed{Rw::kRead, 1 << 20, 32, 1, 1 << 30, /*seconds=*/2};
+  // 1 GB in the first second, 0.2 GB in the next: 0.2 GB/s, not 0.6.
+  EXPECT_EQ(JobProgressText("[1/2] read", timed, {1'000'000'000, 1.0},
+                            {1'200'000'000, 2.0}),
+            "[1/2] read: 100% 0.200 GB/s");
+  // The last report of a timed job comes after its deadline.
+  EXPECT_EQ(JobProgressText("j", timed, {0, 1.5}, {100'000'000, 2.02}),
+            "j: 100% 0.192 GB/s");
+  const JobSpec once{Rw::kRead, 1 << 20, 32, 1, 1 << 30};
+  EXPECT_EQ(JobProgressText("j", once, {0, 0}, {1 << 29, 0.5}),
+            "j: 50% 1.074 GB/s");
+  EXPECT_EQ(JobProgressText("j", once, {5, 1.0}, {5, 1.0}), "j: 0% 0.000 GB/s");
+}
+
+TEST(ProgressTest, VerifyProgressSaysWhatItCounts) {
+  EXPECT_EQ(VerifyProgressText(VerifyPhase::kWrite, 12 << 20, 64 << 20),
+            "verify: writing 12M of 64M");
+  EXPECT_EQ(VerifyProgressText(VerifyPhase::kRandom, 1234, 10000),
+            "verify: 1234 of 10000 random ops");
+  EXPECT_EQ(VerifyProgressText(VerifyPhase::kReadBack, 64 << 20, 64 << 20),
+            "verify: reading back 64M of 64M");
 }
 
 }  // namespace

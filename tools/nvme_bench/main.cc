@@ -15,6 +15,7 @@
 #include "tools/nvme_bench/fio.h"
 #include "tools/nvme_bench/fio_buffers.h"
 #include "tools/nvme_bench/place.h"
+#include "tools/nvme_bench/progress.h"
 #include "tools/nvme_bench/report.h"
 #include "tools/nvme_bench/verify.h"
 #include "tools/nvme_bench/workload.h"
@@ -24,39 +25,6 @@ namespace {
 
 constexpr size_t kPrefillChunk = 1u << 20;
 constexpr int kPrefillDepth = 8;
-
-// A status line on stderr: rewritten in place on a terminal, one line every
-// few seconds otherwise.
-class Progress {
- public:
-  explicit Progress(bool enabled)
-      : enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0) {}
-
-  void Update(const std::string& text) {
-    if (!enabled_) return;
-    const uint64_t now = NowNs();
-    if (tty_) {
-      std::fprintf(stderr, "\r\033[K%s", text.c_str());
-    } else if (now - last_ns_ >= 5'000'000'000ull) {
-      std::fprintf(stderr, "%s\n", text.c_str());
-    } else {
-      return;
-    }
-    last_ns_ = now;
-    dirty_ = tty_;
-  }
-
-  void Clear() {
-    if (dirty_) std::fprintf(stderr, "\r\033[K");
-    dirty_ = false;
-  }
-
- private:
-  bool enabled_;
-  bool tty_;
-  bool dirty_ = false;
-  uint64_t last_ns_ = 0;
-};
 
 void FillRandom(char* buf, size_t bytes, uint64_t seed) {
   auto* words = reinterpret_cast<uint64_t*>(buf);
@@ -148,14 +116,12 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   fio_opts.insert(fio_opts.end(), o.fio_opts.begin(), o.fio_opts.end());
   std::vector<JobResult> strata_runs, fio_runs;
   auto strata_run = [&]() -> Status {
+    ProgressSample prev;
     auto r = RunJob(spec, target, pool.data(), pool.size(),
                     [&](uint64_t bytes, double secs) {
-                      const uint64_t total = spec.size / spec.bs * spec.bs;
-                      progress->Update(fmt::format(
-                          "{}: {:.0f}% {:.3f} GB/s", label,
-                          spec.seconds > 0 ? 100 * secs / spec.seconds
-                                           : 100.0 * bytes / total,
-                          secs > 0 ? bytes / secs / 1e9 : 0.0));
+                      const ProgressSample now{bytes, secs};
+                      progress->Update(JobProgressText(label, spec, prev, now));
+                      prev = now;
                     });
     if (!r.ok()) return r.status();
     row.strata_gbps.push_back(r->gb_per_s());
@@ -249,8 +215,8 @@ Result<bool> Verify(const BenchOptions& o, const Target& target,
   vo.threads = o.threads[0];
   vo.seed = o.seed;
   auto r = RunVerify(target, o.size, vo, pool.data(), pool.size(),
-                     [&](uint64_t done, double) {
-                       progress->Update(fmt::format("verify: {}", done));
+                     [&](VerifyPhase phase, uint64_t done, uint64_t total) {
+                       progress->Update(VerifyProgressText(phase, done, total));
                      });
   progress->Clear();
   if (!r.ok()) return r.status();

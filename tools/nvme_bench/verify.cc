@@ -45,7 +45,7 @@ class Verifier {
         gens_(units, 0),
         rng_(o.seed) {}
 
-  Status Run(char* buffers, const ProgressFn& progress);
+  Status Run(char* buffers, const VerifyProgressFn& progress);
   VerifyResult& result() { return result_; }
 
  private:
@@ -56,10 +56,11 @@ class Verifier {
   void Fill(Slot& slot) const;
   void Check(const Slot& slot);
   bool Collides(const Span& span) const;
-  Status Sequential(bool write, const ProgressFn& progress);
+  Status Sequential(bool write, const VerifyProgressFn& progress);
   Status Drain();
-  Status Random(const ProgressFn& progress);
-  void Report(const ProgressFn& progress, uint64_t done);
+  Status Random(const VerifyProgressFn& progress);
+  void Report(const VerifyProgressFn& progress, VerifyPhase phase,
+              uint64_t done, uint64_t total);
 
   const VerifyOptions o_;
   aio::Engine* engine_;
@@ -173,11 +174,12 @@ Slot* Verifier::FreeSlot() {
   return nullptr;
 }
 
-void Verifier::Report(const ProgressFn& progress, uint64_t done) {
+void Verifier::Report(const VerifyProgressFn& progress, VerifyPhase phase,
+                      uint64_t done, uint64_t total) {
   const uint64_t now = NowNs();
   if (!progress || now - last_report_ns_ < 500'000'000) return;
   last_report_ns_ = now;
-  progress(done, 0);
+  progress(phase, done, total);
 }
 
 Status Verifier::Drain() {
@@ -190,8 +192,10 @@ Status Verifier::Drain() {
 
 // Covers the whole file in max_bytes requests: generation 1 on the way in,
 // a full check on the way out.
-Status Verifier::Sequential(bool write, const ProgressFn& progress) {
+Status Verifier::Sequential(bool write, const VerifyProgressFn& progress) {
   const uint64_t per_op = o_.max_bytes / unit_;
+  const VerifyPhase phase =
+      write ? VerifyPhase::kWrite : VerifyPhase::kReadBack;
   for (uint64_t next = 0; next < gens_.size();) {
     Slot* s = FreeSlot();
     if (s == nullptr) {
@@ -203,12 +207,12 @@ Status Verifier::Sequential(bool write, const ProgressFn& progress) {
     s->gen = 1;
     next += s->span.units;
     STRATA_RETURN_IF_ERROR(Submit(*s));
-    Report(progress, next * unit_);
+    Report(progress, phase, next * unit_, gens_.size() * unit_);
   }
   return Drain();
 }
 
-Status Verifier::Random(const ProgressFn& progress) {
+Status Verifier::Random(const VerifyProgressFn& progress) {
   const uint64_t max_units = std::max<uint64_t>(
       1, std::min<uint64_t>(o_.max_bytes / unit_, gens_.size()));
   for (uint64_t issued = 0; issued < o_.ops;) {
@@ -229,12 +233,12 @@ Status Verifier::Random(const ProgressFn& progress) {
     if (s->write) s->gen = ++next_gen_;
     STRATA_RETURN_IF_ERROR(Submit(*s));
     ++issued;
-    Report(progress, issued);
+    Report(progress, VerifyPhase::kRandom, issued, o_.ops);
   }
   return Drain();
 }
 
-Status Verifier::Run(char* buffers, const ProgressFn& progress) {
+Status Verifier::Run(char* buffers, const VerifyProgressFn& progress) {
   slots_.resize(static_cast<size_t>(o_.qd) * o_.threads);
   for (Slot& s : slots_) {
     s.buf = buffers;
@@ -254,7 +258,7 @@ uint64_t PatternWord(uint64_t offset, uint32_t gen, uint64_t seed) {
 Result<VerifyResult> RunVerify(const Target& target, uint64_t file_size,
                                const VerifyOptions& options, void* buffers,
                                size_t buffer_bytes,
-                               const ProgressFn& progress) {
+                               const VerifyProgressFn& progress) {
   STRATA_ASSIGN_OR_RETURN(auto session,
                           OpenSession(target, options.threads, options.qd,
                                       options.block_size, file_size));

@@ -10,6 +10,7 @@
 #define STRATA_TOOLS_NVME_BENCH_VERIFY_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "strata/status.h"
@@ -36,6 +37,14 @@ struct VerifyResult {
   double seconds = 0;
 };
 
+// The three parts of a run, in order.
+enum class VerifyPhase { kWrite, kRandom, kReadBack };
+
+// Called about twice a second with the phase and how far it is: bytes of
+// the file for kWrite and kReadBack, operations for kRandom.
+using VerifyProgressFn =
+    std::function<void(VerifyPhase phase, uint64_t done, uint64_t total)>;
+
 // The value of the word at byte `offset` written in generation `gen`.
 uint64_t PatternWord(uint64_t offset, uint32_t gen, uint64_t seed);
 
@@ -44,7 +53,8 @@ uint64_t PatternWord(uint64_t offset, uint32_t gen, uint64_t seed);
 // max_bytes bytes, aligned for O_DIRECT).
 Result<VerifyResult> RunVerify(const Target& target, uint64_t file_size,
                                const VerifyOptions& options, void* buffers,
-                               size_t buffer_bytes, const ProgressFn& progress);
+                               size_t buffer_bytes,
+                               const VerifyProgressFn& progress);
 
 }  // namespace strata::bench
 
