@@ -158,17 +158,29 @@ TEST(NvmeBenchCliTest, VerifyFindsNoMismatches) {
   EXPECT_TRUE(Contains(o.output, " 0 mismatched words")) << o.output;
 }
 
+// The thread backend keeps at most 64 requests in flight: qd 128 runs,
+// and is reported as, 64, and the header says why.
 TEST(NvmeBenchCliTest, RunsOnTheThreadBackend) {
   testutil::ScratchDir dir;
   const std::string json = dir.File("out.json");
   const Outcome o = Bench("--path " + dir.path() +
-                              " --rw write,read --bs 64K --qd 4 --size 8M "
+                              " --rw write,read --bs 64K --qd 4,128 --size 8M "
                               "--json " +
                               json,
                           "STRATA_AIO_BACKEND=threads");
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_TRUE(Contains(o.output, "backend threads")) << o.output;
-  for (const auto& r : ReadJson(json)) EXPECT_EQ(r["backend"], "threads");
+  EXPECT_TRUE(Contains(o.output,
+                       "qd capped: the thread backend runs at most 64 "
+                       "requests at once"))
+      << o.output;
+  const nlohmann::json records = ReadJson(json);
+  ASSERT_EQ(records.size(), 4u);
+  for (const auto& r : records) EXPECT_EQ(r["backend"], "threads");
+  EXPECT_EQ(records[0]["qd"], 4);
+  EXPECT_FALSE(records[0].contains("qd_requested"));
+  EXPECT_EQ(records[1]["qd"], 64);
+  EXPECT_EQ(records[1]["qd_requested"], 128);
 }
 
 TEST(NvmeBenchCliTest, BadInputGetsAClearError) {

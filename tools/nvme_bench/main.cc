@@ -60,6 +60,25 @@ bool StrataHugePages(const BenchOptions& o, const aio::PinnedBuffer& pool) {
          TransparentHugeBytes(pool.data(), pool.size()) * 10 >= pool.size() * 9;
 }
 
+// A line for the header when the thread backend's pool (aio/
+// thread_backend.cc) holds fewer requests than a configuration asks for:
+// the table then reports the depth in flight, not --qd.
+std::string DepthCapNote(const BenchOptions& o, const aio::IoInfo& info) {
+  if (info.backend != aio::Backend::kThreads || o.verify) return "";
+  aio::IoOptions eo;
+  eo.backend = aio::Backend::kThreads;
+  eo.rings = *std::max_element(o.threads.begin(), o.threads.end());
+  eo.queue_depth = *std::max_element(o.qd.begin(), o.qd.end());
+  auto probe = aio::Engine::Open(eo);
+  if (!probe.ok()) return "";
+  const int pool = (*probe)->info().threads;
+  if (pool >= eo.rings * eo.queue_depth) return "";
+  return fmt::format(
+      "  qd capped: the thread backend runs at most {} requests at once (one "
+      "per pool thread); the qd column says what was in flight\n",
+      pool);
+}
+
 std::string Describe(const BenchOptions& o, const aio::IoInfo& info,
                      const aio::File& file, const Placement& place,
                      const FileSystem& fs, const aio::PinnedBuffer& pool) {
@@ -78,7 +97,7 @@ std::string Describe(const BenchOptions& o, const aio::IoInfo& info,
         info.fallback_reason);
   }
   return fmt::format(
-      "strata-nvme-bench: {} ({}) on {}\n  {}, backend {}, {} buffers{}\n"
+      "strata-nvme-bench: {} ({}) on {}\n  {}, backend {}, {} buffers{}\n{}"
       "  GB/s = 1e9 B/s, GiB/s = 2^30 B/s; latency = submit to completion; "
       "CPU % of one core, whole process\n",
       place.file, SizeText(file.size()), FileSystemText(fs), io, backend,
@@ -86,7 +105,8 @@ std::string Describe(const BenchOptions& o, const aio::IoInfo& info,
       StrataHugePages(o, pool) ? " on huge pages"
       : o.huge_pages ? " on 4 KiB pages (transparent huge pages were asked "
                        "for and not had)"
-                     : " on 4 KiB pages");
+                     : " on 4 KiB pages",
+      DepthCapNote(o, info));
 }
 
 size_t PoolBytes(const BenchOptions& o) {

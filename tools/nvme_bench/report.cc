@@ -67,6 +67,7 @@ nlohmann::json RowJson(const Row& row) {
        {{"p50", r.lat_p50_us}, {"p99", r.lat_p99_us}, {"p999", r.lat_p999_us}}},
       {"cpu", {{"usr", r.usr_pct}, {"sys", r.sys_pct}}},
   };
+  if (r.qd_requested != 0) j["qd_requested"] = r.qd_requested;
   if (row.fio) {
     j["fio_gb_per_s"] = row.fio->gb_per_s();
     j["ratio_vs_fio"] = row.ratio_vs_fio();

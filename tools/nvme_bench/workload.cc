@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -242,8 +243,16 @@ JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
                    const Timed& t) {
   JobResult r;
   r.spec = spec;
+  // The thread backend's pool holds at most info.threads requests at once,
+  // shared by the job's rings.
+  const aio::IoInfo& info = session.engine->info();
+  if (info.backend == aio::Backend::kThreads &&
+      info.threads < spec.qd * spec.threads) {
+    r.spec.qd = std::max(1, info.threads / spec.threads);
+    r.qd_requested = spec.qd;
+  }
   r.direct = session.file->direct();
-  r.backend = std::string(aio::BackendName(session.engine->info().backend));
+  r.backend = std::string(aio::BackendName(info.backend));
   r.seconds = t.seconds;
   LatencyHistogram lat;
   for (const auto& w : job.workers()) {

@@ -39,7 +39,9 @@ struct JobSpec {
 };
 
 struct JobResult {
-  JobSpec spec;
+  JobSpec spec;  // as run: spec.qd is the depth in flight per thread, which
+                 // the thread backend's pool can hold below the one asked
+  int qd_requested = 0;  // the --qd asked for when spec.qd is less, else 0
   bool direct = true;
   std::string backend;
   uint64_t bytes = 0;
