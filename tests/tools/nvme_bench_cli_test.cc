@@ -291,6 +291,46 @@ TEST(NvmeBenchCliTest, HeaderSaysTmpfsIsNoBlockDevice) {
       << o.output;
 }
 
+// What would fail after the sweep fails before the first run, and leaves
+// no --json file behind.
+TEST(NvmeBenchCliTest, JsonAndFioMistakesAreFoundBeforeTheFirstRun) {
+  testutil::ScratchDir dir;
+  const std::string args = "--path " + dir.path() +
+                           " --rw read --bs 64K "
+                           "--size 1M";
+  const std::string nowhere = dir.File("no/such/dir/out.json");
+  const Outcome json = Bench(args + " --json " + nowhere);
+  EXPECT_EQ(json.status, 1);
+  EXPECT_TRUE(Contains(json.output, "cannot write --json file '" + nowhere))
+      << json.output;
+  EXPECT_FALSE(Contains(json.output, "GB/s")) << json.output;
+
+  const std::string out = dir.File("out.json");
+  const Outcome fio =
+      Bench(args + " --vs-fio --fio /nonexistent/fio --json " + out);
+  EXPECT_EQ(fio.status, 1);
+  EXPECT_TRUE(Contains(fio.output, "fio not found")) << fio.output;
+  EXPECT_TRUE(Contains(fio.output,
+                       "install it (apt-get install fio) or pass "
+                       "--fio PATH"))
+      << fio.output;
+  EXPECT_FALSE(Contains(fio.output, "GB/s")) << fio.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(dir.File("strata-nvme-bench.dat")));
+}
+
+TEST(NvmeBenchCliTest, ABadFioOptIsFoundBeforeTheFirstRun) {
+  if (!HaveFio()) GTEST_SKIP() << "fio is not installed";
+  testutil::ScratchDir dir;
+  const Outcome o = Bench("--path " + dir.path() +
+                          " --rw read --bs 64K --size 1M --vs-fio "
+                          "--fio-opt=--no-such-option");
+  EXPECT_EQ(o.status, 1);
+  EXPECT_TRUE(Contains(o.output, "unrecognized option '--no-such-option'"))
+      << o.output;
+  EXPECT_FALSE(Contains(o.output, "GB/s")) << o.output;
+}
+
 // A read-only run on someone else's file that is too small for --size.
 TEST(NvmeBenchCliTest, ASmallFileForAReadOnlyRunIsSaidToBeSmall) {
   testutil::ScratchDir dir;

@@ -1,6 +1,6 @@
 // strata-nvme-bench building blocks: sizes, permutations, latency
-// percentiles, fio's JSON, recommendations, jobs and the verifier, where a
-// run is placed, and progress texts.
+// percentiles, fio's JSON and its checks, recommendations, jobs and the
+// verifier, where a run is placed, and progress texts.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -320,6 +320,40 @@ TEST_F(WorkloadTest, VerifyCatchesACorruptedRead) {
   EXPECT_EQ(r->mismatched_words, 1u);
   EXPECT_NE(r->first_mismatch.find("offset 5242880"), std::string::npos)
       << r->first_mismatch;
+}
+
+// A script of the test's own in place of fio.
+std::string FakeFio(const testutil::ScratchDir& dir, const std::string& body) {
+  const std::string path = dir.File("fio");
+  std::ofstream(path) << "#!/bin/sh\n" << body;
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+TEST(FioTest, CheckFindsAMissingFioAndReportsFiosOwnMessage) {
+  const Status missing = CheckFio({"/nonexistent/fio", "--name=x"});
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("fio not found: cannot run "
+                                   "'/nonexistent/fio'; install it (apt-get "
+                                   "install fio) or pass --fio PATH"),
+            std::string::npos)
+      << missing.ToString();
+
+  // fio says it twice; the check runs nothing but --parse-only.
+  testutil::ScratchDir dir;
+  const std::string fio = FakeFio(
+      dir,
+      "for a; do [ \"$a\" = --parse-only ] && parse=1; done\n"
+      "[ -z \"$parse\" ] && exit 0\n"
+      "case \"$*\" in *--bogus*) echo \"fio: unrecognized option "
+      "'--bogus'\" >&2\n"
+      "  echo \"fio: unrecognized option '--bogus'\" >&2; exit 1;; esac\n");
+  EXPECT_TRUE(CheckFio({fio, "--name=x"}).ok());
+  const Status bad = CheckFio({fio, "--name=x", "--bogus"});
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.message(),
+            "fio refuses the job --vs-fio would run: fio: unrecognized "
+            "option '--bogus'; fix or drop the --fio-opt it names");
 }
 
 constexpr char kMountInfo[] =

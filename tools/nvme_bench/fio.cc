@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -13,53 +14,97 @@ namespace {
 
 constexpr int kExecFailed = 127;
 
-// Runs argv, returning its stdout; stderr passes through.
-Result<std::string> Capture(const std::vector<std::string>& argv) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    return Status::Internal(std::string("pipe: ") + std::strerror(errno));
-  }
+// What a child printed and how it ended.
+struct Captured {
+  std::string out;
+  int exit_status = -1;  // -1: killed by a signal
+};
+
+// Starts argv with its stdout (and stderr, with `merge_stderr`) on
+// `write_fd`; returns its pid.
+Result<pid_t> Spawn(const std::vector<std::string>& argv, int write_fd,
+                    bool merge_stderr) {
+  // Built before fork: the child of a threaded process must not allocate.
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
     return Status::Internal(std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
+    dup2(write_fd, STDOUT_FILENO);
+    if (merge_stderr) dup2(write_fd, STDERR_FILENO);
     execvp(args[0], args.data());
     _exit(kExecFailed);
   }
-  close(fds[1]);
+  return pid;
+}
+
+// Reads `fd` to its end.
+std::string Collect(int fd) {
   std::string out;
   char buf[65536];
   for (;;) {
-    const ssize_t n = read(fds[0], buf, sizeof(buf));
+    const ssize_t n = read(fd, buf, sizeof(buf));
     if (n > 0) {
       out.append(buf, static_cast<size_t>(n));
     } else if (n == 0 || errno != EINTR) {
       break;
     }
   }
+  return out;
+}
+
+Result<Captured> Capture(const std::vector<std::string>& argv,
+                         bool merge_stderr) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return Status::Internal(std::string("pipe: ") + std::strerror(errno));
+  }
+  Result<pid_t> pid = Spawn(argv, fds[1], merge_stderr);
+  close(fds[1]);
+  if (!pid.ok()) {
+    close(fds[0]);
+    return pid.status();
+  }
+  Captured c;
+  c.out = Collect(fds[0]);
   close(fds[0]);
   int wstatus = 0;
-  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  while (waitpid(*pid, &wstatus, 0) < 0 && errno == EINTR) {
   }
-  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == kExecFailed) {
-    return Status::NotFound(
-        "cannot run '" + argv[0] +
-        "': install fio (apt-get install fio), pass --fio PATH, "
-        "or drop --vs-fio");
+  if (WIFEXITED(wstatus)) c.exit_status = WEXITSTATUS(wstatus);
+  return c;
+}
+
+Status FioNotFound(const std::string& fio) {
+  return Status::NotFound("fio not found: cannot run '" + fio +
+                          "'; install it (apt-get install fio) or pass "
+                          "--fio PATH (or drop --vs-fio)");
+}
+
+// fio's messages, each line once (fio prints some twice), on one line.
+std::string FioMessages(const std::string& out) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < out.size()) {
+    size_t end = out.find('\n', start);
+    if (end == std::string::npos) end = out.size();
+    std::string line = out.substr(start, end - start);
+    start = end + 1;
+    const size_t first = line.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    line = line.substr(first);
+    if (std::find(lines.begin(), lines.end(), line) == lines.end()) {
+      lines.push_back(std::move(line));
+    }
   }
-  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
-    return Status::Internal("'" + argv[0] + "' failed (exit status " +
-                            std::to_string(WEXITSTATUS(wstatus)) +
-                            "); its messages are above");
+  std::string text;
+  for (const std::string& line : lines) {
+    text += (text.empty() ? "" : "; ") + line;
   }
-  return out;
+  return text.empty() ? "(no message)" : text;
 }
 
 // lat_ns.percentile[key] in microseconds; 0 if fio did not report it.
@@ -147,8 +192,29 @@ Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
 
 Result<JobResult> RunFio(const std::vector<std::string>& command,
                          const JobSpec& spec) {
-  STRATA_ASSIGN_OR_RETURN(std::string out, Capture(command));
-  return ParseFioJson(out, spec);
+  STRATA_ASSIGN_OR_RETURN(Captured c, Capture(command, false));
+  if (c.exit_status == kExecFailed) return FioNotFound(command[0]);
+  if (c.exit_status != 0) {
+    return Status::Internal(
+        "'" + command[0] + "' failed (" +
+        (c.exit_status < 0 ? std::string("killed by a signal")
+                           : "exit status " + std::to_string(c.exit_status)) +
+        "); its messages are above");
+  }
+  return ParseFioJson(c.out, spec);
+}
+
+Status CheckFio(const std::vector<std::string>& command) {
+  std::vector<std::string> parse_only = command;
+  parse_only.push_back("--parse-only");
+  STRATA_ASSIGN_OR_RETURN(Captured c, Capture(parse_only, true));
+  if (c.exit_status == kExecFailed) return FioNotFound(command[0]);
+  if (c.exit_status != 0) {
+    return Status::InvalidArgument(
+        "fio refuses the job --vs-fio would run: " + FioMessages(c.out) +
+        "; fix or drop the --fio-opt it names");
+  }
+  return Status::Ok();
 }
 
 }  // namespace strata::bench

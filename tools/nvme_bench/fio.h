@@ -28,6 +28,11 @@ Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec);
 Result<JobResult> RunFio(const std::vector<std::string>& command,
                          const JobSpec& spec);
 
+// Before the first run: runs the command with fio's --parse-only, so that
+// a missing fio (kNotFound) or an option fio refuses (kInvalidArgument,
+// with fio's own message) is found before any time is spent.
+Status CheckFio(const std::vector<std::string>& command);
+
 }  // namespace strata::bench
 
 #endif  // STRATA_TOOLS_NVME_BENCH_FIO_H_

@@ -1,8 +1,10 @@
 // strata-nvme-bench: see --help, and docs/PERF.md for measured figures.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -122,6 +124,26 @@ size_t PoolBytes(const BenchOptions& o) {
   return need;
 }
 
+std::vector<JobSpec> Specs(const BenchOptions& o) {
+  std::vector<JobSpec> specs;
+  for (Rw rw : o.rw) {
+    for (size_t bs : o.bs) {
+      for (int qd : o.qd) {
+        for (int th : o.threads) {
+          specs.push_back(JobSpec{.rw = rw,
+                                  .bs = bs,
+                                  .qd = qd,
+                                  .threads = th,
+                                  .size = o.size,
+                                  .seconds = o.seconds,
+                                  .seed = o.seed});
+        }
+      }
+    }
+  }
+  return specs;
+}
+
 // Runs one configuration --repeat times, alternating strata and fio.
 Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
                    const Target& target, aio::PinnedBuffer& pool,
@@ -169,24 +191,56 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   return row;
 }
 
-Status Sweep(const BenchOptions& o, const Target& target,
-             aio::PinnedBuffer& pool, Progress* progress) {
-  std::vector<JobSpec> specs;
-  for (Rw rw : o.rw) {
-    for (size_t bs : o.bs) {
-      for (int qd : o.qd) {
-        for (int th : o.threads) {
-          specs.push_back(JobSpec{.rw = rw,
-                                  .bs = bs,
-                                  .qd = qd,
-                                  .threads = th,
-                                  .size = o.size,
-                                  .seconds = o.seconds,
-                                  .seed = o.seed});
-        }
-      }
-    }
+// The --json file: opened before the first run, so that a path that
+// cannot be written is found then, and removed again on the way out when
+// this run created it and never wrote it.
+class JsonOut {
+ public:
+  explicit JsonOut(std::string path) : path_(std::move(path)) {}
+  ~JsonOut() {
+    if (created_ && !written_) unlink(path_.c_str());
   }
+  JsonOut(const JsonOut&) = delete;
+  JsonOut& operator=(const JsonOut&) = delete;
+
+  Status Open() {
+    if (path_.empty()) return Status::Ok();
+    int fd = open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    created_ = fd >= 0;
+    if (fd < 0 && errno == EEXIST) {
+      fd = open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    }
+    if (fd < 0) {
+      const int err = errno;
+      return Status(aio::ErrnoStatus(err, "").code(),
+                    "cannot write --json file '" + path_ +
+                        "': " + ErrnoText(err) +
+                        "; pass a --json path in a directory you can write");
+    }
+    close(fd);
+    return Status::Ok();
+  }
+
+  Status Write(const nlohmann::json& records) {
+    if (path_.empty()) return Status::Ok();
+    std::ofstream out(path_);
+    out << records.dump(2) << "\n";
+    written_ = true;
+    if (!out) {
+      return Status::IoError("cannot write --json file '" + path_ + "'");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::string path_;
+  bool created_ = false;
+  bool written_ = false;
+};
+
+Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
+             const Target& target, aio::PinnedBuffer& pool, JsonOut* json,
+             Progress* progress) {
   std::unique_ptr<FioBuffers> fio_buffers;
   if (o.vs_fio) {
     fio_buffers = FioBuffers::Prepare(o.fio_buffers, specs, o.fio_opts);
@@ -209,13 +263,7 @@ Status Sweep(const BenchOptions& o, const Target& target,
     records.push_back(RowJson(row));
     rows.push_back(std::move(row));
   }
-  if (!o.json.empty()) {
-    std::ofstream out(o.json);
-    out << records.dump(2) << "\n";
-    if (!out) {
-      return Status::IoError("cannot write --json file '" + o.json + "'");
-    }
-  }
+  STRATA_RETURN_IF_ERROR(json->Write(records));
   const std::string mismatch =
       fio_buffers
           ? fio_buffers->Mismatch(o.huge_pages, StrataHugePages(o, pool))
@@ -275,11 +323,12 @@ class RemoveOnExit {
 struct Plan {
   Placement place;
   FileSystem fs;
+  std::vector<JobSpec> specs;
   aio::Backend backend = aio::Backend::kAuto;
 };
 
 Status RunOnFile(const BenchOptions& o, const Plan& plan,
-                 aio::PinnedBuffer& pool, bool* verified) {
+                 aio::PinnedBuffer& pool, JsonOut* json, bool* verified) {
   // Someone else's file is neither grown nor written without --overwrite
   // (CheckPlacement has refused a run that would).
   const bool may_write = plan.place.ours || o.overwrite;
@@ -307,11 +356,12 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
                                    o.seed, &progress));
   }
   session.engine.reset();
-  return Sweep(o, target, pool, &progress);
+  return Sweep(o, plan.specs, target, pool, json, &progress);
 }
 
-// What can be found before the file is made.
-Result<Plan> Preflight(const BenchOptions& o) {
+// What can be found before the file is made: the path, the room, the
+// --json file, fio and its options.
+Result<Plan> Preflight(const BenchOptions& o, JsonOut* json) {
   Plan plan;
   STRATA_ASSIGN_OR_RETURN(plan.backend, aio::ParseBackend(o.backend));
   STRATA_ASSIGN_OR_RETURN(plan.place, Place(o));
@@ -320,12 +370,19 @@ Result<Plan> Preflight(const BenchOptions& o) {
                              ? plan.place.file
                              : plan.place.dir);
   STRATA_RETURN_IF_ERROR(CheckPlacement(o, plan.place, plan.fs));
+  STRATA_RETURN_IF_ERROR(json->Open());
+  plan.specs = Specs(o);
+  if (o.vs_fio && !o.verify) {
+    STRATA_RETURN_IF_ERROR(CheckFio(FioCommand(
+        o.fio, plan.place.file, plan.specs[0], !o.buffered, o.fio_opts)));
+  }
   return plan;
 }
 
 // Returns the process exit status.
 Result<int> Run(const BenchOptions& o) {
-  STRATA_ASSIGN_OR_RETURN(Plan plan, Preflight(o));
+  JsonOut json(o.verify ? "" : o.json);
+  STRATA_ASSIGN_OR_RETURN(Plan plan, Preflight(o, &json));
   aio::PinOptions pin;
   pin.lock = o.pin;
   pin.huge_pages = o.huge_pages;
@@ -334,7 +391,7 @@ Result<int> Run(const BenchOptions& o) {
   FillRandom(static_cast<char*>(pool.data()), pool.size(), o.seed);
   RemoveOnExit cleanup(plan.place, o.keep);
   bool verified = true;
-  STRATA_RETURN_IF_ERROR(RunOnFile(o, plan, pool, &verified));
+  STRATA_RETURN_IF_ERROR(RunOnFile(o, plan, pool, &json, &verified));
   return verified ? 0 : 1;
 }
 
