@@ -1,8 +1,12 @@
 // strata-nvme-bench as a user runs it: the real binary, small files.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +14,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "tests/testutil/testutil.h"
 
@@ -289,6 +294,57 @@ TEST(NvmeBenchCliTest, HeaderSaysTmpfsIsNoBlockDevice) {
                        " on tmpfs (not a block device: figures are memory "
                        "speed and mean nothing for a drive)"))
       << o.output;
+}
+
+// The bench started with its output to `log`; returns its pid.
+pid_t Start(const std::string& args, const std::string& log) {
+  const std::string cmd = "exec " STRATA_BENCH_BIN " " + args;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Ctrl-C: the rows that finished, in the table and the JSON, the file
+// removed, exit status 130. --time 10 leaves the second configuration ten
+// seconds to be interrupted in, once the first row is out.
+TEST(NvmeBenchCliTest, CtrlCReportsWhatFinishedAndRemovesTheFile) {
+  testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  const std::string log = dir.File("log");
+  const pid_t pid = Start("--path " + dir.path() +
+                              " --rw read,write --bs 64K --qd 4 --size 8M "
+                              "--time 10 --quiet --json " +
+                              json,
+                          log);
+  ASSERT_GT(pid, 0);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!Contains(ReadText(log), "\nread ") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const bool row = Contains(ReadText(log), "\nread ");
+  kill(pid, row ? SIGINT : SIGKILL);
+  int ws = 0;
+  ASSERT_EQ(waitpid(pid, &ws, 0), pid);
+  const std::string out = ReadText(log);
+  ASSERT_TRUE(row) << "no row within 60 s:\n" << out;
+  ASSERT_TRUE(WIFEXITED(ws)) << out;
+  EXPECT_EQ(WEXITSTATUS(ws), 130) << out;
+  const size_t line = out.find("interrupted: 1 of 2 configurations finished");
+  EXPECT_NE(line, std::string::npos) << out;
+  EXPECT_GT(line, out.find("\nread ")) << out;
+  const nlohmann::json records = ReadJson(json);
+  ASSERT_TRUE(records.is_array()) << ReadText(json);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["rw"], "read");
+  EXPECT_FALSE(std::filesystem::exists(dir.File("strata-nvme-bench.dat")));
 }
 
 // What would fail after the sweep fails before the first run, and leaves

@@ -1,19 +1,26 @@
 // strata-nvme-bench building blocks: sizes, permutations, latency
 // percentiles, fio's JSON and its checks, recommendations, jobs and the
-// verifier, where a run is placed, and progress texts.
+// verifier, where a run is placed, progress texts, and Ctrl-C.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "tests/testutil/testutil.h"
+#include "tests/tools/fake_kernel.h"
 #include "tools/nvme_bench/cli.h"
 #include "tools/nvme_bench/fio.h"
+#include "tools/nvme_bench/interrupt.h"
 #include "tools/nvme_bench/latency.h"
 #include "tools/nvme_bench/place.h"
 #include "tools/nvme_bench/progress.h"
@@ -322,12 +329,78 @@ TEST_F(WorkloadTest, VerifyCatchesACorruptedRead) {
       << r->first_mismatch;
 }
 
+// Counts the transfers the engine hands the kernel.
+struct CountingInjector : aio::FaultInjector {
+  uint32_t SubmitLength(bool, uint64_t, uint32_t len) override {
+    transfers.fetch_add(1);
+    return len;
+  }
+  std::atomic<uint64_t> transfers{0};
+};
+
+// Once its cancel flag is set, a job submits nothing new (the qd requests
+// already on their way may still go) and ends with kCancelled.
+TEST_F(WorkloadTest, ACancelledJobStopsEarly) {
+  CountingInjector count;
+  std::atomic<bool> cancel{false};
+  uint64_t at_cancel = 0;
+  Target target{path_, direct_, aio::Backend::kAuto, &count};
+  target.cancel = &cancel;
+  const JobSpec spec{Rw::kWrite, 64 << 10, 2, 1, 1 << 20, /*seconds=*/60};
+  auto r =
+      RunJob(spec, target, pool_.data(), pool_.size(), [&](uint64_t, double) {
+        if (cancel.exchange(true)) return;
+        at_cancel = count.transfers.load();
+      });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().ToString();
+  EXPECT_GT(at_cancel, 0u);
+  EXPECT_LE(count.transfers.load() - at_cancel, static_cast<uint64_t>(spec.qd));
+}
+
+TEST_F(WorkloadTest, ACancelledVerifyStops) {
+  std::atomic<bool> cancel{true};
+  Target target{path_, direct_};
+  target.cancel = &cancel;
+  VerifyOptions vo;
+  vo.max_bytes = 256 << 10;
+  auto r = RunVerify(target, kSize, vo, pool_.data(), pool_.size(), nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().ToString();
+}
+
 // A script of the test's own in place of fio.
 std::string FakeFio(const testutil::ScratchDir& dir, const std::string& body) {
   const std::string path = dir.File("fio");
   std::ofstream(path) << "#!/bin/sh\n" << body;
   chmod(path.c_str(), 0755);
   return path;
+}
+
+// Ctrl-C stops fio even when only strata's pid was signalled, and the run
+// is "interrupted", not a failure of fio's.
+TEST(FioTest, CancelStopsFioAndIsNoFioError) {
+  testutil::ScratchDir dir;
+  const std::string ready = dir.File("ready"), stopped = dir.File("stopped");
+  const std::string fio =
+      FakeFio(dir, "sleep 60 >/dev/null 2>&1 &\nchild=$!\ntrap 'echo int > " +
+                       stopped + "; kill $child; exit 1' INT\ntouch " + ready +
+                       "\nwait $child\n");
+  std::atomic<bool> cancel{false};
+  std::thread press([&] {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!std::filesystem::exists(ready) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    cancel = true;
+  });
+  auto r = RunFio({fio}, JobSpec{}, &cancel);
+  press.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().ToString();
+  EXPECT_EQ(ReadText(stopped), "int\n");
 }
 
 TEST(FioTest, CheckFindsAMissingFioAndReportsFiosOwnMessage) {
@@ -427,6 +500,38 @@ TEST(ProgressTest, VerifyProgressSaysWhatItCounts) {
             "verify: 1234 of 10000 random ops");
   EXPECT_EQ(VerifyProgressText(VerifyPhase::kReadBack, 64 << 20, 64 << 20),
             "verify: reading back 64M of 64M");
+}
+
+// In a child, as strata-nvme-bench runs: its Ctrl-C handler, a huge page
+// reservation over it, then SIGINT. The reservation's handler gives the
+// pages back and passes the signal on to the bench's, which sets the flag;
+// the reservation's end then gives back nothing more.
+void InterruptWhileReserved(const HugePageFiles& files) {
+  const std::atomic<bool>* interrupted = InstallInterruptHandler();
+  auto nr = [&] {
+    const std::string text = ReadText(files.nr_hugepages);
+    return text.substr(0, text.find('\n'));
+  };
+  std::string pool;
+  {
+    auto reservation = HugePageReservation::Reserve(19, files);
+    pool = "raised to " + nr();
+    raise(SIGINT);
+    pool += ", after SIGINT " + nr();
+  }
+  pool += ", at the end " + nr();
+  std::fprintf(stderr, "interrupted %d by signal %d; pool %s",
+               interrupted->load() ? 1 : 0, InterruptSignal(), pool.c_str());
+  _exit(0);
+}
+
+TEST(InterruptTest, SigintSetsTheFlagAndReservedPagesGoBackOnce) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  FakeKernel kernel(0, 0, 10);
+  EXPECT_EXIT(InterruptWhileReserved(kernel.files),
+              ::testing::ExitedWithCode(0),
+              "interrupted 1 by signal 2; pool raised to 29, after SIGINT 10, "
+              "at the end 10");
 }
 
 }  // namespace

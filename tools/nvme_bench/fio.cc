@@ -1,11 +1,13 @@
 #include "tools/nvme_bench/fio.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,8 @@ namespace strata::bench {
 namespace {
 
 constexpr int kExecFailed = 127;
+// How long fio may take to stop after the SIGINT passed on to it.
+constexpr uint64_t kStopGraceNs = 10'000'000'000ull;
 
 // What a child printed and how it ended.
 struct Captured {
@@ -41,11 +45,26 @@ Result<pid_t> Spawn(const std::vector<std::string>& argv, int write_fd,
   return pid;
 }
 
-// Reads `fd` to its end.
-std::string Collect(int fd) {
+// Reads `fd` to its end. Once `cancel` is set, passes SIGINT on to `pid`
+// (a Ctrl-C from a terminal reaches it anyway; a kill of strata's pid
+// alone would not), and SIGKILL if it has not stopped kStopGraceNs later.
+std::string Collect(int fd, pid_t pid, const std::atomic<bool>* cancel) {
   std::string out;
   char buf[65536];
+  uint64_t stop_sent_ns = 0;
+  bool killed = false;
   for (;;) {
+    if (cancel != nullptr && cancel->load()) {
+      if (stop_sent_ns == 0) {
+        kill(pid, SIGINT);
+        stop_sent_ns = NowNs();
+      } else if (!killed && NowNs() - stop_sent_ns > kStopGraceNs) {
+        kill(pid, SIGKILL);
+        killed = true;
+      }
+    }
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;  // timeout or EINTR
     const ssize_t n = read(fd, buf, sizeof(buf));
     if (n > 0) {
       out.append(buf, static_cast<size_t>(n));
@@ -57,7 +76,7 @@ std::string Collect(int fd) {
 }
 
 Result<Captured> Capture(const std::vector<std::string>& argv,
-                         bool merge_stderr) {
+                         bool merge_stderr, const std::atomic<bool>* cancel) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return Status::Internal(std::string("pipe: ") + std::strerror(errno));
@@ -69,7 +88,7 @@ Result<Captured> Capture(const std::vector<std::string>& argv,
     return pid.status();
   }
   Captured c;
-  c.out = Collect(fds[0]);
+  c.out = Collect(fds[0], *pid, cancel);
   close(fds[0]);
   int wstatus = 0;
   while (waitpid(*pid, &wstatus, 0) < 0 && errno == EINTR) {
@@ -191,8 +210,13 @@ Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
 }
 
 Result<JobResult> RunFio(const std::vector<std::string>& command,
-                         const JobSpec& spec) {
-  STRATA_ASSIGN_OR_RETURN(Captured c, Capture(command, false));
+                         const JobSpec& spec, const std::atomic<bool>* cancel) {
+  STRATA_ASSIGN_OR_RETURN(Captured c, Capture(command, false, cancel));
+  // fio stopped by Ctrl-C fails or reports a short run: either way the run
+  // was interrupted, not fio's error.
+  if (cancel != nullptr && cancel->load()) {
+    return Status::Cancelled("interrupted");
+  }
   if (c.exit_status == kExecFailed) return FioNotFound(command[0]);
   if (c.exit_status != 0) {
     return Status::Internal(
@@ -207,7 +231,7 @@ Result<JobResult> RunFio(const std::vector<std::string>& command,
 Status CheckFio(const std::vector<std::string>& command) {
   std::vector<std::string> parse_only = command;
   parse_only.push_back("--parse-only");
-  STRATA_ASSIGN_OR_RETURN(Captured c, Capture(parse_only, true));
+  STRATA_ASSIGN_OR_RETURN(Captured c, Capture(parse_only, true, nullptr));
   if (c.exit_status == kExecFailed) return FioNotFound(command[0]);
   if (c.exit_status != 0) {
     return Status::InvalidArgument(

@@ -3,6 +3,7 @@
 #ifndef STRATA_TOOLS_NVME_BENCH_FIO_H_
 #define STRATA_TOOLS_NVME_BENCH_FIO_H_
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -25,8 +26,11 @@ std::vector<std::string> FioCommand(const std::string& fio,
 Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec);
 
 // Runs the command and parses its output. Errors say how to install fio.
+// Once `cancel` reads true, fio is stopped (SIGINT) and the result is
+// kCancelled, whatever fio did.
 Result<JobResult> RunFio(const std::vector<std::string>& command,
-                         const JobSpec& spec);
+                         const JobSpec& spec,
+                         const std::atomic<bool>* cancel = nullptr);
 
 // Before the first run: runs the command with fio's --parse-only, so that
 // a missing fio (kNotFound) or an option fio refuses (kInvalidArgument,

@@ -193,7 +193,10 @@ Result<std::unique_ptr<HugePageReservation>> HugePageReservation::Reserve(
 HugePageReservation::~HugePageReservation() {
   if (added_ == 0) return;
   BlockSignals blocked;
-  const bool ok = GiveBackNow(files_.nr_hugepages.c_str(), added_);
+  // A signal whose handler returns (strata-nvme-bench's Ctrl-C) has given
+  // the pages back already, and cleared g_added.
+  const bool ok =
+      g_added == 0 || GiveBackNow(files_.nr_hugepages.c_str(), added_);
   g_added = 0;
   RestoreHandlers();
   if (!ok) {

@@ -8,9 +8,11 @@
 // the value it has then, so two processes that reserve at once each give
 // back their own share. It happens on destruction and, through signal
 // handlers, on SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGABRT, SIGSEGV
-// and SIGBUS, after which the signal takes its course; a signal the process
-// ignores stays ignored. SIGKILL and the OOM killer cannot be caught: the
-// reservation's restore_command() is what gives the pages back by hand.
+// and SIGBUS, after which the signal takes its course (the handler
+// installed before, if any, runs; the destructor then gives back nothing
+// more); a signal the process ignores stays ignored. SIGKILL and the OOM
+// killer cannot be caught: the reservation's restore_command() is what
+// gives the pages back by hand.
 //
 // Usage:
 //   Result<HugePagePool> pool = ReadHugePagePool();

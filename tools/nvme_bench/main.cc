@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include "tools/nvme_bench/cli.h"
 #include "tools/nvme_bench/fio.h"
 #include "tools/nvme_bench/fio_buffers.h"
+#include "tools/nvme_bench/interrupt.h"
 #include "tools/nvme_bench/place.h"
 #include "tools/nvme_bench/progress.h"
 #include "tools/nvme_bench/report.h"
@@ -36,10 +39,12 @@ void FillRandom(char* buf, size_t bytes, uint64_t seed) {
 // Writes the whole file once with fresh incompressible data per chunk, so
 // reads hit allocated, written blocks (not holes or unwritten extents).
 Status Prefill(aio::Engine* engine, aio::File* file, char* pool, uint64_t size,
-               uint64_t seed, Progress* progress) {
+               uint64_t seed, const std::atomic<bool>* cancel,
+               Progress* progress) {
   std::vector<aio::Handle> inflight(kPrefillDepth);
   uint64_t i = 0;
-  for (uint64_t off = 0; off < size; off += kPrefillChunk, ++i) {
+  for (uint64_t off = 0; off < size && !cancel->load();
+       off += kPrefillChunk, ++i) {
     aio::Handle& slot = inflight[i % kPrefillDepth];
     if (slot.valid()) {
       STRATA_RETURN_IF_ERROR(slot.Wait());
@@ -52,6 +57,7 @@ Status Prefill(aio::Engine* engine, aio::File* file, char* pool, uint64_t size,
   }
   STRATA_RETURN_IF_ERROR(engine->WaitAll());
   progress->Clear();
+  if (cancel->load()) return Status::Cancelled("interrupted");
   return file->Sync();
 }
 
@@ -174,18 +180,19 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
     progress->Update(label + ": fio");
     STRATA_ASSIGN_OR_RETURN(auto r, RunFio(FioCommand(o.fio, target.path, spec,
                                                       target.direct, fio_opts),
-                                           spec));
+                                           spec, target.cancel));
     row.fio_gbps.push_back(r.gb_per_s());
     fio_runs.push_back(std::move(r));
     return Status::Ok();
   };
-  for (int rep = 0; rep < o.repeat; ++rep) {
+  Status st;
+  for (int rep = 0; rep < o.repeat && st.ok(); ++rep) {
     const bool fio_first = o.vs_fio && rep % 2 == 1;
-    Status st = fio_first ? fio_run() : strata_run();
+    st = fio_first ? fio_run() : strata_run();
     if (st.ok() && o.vs_fio) st = fio_first ? strata_run() : fio_run();
-    if (!st.ok()) return st;
   }
   progress->Clear();
+  if (!st.ok()) return st;
   row.strata = strata_runs[MedianIndex(row.strata_gbps)];
   if (o.vs_fio) row.fio = fio_runs[MedianIndex(row.fio_gbps)];
   return row;
@@ -238,6 +245,7 @@ class JsonOut {
   bool written_ = false;
 };
 
+// Every configuration in turn; on Ctrl-C, the rows that finished.
 Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
              const Target& target, aio::PinnedBuffer& pool, JsonOut* json,
              Progress* progress) {
@@ -250,20 +258,26 @@ Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
   std::fflush(stdout);
   std::vector<Row> rows;
   nlohmann::json records = nlohmann::json::array();
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i = 0; i < specs.size() && !target.cancel->load(); ++i) {
     const JobSpec& s = specs[i];
     const std::string label =
         fmt::format("[{}/{}] {} bs={} qd={} threads={}", i + 1, specs.size(),
                     RwName(s.rw), SizeText(s.bs), s.qd, s.threads);
-    STRATA_ASSIGN_OR_RETURN(
-        Row row,
-        RunRow(o, s, target, pool, fio_buffers.get(), label, progress));
-    std::printf("%s\n", TableRow(row).c_str());
+    Result<Row> row =
+        RunRow(o, s, target, pool, fio_buffers.get(), label, progress);
+    if (!row.ok() && row.status().code() == StatusCode::kCancelled) break;
+    if (!row.ok()) return row.status();
+    std::printf("%s\n", TableRow(*row).c_str());
     std::fflush(stdout);
-    records.push_back(RowJson(row));
-    rows.push_back(std::move(row));
+    records.push_back(RowJson(*row));
+    rows.push_back(std::move(*row));
   }
   STRATA_RETURN_IF_ERROR(json->Write(records));
+  if (rows.size() < specs.size()) {
+    return Status::Cancelled(
+        fmt::format("interrupted: {} of {} configurations finished",
+                    rows.size(), specs.size()));
+  }
   const std::string mismatch =
       fio_buffers
           ? fio_buffers->Mismatch(o.huge_pages, StrataHugePages(o, pool))
@@ -287,6 +301,9 @@ Result<bool> Verify(const BenchOptions& o, const Target& target,
                        progress->Update(VerifyProgressText(phase, done, total));
                      });
   progress->Clear();
+  if (!r.ok() && r.status().code() == StatusCode::kCancelled) {
+    return Status::Cancelled("interrupted: --verify did not finish");
+  }
   if (!r.ok()) return r.status();
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   std::printf(
@@ -325,6 +342,7 @@ struct Plan {
   FileSystem fs;
   std::vector<JobSpec> specs;
   aio::Backend backend = aio::Backend::kAuto;
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 Status RunOnFile(const BenchOptions& o, const Plan& plan,
@@ -342,7 +360,8 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
                              plan.fs, pool)
                         .c_str());
   std::fflush(stdout);
-  const Target target{path, file->direct(), plan.backend};
+  Target target{path, file->direct(), plan.backend};
+  target.cancel = plan.cancel;
   Progress progress(!o.quiet);
   if (o.verify) {
     session.engine.reset();
@@ -351,9 +370,15 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
     return Status::Ok();
   }
   if (may_write) {
-    STRATA_RETURN_IF_ERROR(Prefill(session.engine.get(), file,
-                                   static_cast<char*>(pool.data()), o.size,
-                                   o.seed, &progress));
+    Status st =
+        Prefill(session.engine.get(), file, static_cast<char*>(pool.data()),
+                o.size, o.seed, plan.cancel, &progress);
+    if (st.code() == StatusCode::kCancelled) {
+      return Status::Cancelled(fmt::format(
+          "interrupted: while prefilling, 0 of {} configurations finished",
+          plan.specs.size()));
+    }
+    STRATA_RETURN_IF_ERROR(st);
   }
   session.engine.reset();
   return Sweep(o, plan.specs, target, pool, json, &progress);
@@ -380,9 +405,10 @@ Result<Plan> Preflight(const BenchOptions& o, JsonOut* json) {
 }
 
 // Returns the process exit status.
-Result<int> Run(const BenchOptions& o) {
+Result<int> Run(const BenchOptions& o, const std::atomic<bool>* cancel) {
   JsonOut json(o.verify ? "" : o.json);
   STRATA_ASSIGN_OR_RETURN(Plan plan, Preflight(o, &json));
+  plan.cancel = cancel;
   aio::PinOptions pin;
   pin.lock = o.pin;
   pin.huge_pages = o.huge_pages;
@@ -399,6 +425,7 @@ Result<int> Run(const BenchOptions& o) {
 }  // namespace strata::bench
 
 int main(int argc, char** argv) {
+  const std::atomic<bool>* cancel = strata::bench::InstallInterruptHandler();
   bool exit_now = false;
   auto options = strata::bench::ParseCommandLine(argc, argv, &exit_now);
   if (!options.ok()) {
@@ -407,7 +434,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (exit_now) return 0;
-  auto rc = strata::bench::Run(*options);
+  auto rc = strata::bench::Run(*options, cancel);
+  if (!rc.ok() && rc.status().code() == strata::StatusCode::kCancelled) {
+    // After the rows printed so far, on the same stream.
+    std::printf("%s\n", rc.status().message().c_str());
+    const int sig = strata::bench::InterruptSignal();
+    return 128 + (sig != 0 ? sig : SIGINT);
+  }
   if (!rc.ok()) {
     std::fprintf(stderr, "strata-nvme-bench: error: %s\n",
                  rc.status().ToString().c_str());

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -37,10 +38,11 @@ struct Slot {
 class Verifier {
  public:
   Verifier(const VerifyOptions& o, aio::Engine* engine, aio::File* file,
-           uint64_t unit, uint64_t units)
+           const std::atomic<bool>* cancel, uint64_t unit, uint64_t units)
       : o_(o),
         engine_(engine),
         file_(file),
+        cancel_(cancel),
         unit_(unit),
         gens_(units, 0),
         rng_(o.seed) {}
@@ -61,10 +63,12 @@ class Verifier {
   Status Random(const VerifyProgressFn& progress);
   void Report(const VerifyProgressFn& progress, VerifyPhase phase,
               uint64_t done, uint64_t total);
+  bool Cancelled() const { return cancel_ != nullptr && cancel_->load(); }
 
   const VerifyOptions o_;
   aio::Engine* engine_;
   aio::File* file_;
+  const std::atomic<bool>* cancel_;
   const uint64_t unit_;
   std::vector<uint32_t> gens_;
   std::mt19937_64 rng_;
@@ -197,6 +201,7 @@ Status Verifier::Sequential(bool write, const VerifyProgressFn& progress) {
   const VerifyPhase phase =
       write ? VerifyPhase::kWrite : VerifyPhase::kReadBack;
   for (uint64_t next = 0; next < gens_.size();) {
+    if (Cancelled()) return Status::Cancelled("interrupted");
     Slot* s = FreeSlot();
     if (s == nullptr) {
       STRATA_RETURN_IF_ERROR(WaitOne());
@@ -216,6 +221,7 @@ Status Verifier::Random(const VerifyProgressFn& progress) {
   const uint64_t max_units = std::max<uint64_t>(
       1, std::min<uint64_t>(o_.max_bytes / unit_, gens_.size()));
   for (uint64_t issued = 0; issued < o_.ops;) {
+    if (Cancelled()) return Status::Cancelled("interrupted");
     Slot* s = FreeSlot();
     if (s == nullptr) {
       STRATA_RETURN_IF_ERROR(WaitOne());
@@ -276,7 +282,7 @@ Result<VerifyResult> RunVerify(const Target& target, uint64_t file_size,
   STRATA_CHECK(buffer_bytes >= need);
   STRATA_RETURN_IF_ERROR(engine->RegisterBuffer(buffers, need));
 
-  Verifier v(options, engine, file, unit, file_size / unit);
+  Verifier v(options, engine, file, target.cancel, unit, file_size / unit);
   const uint64_t start = NowNs();
   const Status st = v.Run(static_cast<char*>(buffers), progress);
   Status wait = engine->WaitAll();

@@ -50,7 +50,8 @@ uint64_t PatternWord(uint64_t offset, uint32_t gen, uint64_t seed);
 
 // Runs the check on `target` (created and preallocated to `file_size` if
 // needed) with buffers carved from `buffers` (at least threads * qd *
-// max_bytes bytes, aligned for O_DIRECT).
+// max_bytes bytes, aligned for O_DIRECT). kCancelled when target.cancel
+// stopped it.
 Result<VerifyResult> RunVerify(const Target& target, uint64_t file_size,
                                const VerifyOptions& options, void* buffers,
                                size_t buffer_bytes,

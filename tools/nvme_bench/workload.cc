@@ -36,8 +36,9 @@ struct Slot {
 // Keeps qd requests in flight per worker, resubmitting from completions.
 class Job {
  public:
-  Job(const JobSpec& spec, aio::Engine* engine, aio::File* file)
-      : spec_(spec), engine_(engine), file_(file) {}
+  Job(const JobSpec& spec, aio::Engine* engine, aio::File* file,
+      const std::atomic<bool>* cancel)
+      : spec_(spec), engine_(engine), file_(file), cancel_(cancel) {}
 
   Status Run(char* buffers, const ProgressFn& progress, double* seconds);
   const std::vector<std::unique_ptr<Worker>>& workers() const {
@@ -54,6 +55,7 @@ class Job {
   void OnComplete(Slot* slot, const Status& status);
   uint64_t BlockOf(const Worker& w, uint64_t i) const;
   void Fail(const Status& status);
+  bool Cancelled() const { return cancel_ != nullptr && cancel_->load(); }
   // A slot (or the start-up guard) has no more work; the last one to retire
   // stamps the end of the run.
   void Retire();
@@ -61,6 +63,7 @@ class Job {
   const JobSpec spec_;
   aio::Engine* engine_;
   aio::File* file_;
+  const std::atomic<bool>* cancel_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<Slot> slots_;
   uint64_t deadline_ns_ = 0;
@@ -79,7 +82,7 @@ uint64_t Job::BlockOf(const Worker& w, uint64_t i) const {
 }
 
 bool Job::Issue(Slot* slot) {
-  if (stop_.load(std::memory_order_relaxed)) return false;
+  if (stop_.load(std::memory_order_relaxed) || Cancelled()) return false;
   Worker& w = *slot->worker;
   const uint64_t now = NowNs();
   if (spec_.seconds > 0 && now >= deadline_ns_) return false;
@@ -185,6 +188,7 @@ Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds) {
   WaitForEnd(start, progress);
   *seconds = (end_ns_.load() - start) / 1e9;
   std::lock_guard<std::mutex> lock(error_mu_);
+  if (error_.ok() && Cancelled()) return Status::Cancelled("interrupted");
   return error_;
 }
 
@@ -353,7 +357,7 @@ Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
   STRATA_CHECK(buffer_bytes >= need);
   STRATA_ASSIGN_OR_RETURN(const Session session,
                           OpenJob(spec, target, buffers, need));
-  Job job(spec, session.engine.get(), session.file);
+  Job job(spec, session.engine.get(), session.file, target.cancel);
   STRATA_ASSIGN_OR_RETURN(const Timed timed,
                           TimeJob(job, spec, session, buffers, progress));
   return ResultOf(spec, session, job, timed);

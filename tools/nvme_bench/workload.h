@@ -8,6 +8,7 @@
 #ifndef STRATA_TOOLS_NVME_BENCH_WORKLOAD_H_
 #define STRATA_TOOLS_NVME_BENCH_WORKLOAD_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -94,6 +95,9 @@ struct Target {
   bool direct = true;
   aio::Backend backend = aio::Backend::kAuto;
   aio::FaultInjector* fault_injector = nullptr;  // tests only
+  // When set, a job or verify run stops early once it reads true and
+  // returns kCancelled (Ctrl-C: tools/nvme_bench/interrupt.h).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // An engine shaped for one run, with the target file open on it.
@@ -111,6 +115,7 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
 // Runs `spec` on `target` with buffers carved from `buffers` (at least
 // threads * qd * bs bytes, aligned for O_DIRECT). Opens its own engine so
 // that rings and queue depth match the spec, and registers the buffers.
+// kCancelled, with no result, when target.cancel stopped it.
 Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
                          void* buffers, size_t buffer_bytes,
                          const ProgressFn& progress);

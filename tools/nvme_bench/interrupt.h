@@ -1,0 +1,29 @@
+// Ctrl-C for strata-nvme-bench: SIGINT and SIGTERM set a flag that the
+// running job, the verifier and a running fio poll, so that the benchmark
+// stops early, reports what finished, writes its JSON, removes its file and
+// exits with 128 + the signal.
+//
+// The handler is installed with sigaction, so it replaces a SIG_IGN the
+// process inherited (a shell starts a background job without job control
+// with SIGINT ignored). It only stores to lock-free atomics, which is
+// async-signal-safe, and uses SA_RESTART so that no other system call of
+// the process fails with EINTR on its account.
+//
+// Thread safety: the flag may be read from any thread.
+#ifndef STRATA_TOOLS_NVME_BENCH_INTERRUPT_H_
+#define STRATA_TOOLS_NVME_BENCH_INTERRUPT_H_
+
+#include <atomic>
+
+namespace strata::bench {
+
+// Installs the handler for SIGINT and SIGTERM (again: idempotent) and
+// returns the flag it sets.
+const std::atomic<bool>* InstallInterruptHandler();
+
+// The signal that set the flag, or 0.
+int InterruptSignal();
+
+}  // namespace strata::bench
+
+#endif  // STRATA_TOOLS_NVME_BENCH_INTERRUPT_H_
