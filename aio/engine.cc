@@ -199,6 +199,12 @@ Status ValidateOptions(const IoOptions& o) {
     return Status::InvalidArgument("aio queue_depth must be 1..4096, got " +
                                    std::to_string(o.queue_depth));
   }
+  if (o.submit_batch < 0 || o.submit_batch > 4096) {
+    return Status::InvalidArgument(
+        "aio submit_batch must be 0..4096 (0: every piece that is ready), "
+        "got " +
+        std::to_string(o.submit_batch));
+  }
   if (o.block_size < 4096 || o.block_size % 4096 != 0 ||
       o.block_size > (size_t{1} << 30)) {
     return Status::InvalidArgument(
@@ -227,6 +233,7 @@ Status Engine::Impl::Init() {
   info_.rings = options_.rings;
   info_.queue_depth = options_.queue_depth;
   info_.block_size = options_.block_size;
+  info_.submit_batch = options_.submit_batch;
   if (backend != Backend::kThreads) {
     auto uring = internal::CreateUringBackend(options_, &info_);
     if (uring.ok()) {
@@ -244,6 +251,7 @@ Status Engine::Impl::Init() {
   if (!backend_) {
     backend_ = internal::CreateThreadBackend(options_, &info_);
     info_.backend = Backend::kThreads;
+    info_.submit_batch = 1;  // one pread/pwrite per transfer
   }
   info_.threads = backend_->threads();
   buffers_ = std::make_unique<internal::BufferRegistry>(

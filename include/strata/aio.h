@@ -4,8 +4,9 @@
 // What it does
 // - An Engine owns one or more rings. Each ring has one thread that alone
 //   submits to and reaps from it, so the kernel's SINGLE_ISSUER and
-//   DEFER_TASKRUN modes apply. Requests from any thread are queued to a ring
-//   and submitted in batches.
+//   its completion mode apply. Requests from any thread are queued to a ring,
+//   which hands them to the kernel as slots free, a few per system call so
+//   that the device sees the requests as they were made.
 // - A request larger than `block_size` is split into block-size pieces that
 //   are spread over the rings; at most `queue_depth` pieces are in flight per
 //   ring. Short transfers, EINTR and EAGAIN are completed by resubmitting the
@@ -97,12 +98,17 @@ class STRATA_EXPORT FaultInjector {
 
 struct IoOptions {
   Backend backend = Backend::kAuto;
-  int rings = 1;                  // rings (threads backend: pool shards)
-  int queue_depth = 32;           // pieces in flight per ring, 1..4096
-  size_t block_size = 1u << 20;   // split size; multiple of 4096, <= 1 GiB
-  bool use_fixed_buffers = true;  // register buffers given to
-                                  // RegisterBuffer() with every ring
-  bool use_fixed_files = true;    // register files with every ring
+  int rings = 1;                 // rings (threads backend: pool shards)
+  int queue_depth = 32;          // pieces in flight per ring, 1..4096
+  size_t block_size = 1u << 20;  // split size; multiple of 4096, <= 1 GiB
+  // Most pieces a ring hands the kernel in one io_uring_enter, 0..4096; 0:
+  // every piece that is ready. Batches of more than two are plugged and
+  // their contiguous pieces merged into larger requests, which devices may
+  // serve slower (Note [Submission batches] in aio/uring_backend.cc).
+  int submit_batch = 2;
+  bool use_fixed_buffers = true;            // register buffers given to
+                                            // RegisterBuffer() with every ring
+  bool use_fixed_files = true;              // register files with every ring
   FaultInjector* fault_injector = nullptr;  // testing only; not owned
 };
 
@@ -112,9 +118,10 @@ struct IoInfo {
   int rings = 0;
   int queue_depth = 0;
   size_t block_size = 0;
+  int submit_batch = 0;         // 0: every piece that is ready
   int threads = 0;              // engine threads (ring threads or pool size)
   std::string ring_setup;       // accepted io_uring setup flags, e.g.
-                                // "single_issuer,defer_taskrun"
+                                // "single_issuer,coop_taskrun"
   bool fixed_files = false;     // files are registered with the rings
   bool fixed_buffers = false;   // RegisterBuffer() registers with the rings
   std::string fallback_reason;  // why io_uring is not in use; empty if it is

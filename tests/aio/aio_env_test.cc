@@ -157,7 +157,9 @@ TEST(AioEnvTest, InvalidOptionsAreRejected) {
   for (auto mutate : {+[](IoOptions& o) { o.rings = 0; },
                       +[](IoOptions& o) { o.queue_depth = 0; },
                       +[](IoOptions& o) { o.queue_depth = 5000; },
-                      +[](IoOptions& o) { o.block_size = 1000; }}) {
+                      +[](IoOptions& o) { o.block_size = 1000; },
+                      +[](IoOptions& o) { o.submit_batch = -1; },
+                      +[](IoOptions& o) { o.submit_batch = 4097; }}) {
     IoOptions o;
     mutate(o);
     auto e = Engine::Open(o);
