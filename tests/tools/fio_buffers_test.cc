@@ -49,7 +49,7 @@ TEST(FioBuffersTest, HugePagesAreReservedForFioAndGivenBack) {
     EXPECT_EQ(b->options(), (std::vector<std::string>{
                                 "--mem=mmaphuge", "--hugepage-size=2097152"}));
     EXPECT_EQ(kernel.nr(), "22\n");
-    EXPECT_TRUE(Contains(b->description(), "15 reserved for this run"))
+    EXPECT_TRUE(Contains(b->description(), "15 reserved\n  for this run"))
         << b->description();
     EXPECT_TRUE(Contains(b->description(), "7 -> 22"));
     EXPECT_TRUE(Contains(b->description(), "after a kill -9: echo"));

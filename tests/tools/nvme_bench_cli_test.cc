@@ -71,8 +71,8 @@ TEST(NvmeBenchCliTest, SweepsEveryCombinationAndWritesJson) {
                           json);
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_TRUE(Contains(o.output, "GB/s")) << o.output;
-  EXPECT_TRUE(Contains(o.output, "GiB/s"));
   EXPECT_TRUE(Contains(o.output, "p99.9 us"));
+  EXPECT_TRUE(Contains(o.output, "dev IOPS"));
   const nlohmann::json records = ReadJson(json);
   ASSERT_TRUE(records.is_array());
   EXPECT_EQ(records.size(), 4u * 2 * 2 * 2);
@@ -81,8 +81,16 @@ TEST(NvmeBenchCliTest, SweepsEveryCombinationAndWritesJson) {
     EXPECT_GT(r["gb_per_s"].get<double>(), 0);
     EXPECT_GT(r["iops"].get<double>(), 0);
     EXPECT_GT(r["lat_us"]["p50"].get<double>(), 0);
+    EXPECT_GT(r["lat_us"]["max"].get<double>(), 0);
     EXPECT_TRUE(r["cpu"].contains("usr"));
-    EXPECT_FALSE(r.contains("ratio_vs_fio"));
+    EXPECT_EQ(r["submit_batch"].get<int>(), 2);
+    EXPECT_FALSE(r.contains("fio"));
+    EXPECT_FALSE(r.contains("strata_over_fio"));
+    // The disk under the scratch directory served at least these bytes.
+    if (r.contains("device")) {
+      EXPECT_GE(r["device"]["bytes"].get<uint64_t>(), 8u << 20);
+      EXPECT_GT(r["device"]["requests"].get<uint64_t>(), 0u);
+    }
   }
   // The file the benchmark created is gone.
   EXPECT_FALSE(std::filesystem::exists(dir.File("strata-nvme-bench.dat")));
@@ -97,15 +105,17 @@ TEST(NvmeBenchCliTest, ComparesWithFioInTheSameRun) {
                           " --vs-fio --repeat 2 --recommend --json " +
                           json);
   ASSERT_EQ(o.status, 0) << o.output;
-  EXPECT_TRUE(Contains(o.output, "fio GB/s")) << o.output;
+  EXPECT_TRUE(Contains(o.output, "strata/fio")) << o.output;
   EXPECT_TRUE(Contains(o.output, "recommended for read")) << o.output;
   EXPECT_TRUE(Contains(o.output, "aio config"));
   const nlohmann::json records = ReadJson(json);
   ASSERT_EQ(records.size(), 2u);
   for (const auto& r : records) {
-    EXPECT_GT(r["fio_gb_per_s"].get<double>(), 0);
-    EXPECT_GT(r["ratio_vs_fio"].get<double>(), 0);
+    EXPECT_GT(r["fio"]["gb_per_s"].get<double>(), 0);
+    EXPECT_GT(r["fio"]["lat_us"]["p50"].get<double>(), 0);
+    EXPECT_GT(r["strata_over_fio"].get<double>(), 0);
     EXPECT_EQ(r["runs_gb_per_s"].size(), 2u);
+    EXPECT_EQ(r["fio"]["runs_gb_per_s"].size(), 2u);
   }
 }
 
@@ -131,7 +141,7 @@ TEST(NvmeBenchCliTest, FioGetsHugePagesByDefaultAndSaysWhichBuffers) {
   const Outcome o = Bench(args);
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_EQ(HugePagePool(), pool);
-  const std::string kind = ReadJson(json)[0]["fio_buffers"];
+  const std::string kind = ReadJson(json)[0]["fio"]["buffers"];
   if (kind == "huge pages") {
     EXPECT_TRUE(Contains(o.output, "fio: buffers on 2.0 MiB huge pages"))
         << o.output;
@@ -143,13 +153,13 @@ TEST(NvmeBenchCliTest, FioGetsHugePagesByDefaultAndSaysWhichBuffers) {
   }
   const Outcome m = Bench(args + " --fio-buffers malloc");
   ASSERT_EQ(m.status, 0) << m.output;
-  EXPECT_EQ(ReadJson(json)[0]["fio_buffers"], "malloc");
+  EXPECT_EQ(ReadJson(json)[0]["fio"]["buffers"], "malloc");
   EXPECT_TRUE(Contains(m.output, "as asked (--fio-buffers malloc)"))
       << m.output;
   EXPECT_TRUE(Contains(m.output, "the ratio overstates strata")) << m.output;
   const Outcome same = Bench(args + " --no-huge-pages");
   ASSERT_EQ(same.status, 0) << same.output;
-  EXPECT_EQ(ReadJson(json)[0]["fio_buffers"], "malloc");
+  EXPECT_EQ(ReadJson(json)[0]["fio"]["buffers"], "malloc");
   EXPECT_FALSE(Contains(same.output, "overstates")) << same.output;
 }
 

@@ -153,6 +153,12 @@ void AddJobOptions(CLI::App& app, BenchOptions& o, Texts& text) {
                  "aio backend: auto, io_uring or threads "
                  "(STRATA_AIO_BACKEND overrides)")
       ->capture_default_str();
+  app.add_option("--submit-batch", o.submit_batch,
+                 "Most requests a ring hands the kernel per io_uring_enter "
+                 "(0: every ready one; more than 2 lets the kernel merge "
+                 "contiguous ones)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   app.add_flag("--buffered", o.buffered,
                "Do not use O_DIRECT (results are labelled buffered)");
   app.add_flag("!--no-pin", o.pin,
@@ -217,6 +223,7 @@ Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
   STRATA_ASSIGN_OR_RETURN(o.verify_max,
                           ForFlag("--verify-max", ParseSize(text.verify_max)));
   if (o.seconds < 0) return Status::InvalidArgument("--time must be >= 0");
+  STRATA_RETURN_IF_ERROR(CheckTimedBuffered(!o.buffered, o.seconds));
   return CheckSize(o);
 }
 

@@ -21,6 +21,7 @@ struct BenchOptions {
   uint64_t size = 1ull << 30;
   double seconds = 0;
   std::string backend = "auto";
+  int submit_batch = aio::IoOptions{}.submit_batch;
   bool buffered = false;
   bool pin = true;
   bool huge_pages = true;

@@ -134,6 +134,22 @@ double Percentile(const nlohmann::json& dir, const char* key) {
   return p.contains(key) ? p.at(key).get<double>() / 1e3 : 0;
 }
 
+// The latencies fio reports for one direction (lat_ns: submit to
+// completion, as strata's).
+LatencyUs Latency(const nlohmann::json& dir) {
+  LatencyUs l;
+  const auto lat = dir.find("lat_ns");
+  if (lat == dir.end()) return l;
+  l.min = lat->value("min", 0.0) / 1e3;
+  l.mean = lat->value("mean", 0.0) / 1e3;
+  l.max = lat->value("max", 0.0) / 1e3;
+  l.p50 = Percentile(dir, "50.000000");
+  l.p99 = Percentile(dir, "99.000000");
+  l.p999 = Percentile(dir, "99.900000");
+  l.p9999 = Percentile(dir, "99.990000");
+  return l;
+}
+
 }  // namespace
 
 std::vector<std::string> FioCommand(const std::string& fio,
@@ -198,11 +214,12 @@ Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
   r.ios = dir.value("total_ios", uint64_t{0});
   const double bw = dir.value("bw_bytes", 0.0);
   r.seconds = bw > 0 ? r.bytes / bw : 0;
-  r.lat_p50_us = Percentile(dir, "50.000000");
-  r.lat_p99_us = Percentile(dir, "99.000000");
-  r.lat_p999_us = Percentile(dir, "99.900000");
-  r.usr_pct = job.value("usr_cpu", 0.0);
-  r.sys_pct = job.value("sys_cpu", 0.0);
+  r.lat = Latency(dir);
+  // With group_reporting fio sums CPU time and run time over its numjobs
+  // threads: its usr_cpu is a thread's average. strata's is the process's,
+  // summed over threads, as a percentage of one core.
+  r.usr_pct = job.value("usr_cpu", 0.0) * spec.threads;
+  r.sys_pct = job.value("sys_cpu", 0.0) * spec.threads;
   if (r.bytes == 0 || r.seconds <= 0) {
     return Status::Internal("fio reported no I/O");
   }

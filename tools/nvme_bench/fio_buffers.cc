@@ -15,14 +15,14 @@ std::string HugeDescription(const HugePageReservation& r, uint64_t pages) {
   const std::string page = HumanBytes(r.pool().page_bytes);
   if (r.added() == 0) {
     return fmt::format(
-        "fio: buffers on {} huge pages (--mem=mmaphuge), as strata's; {} of "
-        "the {} free huge pages, none reserved",
+        "fio: buffers on {} huge pages (--mem=mmaphuge), as strata's; {} "
+        "of\n  the {} free huge pages, none reserved",
         page, pages, r.pool().free_pages);
   }
   return fmt::format(
       "fio: buffers on {} huge pages (--mem=mmaphuge), as strata's; {} "
-      "reserved for this run (vm.nr_hugepages {} -> {}), given back at its "
-      "end (after a kill -9: {})",
+      "reserved\n  for this run (vm.nr_hugepages {} -> {}), given back at its "
+      "end\n  (after a kill -9: {})",
       page, r.added(), r.before(), r.before() + r.added(), r.restore_command());
 }
 

@@ -27,8 +27,29 @@ uint64_t LatencyHistogram::BucketHigh(int bucket) {
   return BucketLow(bucket) + (uint64_t{1} << shift);
 }
 
+namespace {
+
+void Lower(std::atomic<uint64_t>& to, uint64_t v) {
+  uint64_t cur = to.load(std::memory_order_relaxed);
+  while (v < cur &&
+         !to.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
+void Raise(std::atomic<uint64_t>& to, uint64_t v) {
+  uint64_t cur = to.load(std::memory_order_relaxed);
+  while (v > cur &&
+         !to.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
 void LatencyHistogram::Record(uint64_t ns) {
   counts_[BucketOf(ns)].fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(ns, std::memory_order_relaxed);
+  Lower(min_, ns);
+  Raise(max_, ns);
 }
 
 void LatencyHistogram::Merge(const LatencyHistogram& other) {
@@ -36,6 +57,21 @@ void LatencyHistogram::Merge(const LatencyHistogram& other) {
     counts_[i].fetch_add(other.counts_[i].load(std::memory_order_relaxed),
                          std::memory_order_relaxed);
   }
+  sum_.fetch_add(other.sum_.load(std::memory_order_relaxed),
+                 std::memory_order_relaxed);
+  Lower(min_, other.min_.load(std::memory_order_relaxed));
+  Raise(max_, other.max_.load(std::memory_order_relaxed));
+}
+
+uint64_t LatencyHistogram::min() const {
+  const uint64_t m = min_.load(std::memory_order_relaxed);
+  return m == UINT64_MAX ? 0 : m;
+}
+
+double LatencyHistogram::mean() const {
+  const uint64_t n = count();
+  return n > 0 ? static_cast<double>(sum_.load(std::memory_order_relaxed)) / n
+               : 0;
 }
 
 uint64_t LatencyHistogram::count() const {

@@ -20,6 +20,11 @@ class LatencyHistogram {
   void Record(uint64_t ns);
   void Merge(const LatencyHistogram& other);
   uint64_t count() const;
+  // Exact, not bucketed: the smallest, largest and mean sample (ns); 0 when
+  // empty.
+  uint64_t min() const;
+  uint64_t max() const { return max_.load(std::memory_order_relaxed); }
+  double mean() const;
   // Value (ns) below which `fraction` (0..1] of the samples fall; the
   // midpoint of the bucket holding that rank. 0 when empty.
   double Percentile(double fraction) const;
@@ -30,6 +35,9 @@ class LatencyHistogram {
 
  private:
   std::array<std::atomic<uint64_t>, kBuckets> counts_{};
+  std::atomic<uint64_t> min_{UINT64_MAX};
+  std::atomic<uint64_t> max_{0};
+  std::atomic<uint64_t> sum_{0};
 };
 
 }  // namespace strata::bench

@@ -10,12 +10,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/text.h"
 #include "strata/aio.h"
 #include "tools/nvme_bench/cli.h"
+#include "tools/nvme_bench/device_stat.h"
 #include "tools/nvme_bench/fio.h"
 #include "tools/nvme_bench/fio_buffers.h"
 #include "tools/nvme_bench/interrupt.h"
@@ -96,18 +99,21 @@ std::string Describe(const BenchOptions& o, const aio::IoInfo& info,
                        : "buffered (the file system refused O_DIRECT)";
   std::string backend(aio::BackendName(info.backend));
   if (info.backend == aio::Backend::kIoUring) {
-    backend += fmt::format(" ({}{}{})", info.ring_setup,
-                           info.fixed_files ? ", fixed files" : "",
-                           info.fixed_buffers ? ", fixed buffers" : "");
+    backend += fmt::format(
+        " ({}{}{}, submit batch {})", info.ring_setup,
+        info.fixed_files ? ", fixed files" : "",
+        info.fixed_buffers ? ", fixed buffers" : "",
+        info.submit_batch > 0 ? std::to_string(info.submit_batch) : "all");
   } else {
     backend += fmt::format(
         " (pread/pwrite pool of threads x qd threads, at most 64: {})",
         info.fallback_reason);
   }
   return fmt::format(
-      "strata-nvme-bench: {} ({}) on {}\n  {}, backend {}, {} buffers{}\n{}"
-      "  GB/s = 1e9 B/s, GiB/s = 2^30 B/s; latency = submit to completion; "
-      "CPU % of one core, whole process\n",
+      "strata-nvme-bench: {} ({}) on {}\n  {}\n  backend {}\n  {} buffers{}\n{}"
+      "  GB/s = 1e9 B/s; latency = submit to completion; CPU% = usr + sys, "
+      "of one core\n  (strata: the whole process; fio: its job threads); dev "
+      "= what the disk served\n",
       place.file, SizeText(file.size()), FileSystemText(fs), io, backend,
       pool.locked() ? "pinned" : "unpinned",
       StrataHugePages(o, pool) ? " on huge pages"
@@ -150,12 +156,31 @@ std::vector<JobSpec> Specs(const BenchOptions& o) {
   return specs;
 }
 
+// Runs `run` and fills its result's device figures from `disk`'s counters
+// around it.
+Result<JobResult> WithDevice(const std::optional<DiskStat>& disk,
+                             const std::function<Result<JobResult>()>& run) {
+  std::optional<DiskCounters> before;
+  if (disk) {
+    if (auto c = disk->Read(); c.ok()) before = *c;
+  }
+  STRATA_ASSIGN_OR_RETURN(JobResult r, run());
+  if (before) {
+    if (auto after = disk->Read(); after.ok()) {
+      r.device = Delta(*before, *after);
+    }
+  }
+  return r;
+}
+
 // Runs one configuration --repeat times, alternating strata and fio.
 Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
                    const Target& target, aio::PinnedBuffer& pool,
-                   const FioBuffers* fio_buffers, const std::string& label,
-                   Progress* progress) {
+                   const FioBuffers* fio_buffers,
+                   const std::optional<DiskStat>& disk,
+                   const std::string& label, Progress* progress) {
   Row row;
+  if (disk) row.disk = disk->name();
   std::vector<std::string> fio_opts;
   if (fio_buffers != nullptr) {
     row.fio_buffers = fio_buffers->kind();
@@ -165,12 +190,14 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   std::vector<JobResult> strata_runs, fio_runs;
   auto strata_run = [&]() -> Status {
     ProgressSample prev;
-    auto r = RunJob(spec, target, pool.data(), pool.size(),
+    auto r = WithDevice(disk, [&] {
+      return RunJob(spec, target, pool.data(), pool.size(),
                     [&](uint64_t bytes, double secs) {
                       const ProgressSample now{bytes, secs};
                       progress->Update(JobProgressText(label, spec, prev, now));
                       prev = now;
                     });
+    });
     if (!r.ok()) return r.status();
     row.strata_gbps.push_back(r->gb_per_s());
     strata_runs.push_back(std::move(*r));
@@ -178,9 +205,11 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   };
   auto fio_run = [&]() -> Status {
     progress->Update(label + ": fio");
-    STRATA_ASSIGN_OR_RETURN(auto r, RunFio(FioCommand(o.fio, target.path, spec,
-                                                      target.direct, fio_opts),
-                                           spec, target.cancel));
+    STRATA_ASSIGN_OR_RETURN(auto r, WithDevice(disk, [&] {
+                              return RunFio(FioCommand(o.fio, target.path, spec,
+                                                       target.direct, fio_opts),
+                                            spec, target.cancel);
+                            }));
     row.fio_gbps.push_back(r.gb_per_s());
     fio_runs.push_back(std::move(r));
     return Status::Ok();
@@ -247,14 +276,15 @@ class JsonOut {
 
 // Every configuration in turn; on Ctrl-C, the rows that finished.
 Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
-             const Target& target, aio::PinnedBuffer& pool, JsonOut* json,
+             const Target& target, aio::PinnedBuffer& pool,
+             const std::optional<DiskStat>& disk, JsonOut* json,
              Progress* progress) {
   std::unique_ptr<FioBuffers> fio_buffers;
   if (o.vs_fio) {
     fio_buffers = FioBuffers::Prepare(o.fio_buffers, specs, o.fio_opts);
     std::printf("  %s\n", fio_buffers->description().c_str());
   }
-  std::printf("%s\n", TableHeader(o.vs_fio).c_str());
+  std::printf("%s\n", TableHeader().c_str());
   std::fflush(stdout);
   std::vector<Row> rows;
   nlohmann::json records = nlohmann::json::array();
@@ -264,7 +294,7 @@ Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
         fmt::format("[{}/{}] {} bs={} qd={} threads={}", i + 1, specs.size(),
                     RwName(s.rw), SizeText(s.bs), s.qd, s.threads);
     Result<Row> row =
-        RunRow(o, s, target, pool, fio_buffers.get(), label, progress);
+        RunRow(o, s, target, pool, fio_buffers.get(), disk, label, progress);
     if (!row.ok() && row.status().code() == StatusCode::kCancelled) break;
     if (!row.ok()) return row.status();
     std::printf("%s\n", TableRow(*row).c_str());
@@ -278,6 +308,7 @@ Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
         fmt::format("interrupted: {} of {} configurations finished",
                     rows.size(), specs.size()));
   }
+  std::printf("%s", TableNotes(rows).c_str());
   const std::string mismatch =
       fio_buffers
           ? fio_buffers->Mismatch(o.huge_pages, StrataHugePages(o, pool))
@@ -322,6 +353,15 @@ Result<bool> Verify(const BenchOptions& o, const Target& target,
   return r->mismatched_words == 0;
 }
 
+// The disk whose counters cover `file`, or none, which the header says.
+std::optional<DiskStat> Disk(const std::string& file) {
+  Result<DiskStat> disk = DiskStat::ForPath(file);
+  if (disk.ok()) return *disk;
+  std::printf("  no device-side figures: %s\n",
+              disk.status().message().c_str());
+  return std::nullopt;
+}
+
 // Removes the benchmark's own file on every way out of Run(), unless --keep.
 class RemoveOnExit {
  public:
@@ -353,15 +393,22 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
   const std::string& path = plan.place.file;
   STRATA_ASSIGN_OR_RETURN(
       auto session,
-      OpenSession(Target{path, !o.buffered, plan.backend}, 1, kPrefillDepth,
-                  kPrefillChunk, may_write ? o.size : 0));
+      OpenSession(Target{.path = path,
+                         .direct = !o.buffered,
+                         .backend = plan.backend,
+                         .submit_batch = o.submit_batch},
+                  1, kPrefillDepth, kPrefillChunk, may_write ? o.size : 0));
   aio::File* file = session.file;
+  STRATA_RETURN_IF_ERROR(CheckTimedBuffered(file->direct(), o.seconds));
   std::printf("%s", Describe(o, session.engine->info(), *file, plan.place,
                              plan.fs, pool)
                         .c_str());
   std::fflush(stdout);
-  Target target{path, file->direct(), plan.backend};
-  target.cancel = plan.cancel;
+  const Target target{.path = path,
+                      .direct = file->direct(),
+                      .backend = plan.backend,
+                      .cancel = plan.cancel,
+                      .submit_batch = o.submit_batch};
   Progress progress(!o.quiet);
   if (o.verify) {
     session.engine.reset();
@@ -381,7 +428,7 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
     STRATA_RETURN_IF_ERROR(st);
   }
   session.engine.reset();
-  return Sweep(o, plan.specs, target, pool, json, &progress);
+  return Sweep(o, plan.specs, target, pool, Disk(path), json, &progress);
 }
 
 // What can be found before the file is made: the path, the room, the

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 
@@ -11,9 +12,75 @@
 namespace strata::bench {
 namespace {
 
-// Within 2% of the best counts as "as fast"; below that, run-to-run noise
-// on real drives decides.
-constexpr double kNearBest = 0.98;
+// Runs of one configuration count as level with another's when their
+// ranges, each widened by 2%, overlap: below that, run-to-run noise on real
+// drives decides.
+constexpr double kNoise = 0.02;
+
+// The device's requests may differ from the application's by this much
+// before the table says so (requests still in flight at either reading).
+constexpr double kDeviceTolerance = 0.05;
+
+// The job's columns, then a run's.
+constexpr char kJob[] = "{:<9}{:>5}{:>4}{:>4}";
+constexpr char kRun[] = "  {:<7}{:>7}{:>9}{:>8}{:>8}{:>9}{:>6}{:>11}{:>8}";
+constexpr int kJobWidth = 22;
+
+double DeviceIops(const JobResult& r) {
+  return r.seconds > 0 ? r.device->requests / r.seconds : 0;
+}
+
+// The columns after the job's: what one run did, and what its disk saw.
+std::string RunColumns(const std::string& who, const JobResult& r) {
+  std::string dev_iops = "-", dev_kib = "-";
+  if (r.device) {
+    dev_iops =
+        fmt::format("{:.0f}{}", DeviceIops(r), DeviceDiffers(r) ? "*" : " ");
+    dev_kib = fmt::format("{:.1f}", r.device->mean_request_bytes() / 1024);
+  }
+  return fmt::format(
+      kRun, who, fmt::format("{:.3f}", r.gb_per_s()),
+      fmt::format("{:.0f}", r.iops()), fmt::format("{:.0f}", r.lat.p50),
+      fmt::format("{:.0f}", r.lat.p99), fmt::format("{:.0f}", r.lat.p999),
+      fmt::format("{:.1f}", r.usr_pct + r.sys_pct), dev_iops, dev_kib);
+}
+
+// The slowest and fastest of `runs`; the median run's GB/s when there are
+// none.
+std::pair<double, double> Range(const std::vector<double>& runs,
+                                const JobResult& median) {
+  if (runs.empty()) return {median.gb_per_s(), median.gb_per_s()};
+  const auto [lo, hi] = std::minmax_element(runs.begin(), runs.end());
+  return {*lo, *hi};
+}
+
+nlohmann::json ResultJson(const JobResult& r, const std::string& disk) {
+  nlohmann::json j = {
+      {"bytes", r.bytes},
+      {"seconds", r.seconds},
+      {"gb_per_s", r.gb_per_s()},
+      {"gib_per_s", r.gib_per_s()},
+      {"iops", r.iops()},
+      {"lat_us",
+       {{"min", r.lat.min},
+        {"mean", r.lat.mean},
+        {"p50", r.lat.p50},
+        {"p99", r.lat.p99},
+        {"p999", r.lat.p999},
+        {"p9999", r.lat.p9999},
+        {"max", r.lat.max}}},
+      {"cpu", {{"usr", r.usr_pct}, {"sys", r.sys_pct}}},
+  };
+  if (r.device) {
+    j["device"] = {{"disk", disk},
+                   {"requests", r.device->requests},
+                   {"merges", r.device->merges},
+                   {"bytes", r.device->bytes},
+                   {"iops", DeviceIops(r)},
+                   {"mean_request_bytes", r.device->mean_request_bytes()}};
+  }
+  return j;
+}
 
 }  // namespace
 
@@ -25,84 +92,108 @@ size_t MedianIndex(const std::vector<double>& gbps) {
   return order[(order.size() - 1) / 2];
 }
 
-std::string TableHeader(bool with_fio) {
-  std::string h = fmt::format(
-      "{:<10}{:>6}{:>5}{:>4}  {:>8}{:>8}{:>10}  {:>9}{:>9}{:>9}  {:>6}{:>6}",
-      "rw", "bs", "qd", "thr", "GB/s", "GiB/s", "IOPS", "p50 us", "p99 us",
-      "p99.9 us", "usr%", "sys%");
-  if (with_fio) h += fmt::format("  {:>8}{:>7}", "fio GB/s", "ratio");
-  return h;
+bool DeviceDiffers(const JobResult& r) {
+  if (!r.device || r.ios == 0) return false;
+  const double seen = static_cast<double>(r.device->requests);
+  return std::fabs(seen - r.ios) > kDeviceTolerance * r.ios;
+}
+
+std::string TableHeader() {
+  return fmt::format(kJob, "rw", "bs", "qd", "thr") +
+         fmt::format(kRun, "run", "GB/s", "IOPS", "p50 us", "p99 us",
+                     "p99.9 us", "CPU%", "dev IOPS", "dev KiB");
 }
 
 std::string TableRow(const Row& row) {
-  const JobResult& r = row.strata;
-  std::string line = fmt::format(
-      "{:<10}{:>6}{:>5}{:>4}  {:>8.3f}{:>8.3f}{:>10.0f}  {:>9.0f}{:>9.0f}"
-      "{:>9.0f}  {:>6.1f}{:>6.1f}",
-      RwName(r.spec.rw), SizeText(r.spec.bs), r.spec.qd, r.spec.threads,
-      r.gb_per_s(), r.gib_per_s(), r.iops(), r.lat_p50_us, r.lat_p99_us,
-      r.lat_p999_us, r.usr_pct, r.sys_pct);
-  if (row.fio) {
-    line += fmt::format("  {:>8.3f}{:>7.3f}", row.fio->gb_per_s(),
-                        row.ratio_vs_fio());
+  const JobSpec& s = row.strata.spec;
+  std::string out =
+      fmt::format(kJob, RwName(s.rw), SizeText(s.bs), s.qd, s.threads) +
+      RunColumns("strata", row.strata);
+  if (!row.fio) return out;
+  const std::string indent(kJobWidth, ' ');
+  out += "\n" + indent + RunColumns("fio", *row.fio);
+  const auto [slo, shi] = Range(row.strata_gbps, row.strata);
+  const auto [flo, fhi] = Range(row.fio_gbps, *row.fio);
+  out += fmt::format(
+      "\n{}  strata/fio {:.3f}; GB/s of {} runs each: strata {:.3f}-{:.3f}, "
+      "fio {:.3f}-{:.3f}",
+      indent, row.strata_over_fio(), row.strata_gbps.size(), slo, shi, flo,
+      fhi);
+  return out;
+}
+
+std::string TableNotes(const std::vector<Row>& rows) {
+  std::string disk;
+  for (const Row& row : rows) {
+    if (DeviceDiffers(row.strata) || (row.fio && DeviceDiffers(*row.fio))) {
+      disk = row.disk;
+      break;
+    }
   }
-  return line;
+  if (disk.empty()) return "";
+  return fmt::format(
+      "* the device served a different number of requests than the run "
+      "submitted: the block\n  layer merged them into fewer, larger ones (or "
+      "split them). IOPS counts submissions;\n  dev IOPS and dev KiB are what "
+      "{} served (/sys/block/{}/stat, the whole disk).\n",
+      disk, disk);
 }
 
 nlohmann::json RowJson(const Row& row) {
   const JobResult& r = row.strata;
-  nlohmann::json j = {
-      {"rw", RwName(r.spec.rw)},
-      {"bs", r.spec.bs},
-      {"qd", r.spec.qd},
-      {"threads", r.spec.threads},
-      {"direct", r.direct},
-      {"backend", r.backend},
-      {"bytes", r.bytes},
-      {"seconds", r.seconds},
-      {"gb_per_s", r.gb_per_s()},
-      {"gib_per_s", r.gib_per_s()},
-      {"iops", r.iops()},
-      {"lat_us",
-       {{"p50", r.lat_p50_us}, {"p99", r.lat_p99_us}, {"p999", r.lat_p999_us}}},
-      {"cpu", {{"usr", r.usr_pct}, {"sys", r.sys_pct}}},
-  };
+  nlohmann::json j = ResultJson(r, row.disk);
+  j["rw"] = RwName(r.spec.rw);
+  j["bs"] = r.spec.bs;
+  j["qd"] = r.spec.qd;
   if (r.qd_requested != 0) j["qd_requested"] = r.qd_requested;
+  j["threads"] = r.spec.threads;
+  j["direct"] = r.direct;
+  j["backend"] = r.backend;
+  j["submit_batch"] = r.submit_batch;
+  j["runs_gb_per_s"] = row.strata_gbps;
   if (row.fio) {
-    j["fio_gb_per_s"] = row.fio->gb_per_s();
-    j["ratio_vs_fio"] = row.ratio_vs_fio();
-    j["fio_buffers"] = row.fio_buffers;
-  }
-  if (row.strata_gbps.size() > 1) {
-    j["runs_gb_per_s"] = row.strata_gbps;
-    if (row.fio) j["fio_runs_gb_per_s"] = row.fio_gbps;
+    nlohmann::json f = ResultJson(*row.fio, row.disk);
+    f["runs_gb_per_s"] = row.fio_gbps;
+    f["buffers"] = row.fio_buffers;
+    j["fio"] = std::move(f);
+    j["strata_over_fio"] = row.strata_over_fio();
   }
   return j;
 }
 
 std::string Recommend(const std::vector<Row>& rows) {
-  std::map<Rw, std::vector<const JobResult*>> by_rw;
-  for (const Row& row : rows) by_rw[row.strata.spec.rw].push_back(&row.strata);
+  std::map<Rw, std::vector<const Row*>> by_rw;
+  for (const Row& row : rows) by_rw[row.strata.spec.rw].push_back(&row);
   std::string out;
   for (const auto& [rw, runs] : by_rw) {
-    double best = 0;
-    for (const JobResult* r : runs) best = std::max(best, r->gb_per_s());
-    const JobResult* pick = nullptr;
-    for (const JobResult* r : runs) {
-      if (r->gb_per_s() < best * kNearBest) continue;
-      const auto key = [](const JobResult* x) {
-        return std::make_pair(
-            static_cast<uint64_t>(x->spec.qd) * x->spec.threads, x->spec.bs);
+    const Row* best = runs[0];
+    for (const Row* r : runs) {
+      if (r->strata.gb_per_s() > best->strata.gb_per_s()) best = r;
+    }
+    const auto [best_lo, best_hi] = Range(best->strata_gbps, best->strata);
+    const Row* pick = nullptr;
+    for (const Row* r : runs) {
+      // Level with the best unless the best's slowest run beats r's fastest.
+      if (Range(r->strata_gbps, r->strata).second * (1 + kNoise) <
+          best_lo * (1 - kNoise)) {
+        continue;
+      }
+      const auto key = [](const Row* x) {
+        const JobSpec& s = x->strata.spec;
+        return std::make_pair(static_cast<uint64_t>(s.qd) * s.threads, s.bs);
       };
       if (pick == nullptr || key(r) < key(pick)) pick = r;
     }
-    const JobSpec& s = pick->spec;
+    const JobSpec& s = pick->strata.spec;
+    const auto [lo, hi] = Range(pick->strata_gbps, pick->strata);
     out += fmt::format(
-        "recommended for {}: bs={} qd={} threads={} -> {:.3f} GB/s (best "
-        "{:.3f})\n  aio config: {{\"backend\": \"{}\", \"rings\": {}, "
-        "\"queue_depth\": {}, \"block_size\": {}}}\n",
-        RwName(rw), SizeText(s.bs), s.qd, s.threads, pick->gb_per_s(), best,
-        pick->backend, s.threads, s.qd, s.bs);
+        "recommended for {}: bs={} qd={} threads={} -> {:.3f} GB/s (runs "
+        "{:.3f}-{:.3f}; best {:.3f}, runs {:.3f}-{:.3f})\n  aio config: "
+        "{{\"backend\": \"{}\", \"rings\": {}, \"queue_depth\": {}, "
+        "\"block_size\": {}, \"submit_batch\": {}}}\n",
+        RwName(rw), SizeText(s.bs), s.qd, s.threads, pick->strata.gb_per_s(),
+        lo, hi, best->strata.gb_per_s(), best_lo, best_hi, pick->strata.backend,
+        s.threads, s.qd, s.bs, pick->strata.submit_batch);
   }
   return out;
 }

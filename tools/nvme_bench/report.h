@@ -19,8 +19,9 @@ struct Row {
   std::vector<double> strata_gbps;  // every repeat, in run order
   std::vector<double> fio_gbps;
   std::string fio_buffers;  // FioBuffers::kind() of the fio runs
+  std::string disk;         // the disk whose counters fill `device`, or ""
 
-  double ratio_vs_fio() const {
+  double strata_over_fio() const {
     return fio && fio->gb_per_s() > 0 ? strata.gb_per_s() / fio->gb_per_s() : 0;
   }
 };
@@ -28,15 +29,25 @@ struct Row {
 // Index of the run with the median throughput.
 size_t MedianIndex(const std::vector<double>& gbps);
 
-std::string TableHeader(bool with_fio);
-std::string TableRow(const Row& row);
+// Whether the device served a number of requests that differs from the
+// application's by more than 5%: the block layer merged (or split) them,
+// and IOPS is not what the drive did.
+bool DeviceDiffers(const JobResult& r);
 
-// One record per row, in the documented schema.
+// The table fits 100 columns: one line per run kind (strata, fio) and a
+// line with strata/fio and the runs' spread under --vs-fio.
+std::string TableHeader();
+std::string TableRow(const Row& row);
+// Explains the marks TableRow put in `rows`; empty when there are none.
+std::string TableNotes(const std::vector<Row>& rows);
+
+// One record per row, in the documented schema (docs/cli.md).
 nlohmann::json RowJson(const Row& row);
 
-// Best configuration per access pattern: the highest GB/s, preferring the
-// fewest requests in flight (then the smallest blocks) among those within
-// 2% of it; with an engine configuration snippet for each.
+// Best configuration per access pattern: the highest median GB/s, then the
+// fewest requests in flight (then the smallest blocks) among those whose
+// runs it does not beat beyond their spread (ranges widened by 2% for a
+// single run); with an engine configuration snippet for each.
 std::string Recommend(const std::vector<Row>& rows);
 
 }  // namespace strata::bench

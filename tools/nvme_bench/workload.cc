@@ -199,17 +199,9 @@ Result<Session> OpenJob(const JobSpec& spec, const Target& target,
   STRATA_ASSIGN_OR_RETURN(
       Session session, OpenSession(target, spec.threads, spec.qd, spec.bs, 0));
   STRATA_RETURN_IF_ERROR(session.engine->RegisterBuffer(buffers, bytes));
-  if (!IsWrite(spec.rw)) {
-    // Time-based reads loop over the file; through the page cache every pass
-    // after the first would be served from memory.
-    if (!session.file->direct() && spec.seconds > 0) {
-      return Status::InvalidArgument(
-          "--time with buffered reads would measure the page "
-          "cache: use --size (one pass) or a file system that "
-          "supports O_DIRECT");
-    }
-    STRATA_RETURN_IF_ERROR(session.file->DropCache());
-  }
+  STRATA_RETURN_IF_ERROR(
+      CheckTimedBuffered(session.file->direct(), spec.seconds));
+  if (!IsWrite(spec.rw)) STRATA_RETURN_IF_ERROR(session.file->DropCache());
   return session;
 }
 
@@ -257,6 +249,7 @@ JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
   }
   r.direct = session.file->direct();
   r.backend = std::string(aio::BackendName(info.backend));
+  r.submit_batch = info.submit_batch;
   r.seconds = t.seconds;
   LatencyHistogram lat;
   for (const auto& w : job.workers()) {
@@ -264,9 +257,13 @@ JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
     r.ios += w->ios.load();
     lat.Merge(w->lat);
   }
-  r.lat_p50_us = lat.Percentile(0.50) / 1e3;
-  r.lat_p99_us = lat.Percentile(0.99) / 1e3;
-  r.lat_p999_us = lat.Percentile(0.999) / 1e3;
+  r.lat = LatencyUs{.min = lat.min() / 1e3,
+                    .mean = lat.mean() / 1e3,
+                    .p50 = lat.Percentile(0.50) / 1e3,
+                    .p99 = lat.Percentile(0.99) / 1e3,
+                    .p999 = lat.Percentile(0.999) / 1e3,
+                    .p9999 = lat.Percentile(0.9999) / 1e3,
+                    .max = lat.max() / 1e3};
   r.usr_pct = t.seconds > 0 ? t.usr / t.seconds * 100 : 0;
   r.sys_pct = t.seconds > 0 ? t.sys / t.seconds * 100 : 0;
   return r;
@@ -333,6 +330,18 @@ void CpuTimes(double* user, double* sys) {
   *sys = ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
 }
 
+Status CheckTimedBuffered(bool direct, double seconds) {
+  if (direct || seconds <= 0) return Status::Ok();
+  // A time-based job loops over the file. Through the page cache every pass
+  // after the first reads from memory, and writes rewrite dirty pages that
+  // reach the device once.
+  return Status::InvalidArgument(
+      "--time without O_DIRECT would measure the page cache (reads after the "
+      "first pass come from memory; rewritten pages reach the device once): "
+      "use --size (one pass, its writes flushed in the time) or a file "
+      "system that supports O_DIRECT");
+}
+
 Result<Session> OpenSession(const Target& target, int rings, int qd,
                             size_t block_size, uint64_t size) {
   aio::IoOptions eo;
@@ -341,6 +350,7 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
   eo.rings = rings;
   eo.queue_depth = qd;
   eo.block_size = block_size;
+  eo.submit_batch = target.submit_batch;
   STRATA_ASSIGN_OR_RETURN(auto engine, aio::Engine::Open(eo));
   aio::FileOptions fo;
   fo.create = size != 0;

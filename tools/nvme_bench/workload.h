@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "strata/aio.h"
 #include "strata/status.h"
+#include "tools/nvme_bench/device_stat.h"
 #include "tools/nvme_bench/latency.h"
 
 namespace strata::bench {
@@ -39,20 +41,34 @@ struct JobSpec {
   uint64_t seed = 1;
 };
 
+// Completion latencies of a run (submit to completion), in microseconds.
+struct LatencyUs {
+  double min = 0;
+  double mean = 0;
+  double p50 = 0;
+  double p99 = 0;
+  double p999 = 0;
+  double p9999 = 0;
+  double max = 0;
+};
+
 struct JobResult {
   JobSpec spec;  // as run: spec.qd is the depth in flight per thread, which
                  // the thread backend's pool can hold below the one asked
   int qd_requested = 0;  // the --qd asked for when spec.qd is less, else 0
   bool direct = true;
   std::string backend;
+  int submit_batch = 0;  // the engine's IoInfo::submit_batch
   uint64_t bytes = 0;
   uint64_t ios = 0;
   double seconds = 0;
-  double lat_p50_us = 0;
-  double lat_p99_us = 0;
-  double lat_p999_us = 0;
-  double usr_pct = 0;  // of one core, over the run
+  LatencyUs lat;
+  double usr_pct = 0;  // of one core, over the run, summed over threads
   double sys_pct = 0;
+  // What the disk under the file served over the run; none when the file
+  // is on no block device. Filled by the caller (main.cc), which reads the
+  // disk's counters around the run.
+  std::optional<DeviceFigures> device;
 
   double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   double gib_per_s() const {
@@ -98,6 +114,7 @@ struct Target {
   // When set, a job or verify run stops early once it reads true and
   // returns kCancelled (Ctrl-C: tools/nvme_bench/interrupt.h).
   const std::atomic<bool>* cancel = nullptr;
+  int submit_batch = aio::IoOptions{}.submit_batch;
 };
 
 // An engine shaped for one run, with the target file open on it.
@@ -105,6 +122,10 @@ struct Session {
   std::unique_ptr<aio::Engine> engine;
   aio::File* file = nullptr;
 };
+
+// Refuses a time-based job on a file without O_DIRECT, which would measure
+// the page cache; names the fix.
+Status CheckTimedBuffered(bool direct, double seconds);
 
 // Opens an engine of `rings` rings of depth `qd` that splits at
 // `block_size`, and opens the target on it, creating and preallocating it to
