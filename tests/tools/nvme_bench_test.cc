@@ -57,6 +57,11 @@ TEST(CommandLineTest, ParsesListsAndDefaults) {
   EXPECT_EQ(o->repeat, 3);  // the default with --vs-fio
   EXPECT_EQ(o->size, 1ull << 30);
   EXPECT_EQ(o->fio_buffers, FioBufferKind::kHugePages);
+  const char* recommend[] = {"strata-nvme-bench", "--path", "/x",
+                             "--recommend"};
+  auto r = ParseCommandLine(4, const_cast<char**>(recommend), &exit_now);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->repeat, 3);  // a pick needs the spread of its runs
 }
 
 TEST(CommandLineTest, FioBuffersFollowStrataUnlessGiven) {

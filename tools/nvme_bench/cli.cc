@@ -185,11 +185,14 @@ void AddRunOptions(CLI::App& app, BenchOptions& o, Texts& text) {
                  "--fio-opt replaces this");
   app.add_option("--repeat", o.repeat,
                  "Runs per configuration, alternating with fio; the median "
-                 "is reported (default 3 with --vs-fio, else 1)")
+                 "is reported (default 3 with --vs-fio or --recommend, else "
+                 "1)")
       ->check(CLI::Range(1, 100));
   app.add_option("--json", o.json, "Write one JSON record per configuration");
   app.add_flag("--recommend", o.recommend,
-               "Print the best configuration per pattern and an aio config");
+               "Print per pattern the cheapest configuration the best does "
+               "not beat beyond the spread of their runs, and its aio "
+               "options");
   app.add_flag("--verify", o.verify,
                "Instead of the sweep: write patterned data, then read it back "
                "and check it, with random sizes at random aligned offsets");
@@ -209,7 +212,7 @@ void AddRunOptions(CLI::App& app, BenchOptions& o, Texts& text) {
 // The options parsed from text, their defaults that depend on others, and
 // the checks across them.
 Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
-  if (app.count("--repeat") == 0) o.repeat = o.vs_fio ? 3 : 1;
+  if (app.count("--repeat") == 0) o.repeat = o.vs_fio || o.recommend ? 3 : 1;
   if (app.count("--fio-buffers") == 0) {
     text.fio_buffers = o.huge_pages ? "huge" : "malloc";
   }
