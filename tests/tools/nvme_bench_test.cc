@@ -19,6 +19,7 @@
 
 #include "tests/testutil/testutil.h"
 #include "tests/tools/fake_kernel.h"
+#include "tests/tools/nvme_bench_workload.h"
 #include "tools/nvme_bench/cli.h"
 #include "tools/nvme_bench/device_stat.h"
 #include "tools/nvme_bench/fio.h"
@@ -420,26 +421,6 @@ TEST(ReportTest, TableMarksRunsTheDeviceSawDifferently) {
   row.strata.device->requests = 1907;
   EXPECT_EQ(TableNotes({row}), "");
 }
-
-class WorkloadTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto e = aio::Engine::Open(aio::IoOptions{});
-    ASSERT_TRUE(e.ok());
-    auto f = (*e)->OpenFile(path_, aio::FileOptions{kSize});
-    ASSERT_TRUE(f.ok());
-    direct_ = (*f)->direct();
-    auto b = aio::PinnedBuffer::Allocate(kPool, aio::PinOptions{false});
-    ASSERT_TRUE(b.ok());
-    pool_ = std::move(*b);
-  }
-  static constexpr uint64_t kSize = 16 << 20;
-  static constexpr size_t kPool = 8 << 20;
-  testutil::ScratchDir dir_;
-  std::string path_ = dir_.File("bench.dat");
-  bool direct_ = true;
-  aio::PinnedBuffer pool_;
-};
 
 TEST_F(WorkloadTest, EveryPatternMovesTheWholeFile) {
   for (Rw rw : {Rw::kWrite, Rw::kRead, Rw::kRandWrite, Rw::kRandRead}) {
