@@ -119,6 +119,65 @@ TEST(NvmeBenchCliTest, ComparesWithFioInTheSameRun) {
   }
 }
 
+// Whether `text` has a line whose run column (after the job's 22) is
+// `run`, with figures after it.
+bool HasRunLine(const std::string& text, const std::string& run) {
+  return std::regex_search(
+      text, std::regex("\n {22}  " + run + " +[0-9]+\\.[0-9]{3} +[0-9]+ "));
+}
+
+// Runs `args` with a --json file in `dir`; its records (discarded when the
+// run wrote none).
+nlohmann::json BenchJson(const testutil::ScratchDir& dir,
+                         const std::string& args, Outcome* o) {
+  const std::string json = dir.File("out.json");
+  *o = Bench("--path " + dir.path() + " " + args + " --json " + json);
+  return ReadJson(json);
+}
+
+// A mixed job: the totals' line, then one per direction, and the JSON's
+// directions add up to the totals with about 70% reads.
+void ExpectMixed(const nlohmann::json& r) {
+  EXPECT_EQ(
+      r["read"]["bytes"].get<uint64_t>() + r["write"]["bytes"].get<uint64_t>(),
+      r["bytes"].get<uint64_t>());
+  EXPECT_NEAR(r["read_share"].get<double>(), 0.70, 0.05);
+  EXPECT_GT(r["write"]["lat_us"]["p50"].get<double>(), 0);
+}
+
+TEST(NvmeBenchCliTest, MixedJobsReportEachDirection) {
+  testutil::ScratchDir dir;
+  Outcome o;
+  const nlohmann::json records =
+      BenchJson(dir, "--rw randrw --rwmixread 70 --bs 4K --qd 8 --size 8M", &o);
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_TRUE(Contains(o.output, "\nrandrw ")) << o.output;
+  EXPECT_TRUE(HasRunLine(o.output, "  read")) << o.output;
+  EXPECT_TRUE(HasRunLine(o.output, "  write")) << o.output;
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["rw"], "randrw");
+  EXPECT_EQ(records[0]["rwmixread"], 70);
+  EXPECT_EQ(records[0]["bytes"].get<uint64_t>(), 8u << 20);
+  ExpectMixed(records[0]);
+}
+
+// fio runs the same mix; its directions are parsed apart.
+TEST(NvmeBenchCliTest, MixedJobsAgainstFio) {
+  if (!HaveFio()) GTEST_SKIP() << "fio is not installed";
+  testutil::ScratchDir dir;
+  Outcome o;
+  const nlohmann::json records =
+      BenchJson(dir,
+                "--rw randrw --rwmixread 70 --bs 4K --qd 8 --size 8M "
+                "--vs-fio --repeat 1",
+                &o);
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_TRUE(HasRunLine(o.output, "fio   ")) << o.output;
+  ASSERT_EQ(records.size(), 1u);
+  ExpectMixed(records[0]);
+  ExpectMixed(records[0]["fio"]);
+}
+
 std::string HugePagePool() {
   std::ifstream in("/proc/sys/vm/nr_hugepages");
   std::string nr;
@@ -212,10 +271,12 @@ TEST(NvmeBenchCliTest, BadInputGetsAClearError) {
   // Someone else's file is never written without --overwrite.
   const std::string theirs = dir.File("theirs.bin");
   std::ofstream(theirs) << std::string(1 << 20, 'x');
-  const Outcome refused =
-      Bench("--path " + theirs + " --rw write --bs 64K --size 1M");
-  EXPECT_EQ(refused.status, 1);
-  EXPECT_TRUE(Contains(refused.output, "--overwrite")) << refused.output;
+  for (const char* rw : {"write", "randrw"}) {  // a mixed job writes too
+    const Outcome refused =
+        Bench("--path " + theirs + " --rw " + rw + " --bs 64K --size 1M");
+    EXPECT_EQ(refused.status, 1) << rw;
+    EXPECT_TRUE(Contains(refused.output, "--overwrite")) << refused.output;
+  }
   std::ifstream in(theirs);
   std::string content((std::istreambuf_iterator<char>(in)), {});
   EXPECT_EQ(content, std::string(1 << 20, 'x'));

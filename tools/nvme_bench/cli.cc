@@ -114,6 +114,15 @@ Result<BenchOptions> CheckSize(BenchOptions o) {
   return o;
 }
 
+Status CheckMix(const BenchOptions& o) {
+  if (o.rwmixread < 0 || o.rwmixread > 100) {
+    return Status::InvalidArgument(
+        "--rwmixread: " + std::to_string(o.rwmixread) +
+        " is not a percentage; give the share of reads in 0..100");
+  }
+  return Status::Ok();
+}
+
 // The options given as text, checked after parsing.
 struct Texts {
   std::string rw = "read,write", bs = "1M", qd = "32", threads = "1";
@@ -131,7 +140,12 @@ void AddJobOptions(CLI::App& app, BenchOptions& o, Texts& text) {
                "Let --path name a new file in an existing directory: created "
                "for the run and removed afterwards unless --keep");
   app.add_option("--rw", text.rw,
-                 "Access patterns: read,write,randread,randwrite")
+                 "Access patterns: read,write,randread,randwrite and the "
+                 "mixed rw (sequential) and randrw")
+      ->capture_default_str();
+  app.add_option("--rwmixread", o.rwmixread,
+                 "Mixed jobs (rw, randrw): each request is a read with this "
+                 "probability, in percent")
       ->capture_default_str();
   app.add_option("--bs", text.bs,
                  "Request sizes, multiples of 4K, e.g. 128K,1M,8M")
@@ -226,6 +240,7 @@ Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
   STRATA_ASSIGN_OR_RETURN(o.verify_max,
                           ForFlag("--verify-max", ParseSize(text.verify_max)));
   if (o.seconds < 0) return Status::InvalidArgument("--time must be >= 0");
+  STRATA_RETURN_IF_ERROR(CheckMix(o));
   STRATA_RETURN_IF_ERROR(CheckTimedBuffered(!o.buffered, o.seconds));
   return CheckSize(o);
 }

@@ -150,6 +150,63 @@ LatencyUs Latency(const nlohmann::json& dir) {
   return l;
 }
 
+std::string Milliseconds(double seconds) {
+  return std::to_string(static_cast<uint64_t>(seconds * 1000)) + "ms";
+}
+
+// fio's figures for one direction ("read", "write", "mixed").
+DirectionResult Direction(const nlohmann::json& dir) {
+  return DirectionResult{.bytes = dir.value("io_bytes", uint64_t{0}),
+                         .ios = dir.value("total_ios", uint64_t{0}),
+                         .lat = Latency(dir)};
+}
+
+// Without fio's "mixed" section (a --fio-opt changed its reporting), the
+// percentiles of all requests are not known: the larger direction's stand
+// in, an upper bound.
+LatencyUs Combined(const DirectionResult& a, const DirectionResult& b) {
+  const uint64_t n = a.ios + b.ios;
+  return LatencyUs{
+      .min = std::min(a.ios ? a.lat.min : b.lat.min,
+                      b.ios ? b.lat.min : a.lat.min),
+      .mean = n ? (a.lat.mean * a.ios + b.lat.mean * b.ios) / n : 0,
+      .p50 = std::max(a.lat.p50, b.lat.p50),
+      .p99 = std::max(a.lat.p99, b.lat.p99),
+      .p999 = std::max(a.lat.p999, b.lat.p999),
+      .p9999 = std::max(a.lat.p9999, b.lat.p9999),
+      .max = std::max(a.lat.max, b.lat.max)};
+}
+
+// The figures of `job` that `spec` asked for: one direction's, or for a
+// mixed job the sum of fio's "read" and "write" sections, each kept.
+Status ParseDirections(const nlohmann::json& job, const JobSpec& spec,
+                       JobResult* r) {
+  const bool mixed = IsMixed(spec.rw);
+  double bw = 0;
+  for (const bool write : {false, true}) {
+    if (!mixed && write != IsWrite(spec.rw)) continue;
+    const char* key = write ? "write" : "read";
+    if (!job.contains(key)) {
+      return Status::Internal(std::string("fio's JSON has no '") + key +
+                              "' section");
+    }
+    const nlohmann::json& dir = job.at(key);
+    (write ? r->write : r->read) = Direction(dir);
+    bw += dir.value("bw_bytes", 0.0);
+  }
+  r->bytes = r->read.bytes + r->write.bytes;
+  r->ios = r->read.ios + r->write.ios;
+  r->seconds = bw > 0 ? r->bytes / bw : 0;
+  if (!mixed) {
+    r->lat = IsWrite(spec.rw) ? r->write.lat : r->read.lat;
+  } else if (job.contains("mixed")) {
+    r->lat = Latency(job.at("mixed"));
+  } else {
+    r->lat = Combined(r->read, r->write);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<std::string> FioCommand(const std::string& fio,
@@ -177,14 +234,16 @@ std::vector<std::string> FioCommand(const std::string& fio,
       "--randseed=" + std::to_string(spec.seed),
       "--output-format=json",
   };
-  if (!direct) {
-    cmd.push_back(IsWrite(spec.rw) ? "--end_fsync=1" : "--invalidate=1");
+  if (IsMixed(spec.rw)) {
+    cmd.push_back("--rwmixread=" + std::to_string(spec.rwmixread));
+    // Adds a "mixed" section: the percentiles of all requests together.
+    cmd.push_back("--unified_rw_reporting=both");
   }
+  if (!direct && IsWrite(spec.rw)) cmd.push_back("--end_fsync=1");
+  if (!direct && IsRead(spec.rw)) cmd.push_back("--invalidate=1");
   if (spec.seconds > 0) {
     cmd.push_back("--time_based");
-    cmd.push_back("--runtime=" +
-                  std::to_string(static_cast<uint64_t>(spec.seconds * 1000)) +
-                  "ms");
+    cmd.push_back("--runtime=" + Milliseconds(spec.seconds));
   }
   cmd.insert(cmd.end(), extra.begin(), extra.end());
   return cmd;
@@ -201,20 +260,10 @@ Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
     return Status::Internal("cannot parse fio's JSON output");
   }
   const nlohmann::json& job = doc["jobs"][0];
-  const char* key = IsWrite(spec.rw) ? "write" : "read";
-  if (!job.contains(key)) {
-    return Status::Internal(std::string("fio's JSON has no '") + key +
-                            "' section");
-  }
-  const nlohmann::json& dir = job.at(key);
   JobResult r;
   r.spec = spec;
   r.backend = "fio-io_uring";
-  r.bytes = dir.value("io_bytes", uint64_t{0});
-  r.ios = dir.value("total_ios", uint64_t{0});
-  const double bw = dir.value("bw_bytes", 0.0);
-  r.seconds = bw > 0 ? r.bytes / bw : 0;
-  r.lat = Latency(dir);
+  STRATA_RETURN_IF_ERROR(ParseDirections(job, spec, &r));
   // With group_reporting fio sums CPU time and run time over its numjobs
   // threads: its usr_cpu is a thread's average. strata's is the process's,
   // summed over threads, as a percentage of one core.

@@ -148,7 +148,8 @@ std::vector<JobSpec> Specs(const BenchOptions& o) {
                                   .threads = th,
                                   .size = o.size,
                                   .seconds = o.seconds,
-                                  .seed = o.seed});
+                                  .seed = o.seed,
+                                  .rwmixread = o.rwmixread});
         }
       }
     }

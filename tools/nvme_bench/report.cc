@@ -45,6 +45,31 @@ std::string RunColumns(const std::string& who, const JobResult& r) {
       fmt::format("{:.1f}", r.usr_pct + r.sys_pct), dev_iops, dev_kib);
 }
 
+double PerSecond(double count, double seconds) {
+  return seconds > 0 ? count / seconds : 0;
+}
+
+// A mixed run's line for one direction, under the run's: CPU and the
+// device's figures are the run's, not split.
+std::string DirectionColumns(const std::string& who, const DirectionResult& d,
+                             double seconds) {
+  return fmt::format(
+      kRun, who, fmt::format("{:.3f}", PerSecond(d.bytes / 1e9, seconds)),
+      fmt::format("{:.0f}", PerSecond(d.ios, seconds)),
+      fmt::format("{:.0f}", d.lat.p50), fmt::format("{:.0f}", d.lat.p99),
+      fmt::format("{:.0f}", d.lat.p999), "-", "-", "-");
+}
+
+// A run's line and, for a mixed job, a line per direction under it.
+std::string RunLines(const std::string& who, const JobResult& r) {
+  std::string out = RunColumns(who, r);
+  if (!IsMixed(r.spec.rw)) return out;
+  const std::string indent(kJobWidth, ' ');
+  out += "\n" + indent + DirectionColumns("  read", r.read, r.seconds);
+  out += "\n" + indent + DirectionColumns("  write", r.write, r.seconds);
+  return out;
+}
+
 // The slowest and fastest of `runs`; the median run's GB/s when there are
 // none.
 std::pair<double, double> Range(const std::vector<double>& runs,
@@ -54,6 +79,19 @@ std::pair<double, double> Range(const std::vector<double>& runs,
   return {*lo, *hi};
 }
 
+nlohmann::json LatencyJson(const LatencyUs& lat) {
+  return {{"min", lat.min}, {"mean", lat.mean}, {"p50", lat.p50},
+          {"p99", lat.p99}, {"p999", lat.p999}, {"p9999", lat.p9999},
+          {"max", lat.max}};
+}
+
+nlohmann::json DirectionJson(const DirectionResult& d, double seconds) {
+  return {{"bytes", d.bytes},
+          {"iops", PerSecond(d.ios, seconds)},
+          {"gb_per_s", PerSecond(d.bytes / 1e9, seconds)},
+          {"lat_us", LatencyJson(d.lat)}};
+}
+
 nlohmann::json ResultJson(const JobResult& r, const std::string& disk) {
   nlohmann::json j = {
       {"bytes", r.bytes},
@@ -61,16 +99,14 @@ nlohmann::json ResultJson(const JobResult& r, const std::string& disk) {
       {"gb_per_s", r.gb_per_s()},
       {"gib_per_s", r.gib_per_s()},
       {"iops", r.iops()},
-      {"lat_us",
-       {{"min", r.lat.min},
-        {"mean", r.lat.mean},
-        {"p50", r.lat.p50},
-        {"p99", r.lat.p99},
-        {"p999", r.lat.p999},
-        {"p9999", r.lat.p9999},
-        {"max", r.lat.max}}},
+      {"lat_us", LatencyJson(r.lat)},
       {"cpu", {{"usr", r.usr_pct}, {"sys", r.sys_pct}}},
   };
+  if (IsMixed(r.spec.rw)) {
+    j["read"] = DirectionJson(r.read, r.seconds);
+    j["write"] = DirectionJson(r.write, r.seconds);
+    j["read_share"] = r.read_share();
+  }
   if (r.device) {
     j["device"] = {{"disk", disk},
                    {"requests", r.device->requests},
@@ -108,10 +144,10 @@ std::string TableRow(const Row& row) {
   const JobSpec& s = row.strata.spec;
   std::string out =
       fmt::format(kJob, RwName(s.rw), SizeText(s.bs), s.qd, s.threads) +
-      RunColumns("strata", row.strata);
+      RunLines("strata", row.strata);
   if (!row.fio) return out;
   const std::string indent(kJobWidth, ' ');
-  out += "\n" + indent + RunColumns("fio", *row.fio);
+  out += "\n" + indent + RunLines("fio", *row.fio);
   const auto [slo, shi] = Range(row.strata_gbps, row.strata);
   const auto [flo, fhi] = Range(row.fio_gbps, *row.fio);
   out += fmt::format(
@@ -143,6 +179,7 @@ nlohmann::json RowJson(const Row& row) {
   const JobResult& r = row.strata;
   nlohmann::json j = ResultJson(r, row.disk);
   j["rw"] = RwName(r.spec.rw);
+  if (IsMixed(r.spec.rw)) j["rwmixread"] = r.spec.rwmixread;
   j["bs"] = r.spec.bs;
   j["qd"] = r.spec.qd;
   if (r.qd_requested != 0) j["qd_requested"] = r.qd_requested;

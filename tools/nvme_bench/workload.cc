@@ -19,9 +19,13 @@ struct Worker {
   uint64_t first_block = 0;
   uint64_t blocks = 0;
   std::atomic<uint64_t> next{0};
-  std::atomic<uint64_t> bytes{0};
-  std::atomic<uint64_t> ios{0};
-  LatencyHistogram lat;
+  // A sequential mixed job's next block per direction: as fio does, reads
+  // and writes each walk the slice from its start.
+  std::atomic<uint64_t> next_of[2] = {0, 0};
+  // Per direction: [0] reads, [1] writes.
+  std::atomic<uint64_t> bytes[2] = {0, 0};
+  std::atomic<uint64_t> ios[2] = {0, 0};
+  LatencyHistogram lat[2];
 };
 
 class Job;
@@ -31,6 +35,7 @@ struct Slot {
   Worker* worker;
   char* buf;
   uint64_t start_ns = 0;
+  bool write = false;  // the request in flight's direction
 };
 
 // Keeps qd requests in flight per worker, resubmitting from completions.
@@ -88,12 +93,17 @@ bool Job::Issue(Slot* slot) {
   if (spec_.seconds > 0 && now >= deadline_ns_) return false;
   const uint64_t i = w.next.fetch_add(1, std::memory_order_relaxed);
   if (spec_.seconds <= 0 && i >= w.blocks) return false;
+  slot->write = WritesRequest(spec_, w.ring, i);
+  const uint64_t at =
+      spec_.rw == Rw::kReadWrite
+          ? w.next_of[slot->write].fetch_add(1, std::memory_order_relaxed)
+          : i;
   aio::Request req;
   req.file = file_;
   req.buf = slot->buf;
   req.len = spec_.bs;
-  req.offset = BlockOf(w, i) * spec_.bs;
-  req.write = IsWrite(spec_.rw);
+  req.offset = BlockOf(w, at) * spec_.bs;
+  req.write = slot->write;
   req.ring = w.ring;
   req.on_complete = [slot](const Status& st) {
     slot->job->OnComplete(slot, st);
@@ -117,9 +127,10 @@ void Job::OnComplete(Slot* slot, const Status& status) {
   const uint64_t now = NowNs();
   Worker& w = *slot->worker;
   if (status.ok()) {
-    w.lat.Record(now - slot->start_ns);
-    w.bytes.fetch_add(spec_.bs, std::memory_order_relaxed);
-    w.ios.fetch_add(1, std::memory_order_relaxed);
+    const int dir = slot->write ? 1 : 0;
+    w.lat[dir].Record(now - slot->start_ns);
+    w.bytes[dir].fetch_add(spec_.bs, std::memory_order_relaxed);
+    w.ios[dir].fetch_add(1, std::memory_order_relaxed);
   } else {
     Fail(status);
   }
@@ -169,7 +180,7 @@ void Job::WaitForEnd(uint64_t start_ns, const ProgressFn& progress) {
     if (progress && now - last_report > 500'000'000) {
       last_report = now;
       uint64_t bytes = 0;
-      for (const auto& w : workers_) bytes += w->bytes.load();
+      for (const auto& w : workers_) bytes += w->bytes[0] + w->bytes[1];
       progress(bytes, (now - start_ns) / 1e9);
     }
   }
@@ -201,7 +212,7 @@ Result<Session> OpenJob(const JobSpec& spec, const Target& target,
   STRATA_RETURN_IF_ERROR(session.engine->RegisterBuffer(buffers, bytes));
   STRATA_RETURN_IF_ERROR(
       CheckTimedBuffered(session.file->direct(), spec.seconds));
-  if (!IsWrite(spec.rw)) STRATA_RETURN_IF_ERROR(session.file->DropCache());
+  if (IsRead(spec.rw)) STRATA_RETURN_IF_ERROR(session.file->DropCache());
   return session;
 }
 
@@ -235,6 +246,34 @@ Result<Timed> TimeJob(Job& job, const JobSpec& spec, const Session& session,
   return Timed{seconds, usr1 - usr0, sys1 - sys0};
 }
 
+LatencyUs LatencyOf(const LatencyHistogram& lat) {
+  return LatencyUs{.min = lat.min() / 1e3,
+                   .mean = lat.mean() / 1e3,
+                   .p50 = lat.Percentile(0.50) / 1e3,
+                   .p99 = lat.Percentile(0.99) / 1e3,
+                   .p999 = lat.Percentile(0.999) / 1e3,
+                   .p9999 = lat.Percentile(0.9999) / 1e3,
+                   .max = lat.max() / 1e3};
+}
+
+// The workers' counts, per direction and in all.
+void Tally(const Job& job, JobResult* r) {
+  LatencyHistogram all, dir[2];
+  DirectionResult* out[2] = {&r->read, &r->write};
+  for (const auto& w : job.workers()) {
+    for (int d = 0; d < 2; ++d) {
+      out[d]->bytes += w->bytes[d].load();
+      out[d]->ios += w->ios[d].load();
+      dir[d].Merge(w->lat[d]);
+      all.Merge(w->lat[d]);
+    }
+  }
+  for (int d = 0; d < 2; ++d) out[d]->lat = LatencyOf(dir[d]);
+  r->bytes = r->read.bytes + r->write.bytes;
+  r->ios = r->read.ios + r->write.ios;
+  r->lat = LatencyOf(all);
+}
+
 JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
                    const Timed& t) {
   JobResult r;
@@ -251,19 +290,7 @@ JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
   r.backend = std::string(aio::BackendName(info.backend));
   r.submit_batch = info.submit_batch;
   r.seconds = t.seconds;
-  LatencyHistogram lat;
-  for (const auto& w : job.workers()) {
-    r.bytes += w->bytes.load();
-    r.ios += w->ios.load();
-    lat.Merge(w->lat);
-  }
-  r.lat = LatencyUs{.min = lat.min() / 1e3,
-                    .mean = lat.mean() / 1e3,
-                    .p50 = lat.Percentile(0.50) / 1e3,
-                    .p99 = lat.Percentile(0.99) / 1e3,
-                    .p999 = lat.Percentile(0.999) / 1e3,
-                    .p9999 = lat.Percentile(0.9999) / 1e3,
-                    .max = lat.max() / 1e3};
+  Tally(job, &r);
   r.usr_pct = t.seconds > 0 ? t.usr / t.seconds * 100 : 0;
   r.sys_pct = t.seconds > 0 ? t.sys / t.seconds * 100 : 0;
   return r;
@@ -287,16 +314,29 @@ std::string_view RwName(Rw rw) {
       return "randread";
     case Rw::kRandWrite:
       return "randwrite";
+    case Rw::kReadWrite:
+      return "rw";
+    case Rw::kRandReadWrite:
+      return "randrw";
   }
   return "?";
 }
 
 Result<Rw> ParseRw(std::string_view name) {
-  for (Rw rw : {Rw::kRead, Rw::kWrite, Rw::kRandRead, Rw::kRandWrite}) {
+  for (Rw rw : {Rw::kRead, Rw::kWrite, Rw::kRandRead, Rw::kRandWrite,
+                Rw::kReadWrite, Rw::kRandReadWrite}) {
     if (name == RwName(rw)) return rw;
   }
-  return Status::InvalidArgument("unknown --rw '" + std::string(name) +
-                                 "'; use read, write, randread or randwrite");
+  return Status::InvalidArgument(
+      "unknown --rw '" + std::string(name) +
+      "'; use read, write, randread, randwrite, rw or randrw");
+}
+
+bool WritesRequest(const JobSpec& spec, int ring, uint64_t i) {
+  if (!IsMixed(spec.rw)) return IsWrite(spec.rw);
+  // A stream of its own per ring, apart from the offsets' permutation.
+  const uint64_t draw = Mix64(Mix64(spec.seed ^ 0x72776d6978ull) + ring) ^ i;
+  return Mix64(draw) % 100 >= static_cast<uint64_t>(spec.rwmixread);
 }
 
 Permutation::Permutation(uint64_t n, uint64_t seed) : n_(n) {

@@ -22,13 +22,32 @@
 
 namespace strata::bench {
 
-enum class Rw { kRead, kWrite, kRandRead, kRandWrite };
+// fio's names: kReadWrite is "rw" (sequential) and kRandReadWrite "randrw",
+// mixed jobs whose requests are each a read with probability rwmixread%.
+enum class Rw {
+  kRead,
+  kWrite,
+  kRandRead,
+  kRandWrite,
+  kReadWrite,
+  kRandReadWrite
+};
 
 std::string_view RwName(Rw rw);
 Result<Rw> ParseRw(std::string_view name);
-inline bool IsWrite(Rw rw) { return rw == Rw::kWrite || rw == Rw::kRandWrite; }
+inline bool IsMixed(Rw rw) {
+  return rw == Rw::kReadWrite || rw == Rw::kRandReadWrite;
+}
+// Whether the job writes at all (a mixed job does): it then needs
+// --overwrite on someone else's file, and a buffered run ends with a flush.
+inline bool IsWrite(Rw rw) {
+  return rw == Rw::kWrite || rw == Rw::kRandWrite || IsMixed(rw);
+}
+// Whether the job reads at all: a buffered run then starts from a cold cache.
+inline bool IsRead(Rw rw) { return !IsWrite(rw) || IsMixed(rw); }
 inline bool IsRandom(Rw rw) {
-  return rw == Rw::kRandRead || rw == Rw::kRandWrite;
+  return rw == Rw::kRandRead || rw == Rw::kRandWrite ||
+         rw == Rw::kRandReadWrite;
 }
 
 struct JobSpec {
@@ -39,7 +58,12 @@ struct JobSpec {
   uint64_t size = 0;   // bytes of the file the job covers, from offset 0
   double seconds = 0;  // > 0: time based, looping over the file
   uint64_t seed = 1;
+  int rwmixread = 50;  // mixed jobs: the percentage of requests that read
 };
+
+// Whether request `i` of ring `ring` writes: for a mixed job drawn from the
+// seed, a read with probability spec.rwmixread%.
+bool WritesRequest(const JobSpec& spec, int ring, uint64_t i);
 
 // Completion latencies of a run (submit to completion), in microseconds.
 struct LatencyUs {
@@ -50,6 +74,13 @@ struct LatencyUs {
   double p999 = 0;
   double p9999 = 0;
   double max = 0;
+};
+
+// One direction of a mixed job, over the same seconds as the whole.
+struct DirectionResult {
+  uint64_t bytes = 0;
+  uint64_t ios = 0;
+  LatencyUs lat;
 };
 
 struct JobResult {
@@ -69,12 +100,20 @@ struct JobResult {
   // is on no block device. Filled by the caller (main.cc), which reads the
   // disk's counters around the run.
   std::optional<DeviceFigures> device;
+  // A mixed job's reads and writes, which add up to bytes and ios.
+  DirectionResult read;
+  DirectionResult write;
 
   double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   double gib_per_s() const {
     return seconds > 0 ? bytes / seconds / (1024.0 * 1024 * 1024) : 0;
   }
   double iops() const { return seconds > 0 ? ios / seconds : 0; }
+  // Reads over all requests.
+  double read_share() const {
+    const uint64_t n = read.ios + write.ios;
+    return n > 0 ? static_cast<double>(read.ios) / n : 0;
+  }
 };
 
 // splitmix64's finalizer: a cheap, well-mixed 64-bit hash.
