@@ -161,21 +161,44 @@ TEST(NvmeBenchCliTest, MixedJobsReportEachDirection) {
   ExpectMixed(records[0]);
 }
 
-// fio runs the same mix; its directions are parsed apart.
-TEST(NvmeBenchCliTest, MixedJobsAgainstFio) {
+// fio runs the same mix and ramp; its directions are parsed apart.
+TEST(NvmeBenchCliTest, MixedJobsAndRampAgainstFio) {
   if (!HaveFio()) GTEST_SKIP() << "fio is not installed";
   testutil::ScratchDir dir;
   Outcome o;
   const nlohmann::json records =
       BenchJson(dir,
-                "--rw randrw --rwmixread 70 --bs 4K --qd 8 --size 8M "
-                "--vs-fio --repeat 1",
+                "--rw randrw --rwmixread 70 --bs 4K --qd 8 --size 8M --time "
+                "0.4 --ramp 0.2 --vs-fio --repeat 1",
                 &o);
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_TRUE(HasRunLine(o.output, "fio   ")) << o.output;
   ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["ramp_seconds"], 0.2);
   ExpectMixed(records[0]);
   ExpectMixed(records[0]["fio"]);
+  // fio's ramp is inside its run: the disk's counters would count it.
+  EXPECT_FALSE(records[0]["fio"].contains("device"));
+}
+
+// A ramp is left out of the figures, so it needs a time-based job.
+TEST(NvmeBenchCliTest, RampRunsOnlyWithTime) {
+  testutil::ScratchDir dir;
+  const std::string args = "--rw randread --bs 64K --size 1M";
+  Outcome o;
+  const nlohmann::json records =
+      BenchJson(dir, args + " --time 0.2 --ramp 0.2", &o);
+  ASSERT_EQ(o.status, 0) << o.output;
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["ramp_seconds"], 0.2);
+  EXPECT_GT(records[0]["bytes"].get<uint64_t>(), 0u);
+  const Outcome untimed =
+      Bench("--path " + dir.path() + " " + args + " --ramp 1");
+  EXPECT_EQ(untimed.status, 2);
+  EXPECT_TRUE(Contains(untimed.output,
+                       "--ramp needs --time: a job of one pass has no steady "
+                       "state to ramp into; add --time S or drop --ramp"))
+      << untimed.output;
 }
 
 std::string HugePagePool() {

@@ -1,7 +1,7 @@
-// strata-nvme-bench's mixed jobs (--rw rw/randrw with --rwmixread): the
-// command line, the requests' directions, fio's command and JSON, the table
-// and the JSON records. Part of nvme_bench_test (nvme_bench_test.cc holds
-// the rest).
+// strata-nvme-bench's mixed jobs (--rw rw/randrw with --rwmixread) and
+// --ramp: the command line, the requests' directions, what a ramp leaves
+// uncounted, fio's command and JSON, the table and the JSON records. Part
+// of nvme_bench_test (nvme_bench_test.cc holds the rest).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -13,6 +13,7 @@
 #include "tests/tools/nvme_bench_workload.h"
 #include "tools/nvme_bench/cli.h"
 #include "tools/nvme_bench/fio.h"
+#include "tools/nvme_bench/progress.h"
 #include "tools/nvme_bench/report.h"
 #include "tools/nvme_bench/workload.h"
 
@@ -26,20 +27,23 @@ Result<BenchOptions> Parse(std::vector<const char*> args) {
                           const_cast<char**>(args.data()), &exit_now);
 }
 
-TEST(MixCommandLineTest, ParsesMixedPatternsAndRwmixread) {
-  auto o = Parse({"--rw", "randrw,rw", "--rwmixread", "70"});
+TEST(MixCommandLineTest, ParsesMixedPatternsRwmixreadAndRamp) {
+  auto o = Parse({"--rw", "randrw,rw", "--rwmixread", "70", "--time", "2",
+                  "--ramp", "0.5"});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->rw, (std::vector<Rw>{Rw::kRandReadWrite, Rw::kReadWrite}));
   EXPECT_EQ(o->rwmixread, 70);
+  EXPECT_DOUBLE_EQ(o->ramp, 0.5);
   auto d = Parse({"--rw", "randrw"});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->rwmixread, 50);  // fio's default
+  EXPECT_EQ(d->ramp, 0);
   EXPECT_TRUE(IsMixed(Rw::kReadWrite) && IsWrite(Rw::kReadWrite) &&
               IsRead(Rw::kReadWrite) && !IsRandom(Rw::kReadWrite));
   EXPECT_TRUE(IsRandom(Rw::kRandReadWrite) && IsWrite(Rw::kRandReadWrite));
 }
 
-TEST(MixCommandLineTest, RejectsABadMixWithTheRange) {
+TEST(MixCommandLineTest, RejectsABadMixOrRampWithTheFix) {
   for (const char* bad : {"101", "-1"}) {
     auto o = Parse({"--rw", "randrw", "--rwmixread", bad});
     ASSERT_FALSE(o.ok()) << bad;
@@ -49,6 +53,17 @@ TEST(MixCommandLineTest, RejectsABadMixWithTheRange) {
               std::string::npos)
         << o.status().message();
   }
+  auto untimed = Parse({"--ramp", "1"});
+  ASSERT_FALSE(untimed.ok());
+  EXPECT_NE(untimed.status().message().find("--ramp needs --time"),
+            std::string::npos)
+      << untimed.status().message();
+  EXPECT_NE(untimed.status().message().find("add --time S or drop --ramp"),
+            std::string::npos);
+  auto negative = Parse({"--ramp", "-1", "--time", "1"});
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("--ramp must be >= 0"),
+            std::string::npos);
 }
 
 // Requests that reach the engine, by direction.
@@ -144,9 +159,42 @@ TEST_F(MixWorkloadTest, SequentialMixedJobsKeepAnOffsetPerDirection) {
   }
 }
 
-TEST(MixFioTest, CommandAsksForTheMix) {
+// The ramp's requests reach the device but not the figures; the caller
+// hears when the counted part begins (to read the disk's counters then).
+TEST_F(MixWorkloadTest, RampedRequestsAreNotCounted) {
+  DirectionCounter count;
+  JobSpec spec{Rw::kRandRead, 64 << 10, 2, 1, 1 << 20, /*seconds=*/0.1};
+  spec.ramp = 0.3;
+  Target target{path_, direct_, aio::Backend::kAuto, &count};
+  std::vector<uint64_t> ramp_ends;  // transfers by then, once per call
+  target.on_ramp_end = [&] { ramp_ends.push_back(count.reads.load()); };
+  auto r = RunJob(spec, target, pool_.data(), pool_.size(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(ramp_ends.size(), 1u);
+  EXPECT_GT(ramp_ends[0], 0u);
+  EXPECT_GT(r->ios, 0u);
+  EXPECT_LT(r->ios, count.reads.load());
+  EXPECT_EQ(r->bytes, r->ios * (64 << 10));
+  EXPECT_GE(r->seconds, 0.1);  // the measured part, never before its end
+  spec.seconds = 0;
+  auto untimed = Run(spec, nullptr);
+  ASSERT_FALSE(untimed.ok());
+  EXPECT_NE(untimed.status().message().find("--ramp needs --time"),
+            std::string::npos);
+}
+
+// Progress counts the ramp's seconds: half way at the ramp's end.
+TEST(MixProgressTest, PercentCountsTheRamp) {
+  JobSpec spec{Rw::kRead, 1 << 20, 32, 1, 1 << 30, /*seconds=*/2};
+  spec.ramp = 2;
+  EXPECT_EQ(JobProgressText("j", spec, {0, 1.0}, {100'000'000, 2.0}),
+            "j: 50% 0.100 GB/s");
+}
+
+TEST(MixFioTest, CommandAsksForTheMixAndTheRamp) {
   JobSpec spec{Rw::kRandReadWrite, 4096, 8, 1, 1 << 20, /*seconds=*/2};
   spec.rwmixread = 70;
+  spec.ramp = 1.5;
   const auto cmd = FioCommand("fio", "/d/f", spec, false, {});
   auto has = [&](const std::string& arg) {
     return std::find(cmd.begin(), cmd.end(), arg) != cmd.end();
@@ -154,11 +202,16 @@ TEST(MixFioTest, CommandAsksForTheMix) {
   EXPECT_TRUE(has("--rw=randrw"));
   EXPECT_TRUE(has("--rwmixread=70"));
   EXPECT_TRUE(has("--unified_rw_reporting=both"));
+  EXPECT_TRUE(has("--ramp_time=1500ms"));
   EXPECT_TRUE(has("--end_fsync=1"));  // buffered: it writes, and reads
   EXPECT_TRUE(has("--invalidate=1"));
   spec.rw = Rw::kReadWrite;
+  spec.ramp = 0;
   const auto seq = FioCommand("fio", "/d/f", spec, true, {});
   EXPECT_NE(std::find(seq.begin(), seq.end(), "--rw=rw"), seq.end());
+  for (const std::string& arg : seq) {
+    EXPECT_EQ(arg.find("--ramp_time"), std::string::npos);
+  }
 }
 
 // A real fio 3.33 run: --rw=randrw --rwmixread=70 --bs=64K --numjobs=2,
@@ -239,12 +292,15 @@ TEST(MixReportTest, MixedRowsHaveALinePerDirectionWithin100Columns) {
 TEST(MixReportTest, MixedJsonRecordHasEachDirection) {
   Row row;
   row.strata = FakeMixed(1.0);
+  row.strata.spec.seconds = 2;
+  row.strata.spec.ramp = 0.5;
   row.strata_gbps = {1.0};
   row.fio = FakeMixed(1.0);
   row.fio_gbps = {1.0};
   const nlohmann::json j = RowJson(row);
   EXPECT_EQ(j["rw"], "randrw");
   EXPECT_EQ(j["rwmixread"], 70);
+  EXPECT_EQ(j["ramp_seconds"], 0.5);
   for (const nlohmann::json* rec : {&j, &j["fio"]}) {
     for (const char* dir : {"read", "write"}) {
       ASSERT_TRUE(rec->contains(dir)) << dir;
@@ -259,9 +315,11 @@ TEST(MixReportTest, MixedJsonRecordHasEachDirection) {
     EXPECT_EQ((*rec)["write"]["lat_us"]["p50"], 160);
   }
   row.strata.spec.rw = Rw::kRandRead;
+  row.strata.spec.ramp = 0;
   const nlohmann::json plain = RowJson(row);
   EXPECT_FALSE(plain.contains("read_share"));
   EXPECT_FALSE(plain.contains("rwmixread"));
+  EXPECT_FALSE(plain.contains("ramp_seconds"));
 }
 
 }  // namespace

@@ -114,13 +114,13 @@ Result<BenchOptions> CheckSize(BenchOptions o) {
   return o;
 }
 
-Status CheckMix(const BenchOptions& o) {
+Status CheckMixAndRamp(const BenchOptions& o) {
   if (o.rwmixread < 0 || o.rwmixread > 100) {
     return Status::InvalidArgument(
         "--rwmixread: " + std::to_string(o.rwmixread) +
         " is not a percentage; give the share of reads in 0..100");
   }
-  return Status::Ok();
+  return CheckRamp(o.ramp, o.seconds);
 }
 
 // The options given as text, checked after parsing.
@@ -163,6 +163,9 @@ void AddJobOptions(CLI::App& app, BenchOptions& o, Texts& text) {
       ->capture_default_str();
   app.add_option("--time", o.seconds,
                  "Seconds per job, looping over the file (0: one pass)");
+  app.add_option("--ramp", o.ramp,
+                 "With --time: seconds each job runs first, not counted in "
+                 "its bytes, IOPS, latency or CPU (fio's ramp_time)");
   app.add_option("--backend", o.backend,
                  "aio backend: auto, io_uring or threads "
                  "(STRATA_AIO_BACKEND overrides)")
@@ -240,7 +243,7 @@ Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
   STRATA_ASSIGN_OR_RETURN(o.verify_max,
                           ForFlag("--verify-max", ParseSize(text.verify_max)));
   if (o.seconds < 0) return Status::InvalidArgument("--time must be >= 0");
-  STRATA_RETURN_IF_ERROR(CheckMix(o));
+  STRATA_RETURN_IF_ERROR(CheckMixAndRamp(o));
   STRATA_RETURN_IF_ERROR(CheckTimedBuffered(!o.buffered, o.seconds));
   return CheckSize(o);
 }

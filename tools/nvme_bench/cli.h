@@ -20,6 +20,7 @@ struct BenchOptions {
   std::vector<int> threads = {1};
   uint64_t size = 1ull << 30;
   double seconds = 0;
+  double ramp = 0;     // --time only: seconds run first and not counted
   int rwmixread = 50;  // rw and randrw: the percentage of requests that read
   std::string backend = "auto";
   int submit_batch = aio::IoOptions{}.submit_batch;

@@ -245,6 +245,7 @@ std::vector<std::string> FioCommand(const std::string& fio,
     cmd.push_back("--time_based");
     cmd.push_back("--runtime=" + Milliseconds(spec.seconds));
   }
+  if (spec.ramp > 0) cmd.push_back("--ramp_time=" + Milliseconds(spec.ramp));
   cmd.insert(cmd.end(), extra.begin(), extra.end());
   return cmd;
 }

@@ -149,7 +149,8 @@ std::vector<JobSpec> Specs(const BenchOptions& o) {
                                   .size = o.size,
                                   .seconds = o.seconds,
                                   .seed = o.seed,
-                                  .rwmixread = o.rwmixread});
+                                  .rwmixread = o.rwmixread,
+                                  .ramp = o.ramp});
         }
       }
     }
@@ -158,14 +159,19 @@ std::vector<JobSpec> Specs(const BenchOptions& o) {
 }
 
 // Runs `run` and fills its result's device figures from `disk`'s counters
-// around it.
-Result<JobResult> WithDevice(const std::optional<DiskStat>& disk,
-                             const std::function<Result<JobResult>()>& run) {
+// around it; `run` may call the function it is given to read them again
+// (at the end of a ramp).
+Result<JobResult> WithDevice(
+    const std::optional<DiskStat>& disk,
+    const std::function<Result<JobResult>(const std::function<void()>&)>& run) {
   std::optional<DiskCounters> before;
-  if (disk) {
-    if (auto c = disk->Read(); c.ok()) before = *c;
-  }
-  STRATA_ASSIGN_OR_RETURN(JobResult r, run());
+  const auto mark = [&] {
+    if (disk) {
+      if (auto c = disk->Read(); c.ok()) before = *c;
+    }
+  };
+  mark();
+  STRATA_ASSIGN_OR_RETURN(JobResult r, run(mark));
   if (before) {
     if (auto after = disk->Read(); after.ok()) {
       r.device = Delta(*before, *after);
@@ -191,8 +197,10 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   std::vector<JobResult> strata_runs, fio_runs;
   auto strata_run = [&]() -> Status {
     ProgressSample prev;
-    auto r = WithDevice(disk, [&] {
-      return RunJob(spec, target, pool.data(), pool.size(),
+    auto r = WithDevice(disk, [&](const std::function<void()>& mark) {
+      Target counted = target;
+      counted.on_ramp_end = mark;
+      return RunJob(spec, counted, pool.data(), pool.size(),
                     [&](uint64_t bytes, double secs) {
                       const ProgressSample now{bytes, secs};
                       progress->Update(JobProgressText(label, spec, prev, now));
@@ -206,11 +214,14 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   };
   auto fio_run = [&]() -> Status {
     progress->Update(label + ": fio");
-    STRATA_ASSIGN_OR_RETURN(auto r, WithDevice(disk, [&] {
+    STRATA_ASSIGN_OR_RETURN(auto r, WithDevice(disk, [&](const auto&) {
                               return RunFio(FioCommand(o.fio, target.path, spec,
                                                        target.direct, fio_opts),
                                             spec, target.cancel);
                             }));
+    // fio's ramp cannot be told apart from outside: the disk's counters
+    // would count it.
+    if (spec.ramp > 0) r.device.reset();
     row.fio_gbps.push_back(r.gb_per_s());
     fio_runs.push_back(std::move(r));
     return Status::Ok();

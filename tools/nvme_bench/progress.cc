@@ -37,7 +37,7 @@ std::string JobProgressText(const std::string& label, const JobSpec& spec,
   const uint64_t total = spec.bs > 0 ? spec.size / spec.bs * spec.bs : 0;
   double percent = 0;
   if (spec.seconds > 0) {
-    percent = 100 * now.seconds / spec.seconds;
+    percent = 100 * now.seconds / (spec.ramp + spec.seconds);
   } else if (total > 0) {
     percent = 100.0 * now.bytes / total;
   }

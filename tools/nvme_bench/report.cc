@@ -180,6 +180,7 @@ nlohmann::json RowJson(const Row& row) {
   nlohmann::json j = ResultJson(r, row.disk);
   j["rw"] = RwName(r.spec.rw);
   if (IsMixed(r.spec.rw)) j["rwmixread"] = r.spec.rwmixread;
+  if (r.spec.ramp > 0) j["ramp_seconds"] = r.spec.ramp;
   j["bs"] = r.spec.bs;
   j["qd"] = r.spec.qd;
   if (r.qd_requested != 0) j["qd_requested"] = r.qd_requested;

@@ -22,7 +22,8 @@ struct Worker {
   // A sequential mixed job's next block per direction: as fio does, reads
   // and writes each walk the slice from its start.
   std::atomic<uint64_t> next_of[2] = {0, 0};
-  // Per direction: [0] reads, [1] writes.
+  std::atomic<uint64_t> moved{0};  // bytes, the ramp's included (progress)
+  // Counted after the ramp, per direction: [0] reads, [1] writes.
   std::atomic<uint64_t> bytes[2] = {0, 0};
   std::atomic<uint64_t> ios[2] = {0, 0};
   LatencyHistogram lat[2];
@@ -38,14 +39,34 @@ struct Slot {
   bool write = false;  // the request in flight's direction
 };
 
+// The process's CPU time at a moment of the run.
+struct CpuMark {
+  double usr = 0;
+  double sys = 0;
+  uint64_t ns = 0;
+};
+
+CpuMark MarkCpu() {
+  CpuMark m;
+  CpuTimes(&m.usr, &m.sys);
+  m.ns = NowNs();
+  return m;
+}
+
 // Keeps qd requests in flight per worker, resubmitting from completions.
 class Job {
  public:
   Job(const JobSpec& spec, aio::Engine* engine, aio::File* file,
-      const std::atomic<bool>* cancel)
-      : spec_(spec), engine_(engine), file_(file), cancel_(cancel) {}
+      const Target& target)
+      : spec_(spec),
+        engine_(engine),
+        file_(file),
+        cancel_(target.cancel),
+        on_ramp_end_(target.on_ramp_end) {}
 
-  Status Run(char* buffers, const ProgressFn& progress, double* seconds);
+  // `*seconds` is the measured part (after the ramp), `*cpu` its start.
+  Status Run(char* buffers, const ProgressFn& progress, double* seconds,
+             CpuMark* cpu);
   const std::vector<std::unique_ptr<Worker>>& workers() const {
     return workers_;
   }
@@ -54,8 +75,9 @@ class Job {
   // Splits the file into one slice per thread and `buffers` into qd
   // slots per thread.
   Status Carve(char* buffers);
-  // Sleeps until the last slot retires, calling `progress` on the way.
-  void WaitForEnd(uint64_t start_ns, const ProgressFn& progress);
+  // Sleeps until the last slot retires, calling `progress` on the way and
+  // marking the CPU time at the end of the ramp.
+  void WaitForEnd(uint64_t start_ns, const ProgressFn& progress, CpuMark* cpu);
   bool Issue(Slot* slot);
   void OnComplete(Slot* slot, const Status& status);
   uint64_t BlockOf(const Worker& w, uint64_t i) const;
@@ -69,8 +91,10 @@ class Job {
   aio::Engine* engine_;
   aio::File* file_;
   const std::atomic<bool>* cancel_;
+  const std::function<void()> on_ramp_end_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<Slot> slots_;
+  uint64_t measure_ns_ = 0;  // the end of the ramp
   uint64_t deadline_ns_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> active_{0};
@@ -127,10 +151,13 @@ void Job::OnComplete(Slot* slot, const Status& status) {
   const uint64_t now = NowNs();
   Worker& w = *slot->worker;
   if (status.ok()) {
-    const int dir = slot->write ? 1 : 0;
-    w.lat[dir].Record(now - slot->start_ns);
-    w.bytes[dir].fetch_add(spec_.bs, std::memory_order_relaxed);
-    w.ios[dir].fetch_add(1, std::memory_order_relaxed);
+    w.moved.fetch_add(spec_.bs, std::memory_order_relaxed);
+    if (now >= measure_ns_) {
+      const int dir = slot->write ? 1 : 0;
+      w.lat[dir].Record(now - slot->start_ns);
+      w.bytes[dir].fetch_add(spec_.bs, std::memory_order_relaxed);
+      w.ios[dir].fetch_add(1, std::memory_order_relaxed);
+    }
   } else {
     Fail(status);
   }
@@ -172,32 +199,49 @@ Status Job::Carve(char* buffers) {
   return Status::Ok();
 }
 
-void Job::WaitForEnd(uint64_t start_ns, const ProgressFn& progress) {
+void Job::WaitForEnd(uint64_t start_ns, const ProgressFn& progress,
+                     CpuMark* cpu) {
+  constexpr uint64_t kTickNs = 20'000'000;
   uint64_t last_report = start_ns;
+  bool ramping = measure_ns_ > start_ns;
   while (end_ns_.load(std::memory_order_acquire) == 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const uint64_t now = NowNs();
+    uint64_t now = NowNs();
+    // Wake at the ramp's end, not up to a tick after it.
+    const uint64_t nap = ramping && measure_ns_ > now
+                             ? std::min(kTickNs, measure_ns_ - now)
+                             : kTickNs;
+    std::this_thread::sleep_for(std::chrono::nanoseconds(nap));
+    now = NowNs();
+    if (ramping && now >= measure_ns_) {
+      *cpu = MarkCpu();
+      if (on_ramp_end_) on_ramp_end_();
+      ramping = false;
+    }
     if (progress && now - last_report > 500'000'000) {
       last_report = now;
       uint64_t bytes = 0;
-      for (const auto& w : workers_) bytes += w->bytes[0] + w->bytes[1];
+      for (const auto& w : workers_) bytes += w->moved.load();
       progress(bytes, (now - start_ns) / 1e9);
     }
   }
 }
 
-Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds) {
+Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds,
+                CpuMark* cpu) {
   STRATA_RETURN_IF_ERROR(Carve(buffers));
-  const uint64_t start = NowNs();
-  deadline_ns_ = start + static_cast<uint64_t>(spec_.seconds * 1e9);
+  *cpu = MarkCpu();
+  const uint64_t start = cpu->ns;
+  measure_ns_ = start + static_cast<uint64_t>(spec_.ramp * 1e9);
+  deadline_ns_ = measure_ns_ + static_cast<uint64_t>(spec_.seconds * 1e9);
   // One extra count guards against the run ending while slots are issued.
   active_.store(static_cast<int>(slots_.size()) + 1);
   for (Slot& s : slots_) {
     if (!Issue(&s)) Retire();
   }
   Retire();
-  WaitForEnd(start, progress);
-  *seconds = (end_ns_.load() - start) / 1e9;
+  WaitForEnd(start, progress, cpu);
+  const uint64_t end = end_ns_.load();
+  *seconds = end > measure_ns_ ? (end - measure_ns_) / 1e9 : 0;
   std::lock_guard<std::mutex> lock(error_mu_);
   if (error_.ok() && Cancelled()) return Status::Cancelled("interrupted");
   return error_;
@@ -219,17 +263,17 @@ Result<Session> OpenJob(const JobSpec& spec, const Target& target,
 // The run's wall time and the process's CPU time over it.
 struct Timed {
   double seconds = 0;
-  double usr = 0;
+  double usr = 0;  // over cpu_seconds, which starts after the ramp
   double sys = 0;
+  double cpu_seconds = 0;
 };
 
 // Runs `job` until every request is back, then unregisters the buffers.
 Result<Timed> TimeJob(Job& job, const JobSpec& spec, const Session& session,
                       void* buffers, const ProgressFn& progress) {
-  double usr0, sys0, usr1, sys1;
-  CpuTimes(&usr0, &sys0);
+  CpuMark start;
   double seconds = 0;
-  Status st = job.Run(static_cast<char*>(buffers), progress, &seconds);
+  Status st = job.Run(static_cast<char*>(buffers), progress, &seconds, &start);
   // Buffered writes only count once they are on the device.
   if (st.ok() && IsWrite(spec.rw) && !session.file->direct()) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -238,12 +282,13 @@ Result<Timed> TimeJob(Job& job, const JobSpec& spec, const Session& session,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
   }
-  CpuTimes(&usr1, &sys1);
+  const CpuMark end = MarkCpu();
   Status wait = session.engine->WaitAll();
   if (st.ok()) st = wait;
   (void)session.engine->UnregisterBuffer(buffers);
   STRATA_RETURN_IF_ERROR(st);
-  return Timed{seconds, usr1 - usr0, sys1 - sys0};
+  return Timed{seconds, end.usr - start.usr, end.sys - start.sys,
+               (end.ns - start.ns) / 1e9};
 }
 
 LatencyUs LatencyOf(const LatencyHistogram& lat) {
@@ -291,8 +336,8 @@ JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
   r.submit_batch = info.submit_batch;
   r.seconds = t.seconds;
   Tally(job, &r);
-  r.usr_pct = t.seconds > 0 ? t.usr / t.seconds * 100 : 0;
-  r.sys_pct = t.seconds > 0 ? t.sys / t.seconds * 100 : 0;
+  r.usr_pct = t.cpu_seconds > 0 ? t.usr / t.cpu_seconds * 100 : 0;
+  r.sys_pct = t.cpu_seconds > 0 ? t.sys / t.cpu_seconds * 100 : 0;
   return r;
 }
 
@@ -382,6 +427,16 @@ Status CheckTimedBuffered(bool direct, double seconds) {
       "system that supports O_DIRECT");
 }
 
+Status CheckRamp(double ramp, double seconds) {
+  if (ramp < 0) return Status::InvalidArgument("--ramp must be >= 0 seconds");
+  if (ramp > 0 && seconds <= 0) {
+    return Status::InvalidArgument(
+        "--ramp needs --time: a job of one pass has no steady state to ramp "
+        "into; add --time S or drop --ramp");
+  }
+  return Status::Ok();
+}
+
 Result<Session> OpenSession(const Target& target, int rings, int qd,
                             size_t block_size, uint64_t size) {
   aio::IoOptions eo;
@@ -405,9 +460,10 @@ Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
                          const ProgressFn& progress) {
   const size_t need = static_cast<size_t>(spec.threads) * spec.qd * spec.bs;
   STRATA_CHECK(buffer_bytes >= need);
+  STRATA_RETURN_IF_ERROR(CheckRamp(spec.ramp, spec.seconds));
   STRATA_ASSIGN_OR_RETURN(const Session session,
                           OpenJob(spec, target, buffers, need));
-  Job job(spec, session.engine.get(), session.file, target.cancel);
+  Job job(spec, session.engine.get(), session.file, target);
   STRATA_ASSIGN_OR_RETURN(const Timed timed,
                           TimeJob(job, spec, session, buffers, progress));
   return ResultOf(spec, session, job, timed);

@@ -59,6 +59,7 @@ struct JobSpec {
   double seconds = 0;  // > 0: time based, looping over the file
   uint64_t seed = 1;
   int rwmixread = 50;  // mixed jobs: the percentage of requests that read
+  double ramp = 0;     // time based: seconds run first and not counted
 };
 
 // Whether request `i` of ring `ring` writes: for a mixed job drawn from the
@@ -141,7 +142,8 @@ class Permutation {
   uint64_t keys_[4];
 };
 
-// Called about twice a second with the bytes moved so far.
+// Called about twice a second with the bytes moved so far and the seconds
+// since the start, the ramp's included.
 using ProgressFn = std::function<void(uint64_t bytes, double seconds)>;
 
 // The file a job runs on and how the engine should treat it.
@@ -153,6 +155,9 @@ struct Target {
   // When set, a job or verify run stops early once it reads true and
   // returns kCancelled (Ctrl-C: tools/nvme_bench/interrupt.h).
   const std::atomic<bool>* cancel = nullptr;
+  // With JobSpec::ramp: called once, from RunJob's thread, as the counted
+  // part begins (strata-nvme-bench reads the disk's counters then).
+  std::function<void()> on_ramp_end = nullptr;
   int submit_batch = aio::IoOptions{}.submit_batch;
 };
 
@@ -166,6 +171,9 @@ struct Session {
 // the page cache; names the fix.
 Status CheckTimedBuffered(bool direct, double seconds);
 
+// Refuses a negative ramp, and a ramp without --time; names the fix.
+Status CheckRamp(double ramp, double seconds);
+
 // Opens an engine of `rings` rings of depth `qd` that splits at
 // `block_size`, and opens the target on it, creating and preallocating it to
 // `size` bytes when `size` is not 0.
@@ -175,7 +183,9 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
 // Runs `spec` on `target` with buffers carved from `buffers` (at least
 // threads * qd * bs bytes, aligned for O_DIRECT). Opens its own engine so
 // that rings and queue depth match the spec, and registers the buffers.
-// kCancelled, with no result, when target.cancel stopped it.
+// kCancelled, with no result, when target.cancel stopped it. With
+// spec.ramp, only the requests that complete after the ramp count, and the
+// CPU time from then on.
 Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
                          void* buffers, size_t buffer_bytes,
                          const ProgressFn& progress);
