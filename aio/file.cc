@@ -171,7 +171,8 @@ Status FileImpl::DropCache() {
 
 Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
                                                const FileOptions& options) {
-  const int base = (options.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC;
+  const int base = (options.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC |
+                   (options.dsync ? O_DSYNC : 0);
   bool created = false;
   bool direct = options.direct;
   int fd = -1;

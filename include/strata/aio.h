@@ -145,6 +145,7 @@ struct FileOptions {
   uint64_t size = 0;   // preallocate (fallocate) to at least this size
   bool create = true;  // create the file if it does not exist
   bool direct = true;  // O_DIRECT; falls back to buffered if refused
+  bool dsync = false;  // O_DSYNC: each write returns once its data is durable
   bool read_only = false;
   // Only a new file: a path that exists already (a link included) is
   // kFailedPrecondition naming it (O_CREAT | O_EXCL).

@@ -1,6 +1,7 @@
 // strata_aio against its environment: missing and read-only directories,
 // full file systems, file systems without O_DIRECT, io_uring blocked by
 // seccomp, and the STRATA_AIO_BACKEND override.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "strata/aio.h"
 #include "tests/testutil/testutil.h"
@@ -151,6 +153,42 @@ TEST(AioEnvTest, TmpfsWorksDirectOrBuffered) {
   ASSERT_TRUE(e->Write(*f, out.data(), out.size(), 0)->Wait().ok());
   ASSERT_TRUE(e->Read(*f, in.data(), in.size(), 0)->Wait().ok());
   EXPECT_EQ(std::memcmp(out.data(), in.data(), out.size()), 0);
+}
+
+// The open flags (fdinfo's "flags:", octal) of this process's descriptor
+// of `path`; -1 when none is open.
+long OpenFlagsOf(const std::string& path) {
+  const std::string want = std::filesystem::canonical(path).string();
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(fd.path(), ec).string() != want) continue;
+    std::ifstream info("/proc/self/fdinfo/" + fd.path().filename().string());
+    std::string key;
+    while (info >> key) {
+      if (key == "flags:") {
+        std::string octal;
+        info >> octal;
+        return std::stol(octal, nullptr, 8);
+      }
+    }
+  }
+  return -1;
+}
+
+TEST(AioEnvTest, DsyncOpensWithODsync) {
+  ScratchDir dir;
+  for (const bool dsync : {false, true}) {
+    auto e = OpenEngine();
+    ASSERT_NE(e, nullptr);
+    FileOptions fo;
+    fo.size = 1 << 20;
+    fo.dsync = dsync;
+    auto f = e->OpenFile(dir.File("dsync.bin"), fo);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    const long flags = OpenFlagsOf(dir.File("dsync.bin"));
+    ASSERT_GE(flags, 0) << "no descriptor of the file in /proc/self/fd";
+    EXPECT_EQ((flags & O_DSYNC) != 0, dsync) << std::oct << flags;
+  }
 }
 
 TEST(AioEnvTest, InvalidOptionsAreRejected) {
