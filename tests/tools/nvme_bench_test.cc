@@ -520,7 +520,7 @@ TEST_F(WorkloadTest, ACancelledJobStopsEarly) {
   target.cancel = &cancel;
   const JobSpec spec{Rw::kWrite, 64 << 10, 2, 1, 1 << 20, /*seconds=*/60};
   auto r =
-      RunJob(spec, target, pool_.data(), pool_.size(), [&](uint64_t, double) {
+      RunJob(spec, target, pool_.data(), pool_.size(), [&](const JobProgress&) {
         if (cancel.exchange(true)) return;
         at_cancel = count.transfers.load();
       });

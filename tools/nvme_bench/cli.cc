@@ -178,6 +178,14 @@ void AddJobOptions(CLI::App& app, BenchOptions& o, Texts& text) {
       ->check(CLI::Range(0, 4096));
   app.add_flag("--buffered", o.buffered,
                "Do not use O_DIRECT (results are labelled buffered)");
+  app.add_flag("--sync", o.sync,
+               "Open the file with O_DSYNC: every write returns once its "
+               "data is durable (fio's --sync=1)");
+  app.add_option("--fsync", o.fsync,
+                 "Write jobs: each thread waits for its writes and "
+                 "fdatasyncs the file after every N of them, inside the "
+                 "timed run (fio's --fsync=N; 0: never)")
+      ->capture_default_str();
   app.add_flag("!--no-pin", o.pin,
                "Do not lock the I/O buffers in memory (for a low "
                "RLIMIT_MEMLOCK)");
@@ -206,6 +214,10 @@ void AddRunOptions(CLI::App& app, BenchOptions& o, Texts& text) {
                  "1)")
       ->check(CLI::Range(1, 100));
   app.add_option("--json", o.json, "Write one JSON record per configuration");
+  app.add_option("--log", o.log,
+                 "Write bandwidth, IOPS and mean latency of each strata run "
+                 "every 0.5 s (and at its end) to FILE, one JSON object per "
+                 "line");
   app.add_flag("--recommend", o.recommend,
                "Print per pattern the cheapest configuration the best does "
                "not beat beyond the spread of their runs, and its aio "
@@ -245,6 +257,11 @@ Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
   if (o.seconds < 0) return Status::InvalidArgument("--time must be >= 0");
   STRATA_RETURN_IF_ERROR(CheckMixAndRamp(o));
   STRATA_RETURN_IF_ERROR(CheckTimedBuffered(!o.buffered, o.seconds));
+  if (o.fsync > 0 && std::none_of(o.rw.begin(), o.rw.end(), OnlyWrites)) {
+    return Status::InvalidArgument(
+        "--fsync syncs writes, and --rw has no write job: add write or "
+        "randwrite to --rw, or drop --fsync");
+  }
   return CheckSize(o);
 }
 

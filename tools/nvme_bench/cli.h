@@ -25,6 +25,9 @@ struct BenchOptions {
   std::string backend = "auto";
   int submit_batch = aio::IoOptions{}.submit_batch;
   bool buffered = false;
+  bool sync = false;   // --sync: O_DSYNC
+  uint64_t fsync = 0;  // --fsync N: fdatasync after every N writes; 0 off
+  std::string log;     // --log FILE: JSON lines over time
   bool pin = true;
   bool huge_pages = true;
   bool vs_fio = false;

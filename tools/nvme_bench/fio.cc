@@ -241,6 +241,7 @@ std::vector<std::string> FioCommand(const std::string& fio,
   }
   if (!direct && IsWrite(spec.rw)) cmd.push_back("--end_fsync=1");
   if (!direct && IsRead(spec.rw)) cmd.push_back("--invalidate=1");
+  if (spec.fsync > 0) cmd.push_back("--fsync=" + std::to_string(spec.fsync));
   if (spec.seconds > 0) {
     cmd.push_back("--time_based");
     cmd.push_back("--runtime=" + Milliseconds(spec.seconds));
@@ -265,6 +266,10 @@ Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
   r.spec = spec;
   r.backend = "fio-io_uring";
   STRATA_RETURN_IF_ERROR(ParseDirections(job, spec, &r));
+  // fio counts its fsyncs (fsync=N) in the job's "sync" section.
+  if (const auto sync = job.find("sync"); sync != job.end()) {
+    r.syncs = sync->value("total_ios", uint64_t{0});
+  }
   // With group_reporting fio sums CPU time and run time over its numjobs
   // threads: its usr_cpu is a thread's average. strata's is the process's,
   // summed over threads, as a percentage of one core.

@@ -25,6 +25,7 @@
 #include "tools/nvme_bench/place.h"
 #include "tools/nvme_bench/progress.h"
 #include "tools/nvme_bench/report.h"
+#include "tools/nvme_bench/run_log.h"
 #include "tools/nvme_bench/verify.h"
 #include "tools/nvme_bench/workload.h"
 
@@ -97,6 +98,7 @@ std::string Describe(const BenchOptions& o, const aio::IoInfo& info,
                        ? fmt::format("O_DIRECT (align mem {} / offset {})",
                                      file.mem_align(), file.offset_align())
                        : "buffered (the file system refused O_DIRECT)";
+  if (o.sync) io += ", O_DSYNC";
   std::string backend(aio::BackendName(info.backend));
   if (info.backend == aio::Backend::kIoUring) {
     backend += fmt::format(
@@ -150,7 +152,8 @@ std::vector<JobSpec> Specs(const BenchOptions& o) {
                                   .seconds = o.seconds,
                                   .seed = o.seed,
                                   .rwmixread = o.rwmixread,
-                                  .ramp = o.ramp});
+                                  .ramp = o.ramp,
+                                  .fsync = OnlyWrites(rw) ? o.fsync : 0});
         }
       }
     }
@@ -185,7 +188,7 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
                    const Target& target, aio::PinnedBuffer& pool,
                    const FioBuffers* fio_buffers,
                    const std::optional<DiskStat>& disk,
-                   const std::string& label, Progress* progress) {
+                   const std::string& label, Progress* progress, RunLog* log) {
   Row row;
   if (disk) row.disk = disk->name();
   std::vector<std::string> fio_opts;
@@ -193,21 +196,25 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
     row.fio_buffers = fio_buffers->kind();
     fio_opts = fio_buffers->options();
   }
+  if (o.sync) fio_opts.push_back("--sync=1");
   fio_opts.insert(fio_opts.end(), o.fio_opts.begin(), o.fio_opts.end());
   std::vector<JobResult> strata_runs, fio_runs;
   auto strata_run = [&]() -> Status {
     ProgressSample prev;
+    log->Start(spec, static_cast<int>(strata_runs.size()) + 1);
     auto r = WithDevice(disk, [&](const std::function<void()>& mark) {
       Target counted = target;
       counted.on_ramp_end = mark;
       return RunJob(spec, counted, pool.data(), pool.size(),
-                    [&](uint64_t bytes, double secs) {
-                      const ProgressSample now{bytes, secs};
+                    [&](const JobProgress& p) {
+                      log->Add(p);
+                      const ProgressSample now{p.moved, p.elapsed};
                       progress->Update(JobProgressText(label, spec, prev, now));
                       prev = now;
                     });
     });
     if (!r.ok()) return r.status();
+    STRATA_RETURN_IF_ERROR(log->status());
     row.strata_gbps.push_back(r->gb_per_s());
     strata_runs.push_back(std::move(*r));
     return Status::Ok();
@@ -290,7 +297,7 @@ class JsonOut {
 Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
              const Target& target, aio::PinnedBuffer& pool,
              const std::optional<DiskStat>& disk, JsonOut* json,
-             Progress* progress) {
+             Progress* progress, RunLog* log) {
   std::unique_ptr<FioBuffers> fio_buffers;
   if (o.vs_fio) {
     fio_buffers = FioBuffers::Prepare(o.fio_buffers, specs, o.fio_opts);
@@ -305,8 +312,8 @@ Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
     const std::string label =
         fmt::format("[{}/{}] {} bs={} qd={} threads={}", i + 1, specs.size(),
                     RwName(s.rw), SizeText(s.bs), s.qd, s.threads);
-    Result<Row> row =
-        RunRow(o, s, target, pool, fio_buffers.get(), disk, label, progress);
+    Result<Row> row = RunRow(o, s, target, pool, fio_buffers.get(), disk, label,
+                             progress, log);
     if (!row.ok() && row.status().code() == StatusCode::kCancelled) break;
     if (!row.ok()) return row.status();
     std::printf("%s\n", TableRow(*row).c_str());
@@ -395,6 +402,7 @@ struct Plan {
   std::vector<JobSpec> specs;
   aio::Backend backend = aio::Backend::kAuto;
   const std::atomic<bool>* cancel = nullptr;
+  RunLog* log = nullptr;
 };
 
 Status RunOnFile(const BenchOptions& o, const Plan& plan,
@@ -408,7 +416,8 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
       OpenSession(Target{.path = path,
                          .direct = !o.buffered,
                          .backend = plan.backend,
-                         .submit_batch = o.submit_batch},
+                         .submit_batch = o.submit_batch,
+                         .dsync = o.sync},
                   1, kPrefillDepth, kPrefillChunk, may_write ? o.size : 0));
   aio::File* file = session.file;
   STRATA_RETURN_IF_ERROR(CheckTimedBuffered(file->direct(), o.seconds));
@@ -420,7 +429,8 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
                       .direct = file->direct(),
                       .backend = plan.backend,
                       .cancel = plan.cancel,
-                      .submit_batch = o.submit_batch};
+                      .submit_batch = o.submit_batch,
+                      .dsync = o.sync};
   Progress progress(!o.quiet);
   if (o.verify) {
     session.engine.reset();
@@ -440,7 +450,8 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
     STRATA_RETURN_IF_ERROR(st);
   }
   session.engine.reset();
-  return Sweep(o, plan.specs, target, pool, Disk(path), json, &progress);
+  return Sweep(o, plan.specs, target, pool, Disk(path), json, &progress,
+               plan.log);
 }
 
 // What can be found before the file is made: the path, the room, the
@@ -468,6 +479,9 @@ Result<int> Run(const BenchOptions& o, const std::atomic<bool>* cancel) {
   JsonOut json(o.verify ? "" : o.json);
   STRATA_ASSIGN_OR_RETURN(Plan plan, Preflight(o, &json));
   plan.cancel = cancel;
+  RunLog log(o.verify ? "" : o.log);
+  STRATA_RETURN_IF_ERROR(log.Open());
+  plan.log = &log;
   aio::PinOptions pin;
   pin.lock = o.pin;
   pin.huge_pages = o.huge_pages;

@@ -99,6 +99,7 @@ nlohmann::json ResultJson(const JobResult& r, const std::string& disk) {
       {"gb_per_s", r.gb_per_s()},
       {"gib_per_s", r.gib_per_s()},
       {"iops", r.iops()},
+      {"syncs", r.syncs},
       {"lat_us", LatencyJson(r.lat)},
       {"cpu", {{"usr", r.usr_pct}, {"sys", r.sys_pct}}},
   };
@@ -186,6 +187,8 @@ nlohmann::json RowJson(const Row& row) {
   if (r.qd_requested != 0) j["qd_requested"] = r.qd_requested;
   j["threads"] = r.spec.threads;
   j["direct"] = r.direct;
+  j["sync"] = r.dsync;
+  j["fsync"] = r.spec.fsync;
   j["backend"] = r.backend;
   j["submit_batch"] = r.submit_batch;
   j["runs_gb_per_s"] = row.strata_gbps;

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "tools/nvme_bench/fsync_gate.h"
+
 namespace strata::bench {
 namespace {
 
@@ -26,7 +28,9 @@ struct Worker {
   // Counted after the ramp, per direction: [0] reads, [1] writes.
   std::atomic<uint64_t> bytes[2] = {0, 0};
   std::atomic<uint64_t> ios[2] = {0, 0};
+  std::atomic<uint64_t> lat_ns{0};  // summed, for --log's interval means
   LatencyHistogram lat[2];
+  std::unique_ptr<FsyncGate> fsync;  // --fsync only
 };
 
 class Job;
@@ -78,6 +82,7 @@ class Job {
   // Sleeps until the last slot retires, calling `progress` on the way and
   // marking the CPU time at the end of the ramp.
   void WaitForEnd(uint64_t start_ns, const ProgressFn& progress, CpuMark* cpu);
+  JobProgress Sample(uint64_t start_ns, uint64_t now, bool done) const;
   bool Issue(Slot* slot);
   void OnComplete(Slot* slot, const Status& status);
   uint64_t BlockOf(const Worker& w, uint64_t i) const;
@@ -86,6 +91,11 @@ class Job {
   // A slot (or the start-up guard) has no more work; the last one to retire
   // stamps the end of the run.
   void Retire();
+  // --fsync: a gate per thread, and the way back for the slots it parked.
+  void AddFsyncGate(Worker* w);
+  void Resume(Slot* slot) {
+    if (!Issue(slot)) Retire();
+  }
 
   const JobSpec spec_;
   aio::Engine* engine_;
@@ -115,6 +125,12 @@ bool Job::Issue(Slot* slot) {
   Worker& w = *slot->worker;
   const uint64_t now = NowNs();
   if (spec_.seconds > 0 && now >= deadline_ns_) return false;
+  if (w.fsync) {
+    const FsyncGate::Admission a = w.fsync->Admit(slot);
+    if (a != FsyncGate::Admission::kGo) {
+      return a == FsyncGate::Admission::kParked;
+    }
+  }
   const uint64_t i = w.next.fetch_add(1, std::memory_order_relaxed);
   if (spec_.seconds <= 0 && i >= w.blocks) return false;
   slot->write = WritesRequest(spec_, w.ring, i);
@@ -136,7 +152,7 @@ bool Job::Issue(Slot* slot) {
   Result<aio::Handle> h = engine_->Submit(std::move(req));
   if (!h.ok()) {
     Fail(h.status());
-    return false;
+    return w.fsync && w.fsync->Completed(slot);
   }
   return true;
 }
@@ -155,12 +171,14 @@ void Job::OnComplete(Slot* slot, const Status& status) {
     if (now >= measure_ns_) {
       const int dir = slot->write ? 1 : 0;
       w.lat[dir].Record(now - slot->start_ns);
+      w.lat_ns.fetch_add(now - slot->start_ns, std::memory_order_relaxed);
       w.bytes[dir].fetch_add(spec_.bs, std::memory_order_relaxed);
       w.ios[dir].fetch_add(1, std::memory_order_relaxed);
     }
   } else {
     Fail(status);
   }
+  if (w.fsync && w.fsync->Completed(slot)) return;
   if (!Issue(slot)) Retire();
 }
 
@@ -187,6 +205,7 @@ Status Job::Carve(char* buffers) {
     w->ring = t;
     w->first_block = per_worker * t;
     w->blocks = per_worker;
+    if (spec_.fsync > 0 && OnlyWrites(spec_.rw)) AddFsyncGate(w.get());
     workers_.push_back(std::move(w));
   }
   slots_.reserve(static_cast<size_t>(spec_.threads) * spec_.qd);
@@ -199,12 +218,37 @@ Status Job::Carve(char* buffers) {
   return Status::Ok();
 }
 
+void Job::AddFsyncGate(Worker* w) {
+  const uint64_t limit = spec_.seconds > 0 ? UINT64_MAX : w->blocks;
+  w->fsync = std::make_unique<FsyncGate>(
+      file_, spec_.fsync, limit,
+      [this](void* slot) { Resume(static_cast<Slot*>(slot)); },
+      [this](const Status& st) { Fail(st); });
+}
+
+JobProgress Job::Sample(uint64_t start_ns, uint64_t now, bool done) const {
+  JobProgress p;
+  for (const auto& w : workers_) {
+    for (int dir : {0, 1}) {
+      p.bytes += w->bytes[dir].load(std::memory_order_relaxed);
+      p.ios += w->ios[dir].load(std::memory_order_relaxed);
+    }
+    p.lat_ns += w->lat_ns.load(std::memory_order_relaxed);
+    p.moved += w->moved.load(std::memory_order_relaxed);
+  }
+  p.seconds = now > measure_ns_ ? (now - measure_ns_) / 1e9 : 0;
+  p.elapsed = (now - start_ns) / 1e9;
+  p.done = done;
+  return p;
+}
+
 void Job::WaitForEnd(uint64_t start_ns, const ProgressFn& progress,
                      CpuMark* cpu) {
   constexpr uint64_t kTickNs = 20'000'000;
   uint64_t last_report = start_ns;
   bool ramping = measure_ns_ > start_ns;
-  while (end_ns_.load(std::memory_order_acquire) == 0) {
+  uint64_t end = 0;
+  while ((end = end_ns_.load(std::memory_order_acquire)) == 0) {
     uint64_t now = NowNs();
     // Wake at the ramp's end, not up to a tick after it.
     const uint64_t nap = ramping && measure_ns_ > now
@@ -219,11 +263,11 @@ void Job::WaitForEnd(uint64_t start_ns, const ProgressFn& progress,
     }
     if (progress && now - last_report > 500'000'000) {
       last_report = now;
-      uint64_t bytes = 0;
-      for (const auto& w : workers_) bytes += w->moved.load();
-      progress(bytes, (now - start_ns) / 1e9);
+      progress(Sample(start_ns, now, false));
     }
   }
+  // Every request is back: the last report closes the run.
+  if (progress) progress(Sample(start_ns, end, true));
 }
 
 Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds,
@@ -312,6 +356,7 @@ void Tally(const Job& job, JobResult* r) {
       dir[d].Merge(w->lat[d]);
       all.Merge(w->lat[d]);
     }
+    if (w->fsync) r->syncs += w->fsync->syncs();
   }
   for (int d = 0; d < 2; ++d) out[d]->lat = LatencyOf(dir[d]);
   r->bytes = r->read.bytes + r->write.bytes;
@@ -451,6 +496,7 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
   fo.create = size != 0;
   fo.size = size;
   fo.direct = target.direct;
+  fo.dsync = target.dsync;
   STRATA_ASSIGN_OR_RETURN(auto file, engine->OpenFile(target.path, fo));
   return Session{std::move(engine), file};
 }
@@ -466,7 +512,9 @@ Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
   Job job(spec, session.engine.get(), session.file, target);
   STRATA_ASSIGN_OR_RETURN(const Timed timed,
                           TimeJob(job, spec, session, buffers, progress));
-  return ResultOf(spec, session, job, timed);
+  JobResult r = ResultOf(spec, session, job, timed);
+  r.dsync = target.dsync;
+  return r;
 }
 
 }  // namespace strata::bench

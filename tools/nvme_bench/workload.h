@@ -43,6 +43,10 @@ inline bool IsMixed(Rw rw) {
 inline bool IsWrite(Rw rw) {
   return rw == Rw::kWrite || rw == Rw::kRandWrite || IsMixed(rw);
 }
+// Whether every request writes (write, randwrite): --fsync applies.
+inline bool OnlyWrites(Rw rw) {
+  return rw == Rw::kWrite || rw == Rw::kRandWrite;
+}
 // Whether the job reads at all: a buffered run then starts from a cold cache.
 inline bool IsRead(Rw rw) { return !IsWrite(rw) || IsMixed(rw); }
 inline bool IsRandom(Rw rw) {
@@ -60,6 +64,9 @@ struct JobSpec {
   uint64_t seed = 1;
   int rwmixread = 50;  // mixed jobs: the percentage of requests that read
   double ramp = 0;     // time based: seconds run first and not counted
+  // Write jobs: each thread fdatasyncs the file after every `fsync` of its
+  // writes and issues no more until it returns; 0: never.
+  uint64_t fsync = 0;
 };
 
 // Whether request `i` of ring `ring` writes: for a mixed job drawn from the
@@ -89,10 +96,12 @@ struct JobResult {
                  // the thread backend's pool can hold below the one asked
   int qd_requested = 0;  // the --qd asked for when spec.qd is less, else 0
   bool direct = true;
+  bool dsync = false;  // the file was opened with O_DSYNC
   std::string backend;
   int submit_batch = 0;  // the engine's IoInfo::submit_batch
   uint64_t bytes = 0;
   uint64_t ios = 0;
+  uint64_t syncs = 0;  // fdatasyncs of --fsync, summed over threads
   double seconds = 0;
   LatencyUs lat;
   double usr_pct = 0;  // of one core, over the run, summed over threads
@@ -142,9 +151,21 @@ class Permutation {
   uint64_t keys_[4];
 };
 
-// Called about twice a second with the bytes moved so far and the seconds
-// since the start, the ramp's included.
-using ProgressFn = std::function<void(uint64_t bytes, double seconds)>;
+// What a job has done so far, summed over its threads.
+struct JobProgress {
+  // Counted as the result counts them: after the ramp.
+  uint64_t bytes = 0;
+  uint64_t ios = 0;
+  uint64_t lat_ns = 0;  // the ios' latencies, summed
+  double seconds = 0;   // since the ramp ended; 0 during it
+  bool done = false;    // the last report: every request is back
+  // For the progress line: the ramp's included.
+  uint64_t moved = 0;  // bytes
+  double elapsed = 0;  // seconds since the start
+};
+
+// Called about twice a second while a job runs, and once when it ends.
+using ProgressFn = std::function<void(const JobProgress&)>;
 
 // The file a job runs on and how the engine should treat it.
 struct Target {
@@ -159,6 +180,7 @@ struct Target {
   // part begins (strata-nvme-bench reads the disk's counters then).
   std::function<void()> on_ramp_end = nullptr;
   int submit_batch = aio::IoOptions{}.submit_batch;
+  bool dsync = false;  // O_DSYNC (--sync)
 };
 
 // An engine shaped for one run, with the target file open on it.
