@@ -10,11 +10,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/testutil/testutil.h"
 
@@ -496,34 +498,91 @@ TEST(NvmeBenchCliTest, ASmallFileForAReadOnlyRunIsSaidToBeSmall) {
   EXPECT_EQ(ReadText(theirs), std::string(1 << 20, 'x'));
 }
 
+// --sync opens with O_DSYNC and --fsync 5 syncs each thread's 64 writes 12
+// times; a read job in the same sweep does not sync.
+TEST(NvmeBenchCliTest, SyncAndFsyncShowInTheHeaderAndJson) {
+  testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  const std::string job =
+      "--path " + dir.path() +
+      " --rw write,read --bs 64K --qd 4 --threads 2 --size 8M --json " + json;
+  const Outcome o = Bench(job + " --sync --fsync 5");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_TRUE(
+      Contains(o.output.substr(0, o.output.find("backend")), ", O_DSYNC"))
+      << o.output;
+  const nlohmann::json records = ReadJson(json);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0]["rw"], "write");
+  EXPECT_EQ(records[0]["sync"], true);
+  EXPECT_EQ(records[0]["fsync"], 5);
+  EXPECT_EQ(records[0]["syncs"], 2 * (64 / 5));
+  EXPECT_EQ(records[1]["sync"], true);
+  EXPECT_EQ(records[1]["fsync"], 0);
+  EXPECT_EQ(records[1]["syncs"], 0);
+  const Outcome plain = Bench(job);
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  EXPECT_FALSE(Contains(plain.output, "O_DSYNC")) << plain.output;
+  EXPECT_EQ(ReadJson(json)[0]["sync"], false);
+  EXPECT_EQ(ReadJson(json)[0]["syncs"], 0);
+}
+
+// A line every 0.5 s of a run and one at its end: the lines of a run add up
+// to its record's bytes and the last one's "t" is its seconds.
+TEST(NvmeBenchCliTest, LogHasTheRunOverTimeAndAddsUpToItsRecord) {
+  testutil::ScratchDir dir;
+  const std::string json = dir.File("out.json");
+  const std::string log = dir.File("log.jsonl");
+  const Outcome o = Bench("--path " + dir.path() +
+                          " --rw randread,write --bs 64K --qd 4 --size 8M"
+                          " --time 1.2 --json " +
+                          json + " --log " + log);
+  if (o.status != 0 && Contains(o.output, "page cache")) {
+    GTEST_SKIP() << "scratch has no O_DIRECT, which --time needs";
+  }
+  ASSERT_EQ(o.status, 0) << o.output;
+  std::map<std::string, std::vector<nlohmann::json>> by_rw;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << line;
+    for (const char* key : {"rw", "bs", "qd", "threads", "run", "t", "bytes",
+                            "ios", "gb_per_s", "iops", "lat_mean_us"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " in " << line;
+    }
+    EXPECT_EQ(j["run"], 1);
+    by_rw[j["rw"].get<std::string>()].push_back(j);
+  }
+  for (const nlohmann::json& r : ReadJson(json)) {
+    const auto& lines = by_rw[r["rw"].get<std::string>()];
+    EXPECT_GE(lines.size(), 2u) << r["rw"];
+    uint64_t bytes = 0;
+    for (const auto& l : lines) bytes += l["bytes"].get<uint64_t>();
+    EXPECT_EQ(bytes, r["bytes"].get<uint64_t>()) << r["rw"];
+    ASSERT_FALSE(lines.empty());
+    EXPECT_DOUBLE_EQ(lines.back()["t"].get<double>(),
+                     r["seconds"].get<double>());
+  }
+  EXPECT_EQ(by_rw.size(), 2u);
+}
+
 TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {
   const Outcome o = Bench("--help");
   ASSERT_EQ(o.status, 0);
-  for (const char* opt : {"--path",
-                          "--rw",
-                          "--bs",
-                          "--qd",
-                          "--threads",
-                          "--size",
-                          "--time",
-                          "--backend",
-                          "--buffered",
-                          "--no-pin",
-                          "--no-huge-pages",
-                          "--vs-fio",
-                          "--fio",
-                          "--fio-opt",
-                          "--fio-buffers",
-                          "--repeat",
-                          "--json",
-                          "--recommend",
-                          "--verify",
-                          "--verify-ops",
-                          "--verify-max",
-                          "--keep",
-                          "--overwrite",
-                          "--create",
-                          "--seed",
+  for (const char* opt : {"--path",       "--rw",
+                          "--bs",         "--qd",
+                          "--threads",    "--size",
+                          "--time",       "--backend",
+                          "--buffered",   "--sync",
+                          "--fsync",      "--log",
+                          "--no-pin",     "--no-huge-pages",
+                          "--vs-fio",     "--fio",
+                          "--fio-opt",    "--fio-buffers",
+                          "--repeat",     "--json",
+                          "--recommend",  "--verify",
+                          "--verify-ops", "--verify-max",
+                          "--keep",       "--overwrite",
+                          "--create",     "--seed",
                           "--quiet"}) {
     EXPECT_TRUE(Contains(o.output, opt)) << opt;
   }
