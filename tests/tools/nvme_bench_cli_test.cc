@@ -557,7 +557,12 @@ TEST(NvmeBenchCliTest, LogHasTheRunOverTimeAndAddsUpToItsRecord) {
     const auto& lines = by_rw[r["rw"].get<std::string>()];
     EXPECT_GE(lines.size(), 2u) << r["rw"];
     uint64_t bytes = 0;
-    for (const auto& l : lines) bytes += l["bytes"].get<uint64_t>();
+    double t = 0;
+    for (const auto& l : lines) {
+      bytes += l["bytes"].get<uint64_t>();
+      EXPECT_GE(l["t"].get<double>(), t) << "times go back in " << r["rw"];
+      t = l["t"].get<double>();
+    }
     EXPECT_EQ(bytes, r["bytes"].get<uint64_t>()) << r["rw"];
     ASSERT_FALSE(lines.empty());
     EXPECT_DOUBLE_EQ(lines.back()["t"].get<double>(),

@@ -248,14 +248,17 @@ void Job::WaitForEnd(uint64_t start_ns, const ProgressFn& progress,
   uint64_t last_report = start_ns;
   bool ramping = measure_ns_ > start_ns;
   uint64_t end = 0;
-  while ((end = end_ns_.load(std::memory_order_acquire)) == 0) {
+  for (;;) {
     uint64_t now = NowNs();
     // Wake at the ramp's end, not up to a tick after it.
     const uint64_t nap = ramping && measure_ns_ > now
                              ? std::min(kTickNs, measure_ns_ - now)
                              : kTickNs;
     std::this_thread::sleep_for(std::chrono::nanoseconds(nap));
+    // The clock before the check: a report taken after the end, with a
+    // later time than the last one's, would send the log's times back.
     now = NowNs();
+    if ((end = end_ns_.load(std::memory_order_acquire)) != 0) break;
     if (ramping && now >= measure_ns_) {
       *cpu = MarkCpu();
       if (on_ramp_end_) on_ramp_end_();
