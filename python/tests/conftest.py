@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -22,9 +23,25 @@ WATCHDOG_S = 300
 
 @pytest.fixture(autouse=True)
 def watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True, file=sys.stderr)
+    # The process's own stderr: pytest's capture of sys.stderr would take
+    # the stacks with it when the watchdog ends the run.
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True,
+                                      file=sys.__stderr__)
     yield
     faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The Ctrl-C tests send SIGINT to this process and to the ranks it
+    starts. A shell without job control starts a background command with
+    SIGINT ignored, and Python then installs no handler for it, nor do the
+    Python children, which inherit the ignored signal: the signal would
+    never come and those tests would wait for their watchdogs. Handling
+    SIGINT here as a foreground Python does gives the children the
+    default disposition too (a handled signal is reset at exec)."""
+    del config
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

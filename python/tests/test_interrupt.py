@@ -49,11 +49,8 @@ class WriteViewHolder:
 
 def interrupted(call: Callable[[], object]) -> None:
     """Runs `call`, sending this process a SIGINT once it blocks; it must
-    raise KeyboardInterrupt. Python's own SIGINT handler is installed
-    meanwhile: a process that a shell started in the background, without
-    job control, inherits SIGINT ignored (and Python then installs no
-    handler), so the signal would never come and the test would hang."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise KeyboardInterrupt (conftest.py's pytest_configure makes sure
+    Python handles SIGINT, even in a background run)."""
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -61,7 +58,6 @@ def interrupted(call: Callable[[], object]) -> None:
             call()
     finally:
         timer.cancel()
-        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture
