@@ -514,5 +514,20 @@ TEST(InterruptTest, SigintSetsTheFlagAndReservedPagesGoBackOnce) {
               "at the end 10");
 }
 
+// The first SIGINT asks the run to stop; a second one, for a stop that
+// takes too long, ends the process.
+TEST(InterruptTest, ASecondSigintEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const std::atomic<bool>* flag = InstallInterruptHandler();
+        raise(SIGINT);
+        if (!flag->load()) std::exit(3);
+        raise(SIGINT);
+        std::exit(0);
+      },
+      ::testing::KilledBySignal(SIGINT), "quits at once");
+}
+
 }  // namespace
 }  // namespace strata::bench

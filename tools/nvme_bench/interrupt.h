@@ -1,7 +1,8 @@
 // Ctrl-C for strata-nvme-bench: SIGINT and SIGTERM set a flag that the
 // running job, the verifier and a running fio poll, so that the benchmark
 // stops early, reports what finished, writes its JSON, removes its file and
-// exits with 128 + the signal.
+// exits with 128 + the signal. The same signal a second time ends the
+// process at once (the default action), leaving the data file.
 //
 // The handler is installed with sigaction, so it replaces a SIG_IGN the
 // process inherited (a shell starts a background job without job control
