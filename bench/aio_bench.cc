@@ -104,7 +104,7 @@ void BM_Read(benchmark::State& state) {
   }
   const JobSpec spec{Rw::kRead, static_cast<size_t>(state.range(0)),
                      static_cast<int>(state.range(1)), 1, kFileBytes};
-  const Target target{fx.path};
+  const Target target{{fx.path}};
   // Correctness first: the blocks the job reads hold what was written.
   auto check = RunJob(JobSpec{.rw = Rw::kRead,
                               .bs = spec.bs,

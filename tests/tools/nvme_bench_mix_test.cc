@@ -79,7 +79,7 @@ struct DirectionCounter : aio::FaultInjector {
 class MixWorkloadTest : public WorkloadTest {
  protected:
   Result<JobResult> Run(const JobSpec& spec, aio::FaultInjector* faults) {
-    return RunJob(spec, Target{path_, direct_, aio::Backend::kAuto, faults},
+    return RunJob(spec, Target{{path_}, direct_, aio::Backend::kAuto, faults},
                   pool_.data(), pool_.size(), nullptr);
   }
 };
@@ -165,7 +165,7 @@ TEST_F(MixWorkloadTest, RampedRequestsAreNotCounted) {
   DirectionCounter count;
   JobSpec spec{Rw::kRandRead, 64 << 10, 2, 1, 1 << 20, /*seconds=*/0.1};
   spec.ramp = 0.3;
-  Target target{path_, direct_, aio::Backend::kAuto, &count};
+  Target target{{path_}, direct_, aio::Backend::kAuto, &count};
   std::vector<uint64_t> ramp_ends;  // transfers by then, once per call
   target.on_ramp_end = [&] { ramp_ends.push_back(count.reads.load()); };
   auto r = RunJob(spec, target, pool_.data(), pool_.size(), nullptr);
@@ -195,7 +195,7 @@ TEST(MixFioTest, CommandAsksForTheMixAndTheRamp) {
   JobSpec spec{Rw::kRandReadWrite, 4096, 8, 1, 1 << 20, /*seconds=*/2};
   spec.rwmixread = 70;
   spec.ramp = 1.5;
-  const auto cmd = FioCommand("fio", "/d/f", spec, false, {});
+  const auto cmd = FioCommand("fio", {"/d/f"}, spec, false, {});
   auto has = [&](const std::string& arg) {
     return std::find(cmd.begin(), cmd.end(), arg) != cmd.end();
   };
@@ -207,7 +207,7 @@ TEST(MixFioTest, CommandAsksForTheMixAndTheRamp) {
   EXPECT_TRUE(has("--invalidate=1"));
   spec.rw = Rw::kReadWrite;
   spec.ramp = 0;
-  const auto seq = FioCommand("fio", "/d/f", spec, true, {});
+  const auto seq = FioCommand("fio", {"/d/f"}, spec, true, {});
   EXPECT_NE(std::find(seq.begin(), seq.end(), "--rw=rw"), seq.end());
   for (const std::string& arg : seq) {
     EXPECT_EQ(arg.find("--ramp_time"), std::string::npos);

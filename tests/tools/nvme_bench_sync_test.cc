@@ -92,7 +92,7 @@ TEST(FsyncGateTest, HoldsWritesUntilTheSyncAfterEveryNReturns) {
   int a, b, c, d;
   {
     FsyncGate gate(
-        &file, /*every=*/2, /*limit=*/3, [&](void* s) { resumed.Add(s); },
+        {&file}, /*every=*/2, /*limit=*/3, [&](void* s) { resumed.Add(s); },
         [](const Status&) {});
     EXPECT_EQ(gate.Admit(&a), A::kGo);
     EXPECT_EQ(gate.Admit(&b), A::kGo);
@@ -152,9 +152,9 @@ class SyncJobTest : public ::testing::Test {
     auto b = aio::PinnedBuffer::Allocate(kPool, aio::PinOptions{false});
     ASSERT_TRUE(b.ok());
     pool_ = std::move(*b);
-    auto s = OpenSession(Target{path_}, 1, 1, 1 << 20, kSize);
+    auto s = OpenSession(Target{{path_}}, 1, 1, 1 << 20, kSize);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
-    direct_ = s->file->direct();
+    direct_ = s->files[0]->direct();
   }
   static constexpr uint64_t kSize = 1 << 20;
   static constexpr size_t kPool = 4 << 20;
@@ -172,8 +172,9 @@ TEST_F(SyncJobTest, CountsFloorOfWritesOverNPerThread) {
       IntervalInjector check(kSize / 2, n);
       JobSpec spec{rw, 64 << 10, 4, 2, kSize};
       spec.fsync = n;
-      auto r = RunJob(spec, Target{path_, direct_, aio::Backend::kAuto, &check},
-                      pool_.data(), pool_.size(), nullptr);
+      auto r =
+          RunJob(spec, Target{{path_}, direct_, aio::Backend::kAuto, &check},
+                 pool_.data(), pool_.size(), nullptr);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       EXPECT_EQ(r->ios, 16u);
       EXPECT_EQ(r->syncs, IsWrite(rw) ? 2 * (8 / n) : 0) << RwName(rw) << n;
@@ -188,7 +189,7 @@ TEST_F(SyncJobTest, ATimedJobSyncsAndItsLastReportClosesTheRun) {
   JobSpec spec{Rw::kWrite, 64 << 10, 2, 2, kSize, /*seconds=*/0.2};
   spec.fsync = 4;
   std::vector<JobProgress> reports;
-  Target target{path_, direct_};
+  Target target{{path_}, direct_};
   target.dsync = true;
   auto r = RunJob(spec, target, pool_.data(), pool_.size(),
                   [&](const JobProgress& p) { reports.push_back(p); });
@@ -208,12 +209,12 @@ TEST(SyncFioTest, CommandSyncsAndTheCountIsFiosSyncSection) {
   auto has = [](const std::vector<std::string>& cmd, const std::string& arg) {
     return std::find(cmd.begin(), cmd.end(), arg) != cmd.end();
   };
-  const auto plain = FioCommand("fio", "/d/f", spec, true, {});
+  const auto plain = FioCommand("fio", {"/d/f"}, spec, true, {});
   EXPECT_TRUE(std::none_of(plain.begin(), plain.end(), [](const auto& a) {
     return a.rfind("--fsync=", 0) == 0;
   }));
   spec.fsync = 16;
-  EXPECT_TRUE(has(FioCommand("fio", "/d/f", spec, true, {}), "--fsync=16"));
+  EXPECT_TRUE(has(FioCommand("fio", {"/d/f"}, spec, true, {}), "--fsync=16"));
 
   std::ifstream in(STRATA_TEST_DATA "/fio_randread.json");
   std::stringstream text;

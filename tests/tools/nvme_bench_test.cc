@@ -208,7 +208,7 @@ TEST(FioTest, ParsesFiosJson) {
 
 TEST(FioTest, CommandRunsTheSameJob) {
   JobSpec spec{Rw::kRandWrite, 1 << 20, 32, 4, 1 << 30, 0, 7};
-  const auto cmd = FioCommand("fio", "/d/f", spec, true, {"--fixedbufs"});
+  const auto cmd = FioCommand("fio", {"/d/f"}, spec, true, {"--fixedbufs"});
   auto has = [&](const std::string& arg) {
     return std::find(cmd.begin(), cmd.end(), arg) != cmd.end();
   };
@@ -223,7 +223,7 @@ TEST(FioTest, CommandRunsTheSameJob) {
   EXPECT_TRUE(has("--filename=/d/f"));
   EXPECT_EQ(cmd.back(), "--fixedbufs");
   spec.seconds = 2.5;
-  const auto timed = FioCommand("fio", "/d/f", spec, false, {});
+  const auto timed = FioCommand("fio", {"/d/f"}, spec, false, {});
   EXPECT_NE(std::find(timed.begin(), timed.end(), "--runtime=2500ms"),
             timed.end());
   EXPECT_NE(std::find(timed.begin(), timed.end(), "--end_fsync=1"),
@@ -233,7 +233,7 @@ TEST(FioTest, CommandRunsTheSameJob) {
 TEST_F(WorkloadTest, EveryPatternMovesTheWholeFile) {
   for (Rw rw : {Rw::kWrite, Rw::kRead, Rw::kRandWrite, Rw::kRandRead}) {
     const JobSpec spec{rw, 64 << 10, 4, 2, kSize};
-    auto r = RunJob(spec, Target{path_, direct_}, pool_.data(), pool_.size(),
+    auto r = RunJob(spec, Target{{path_}, direct_}, pool_.data(), pool_.size(),
                     nullptr);
     ASSERT_TRUE(r.ok()) << RwName(rw) << ": " << r.status().ToString();
     EXPECT_EQ(r->bytes, kSize);
@@ -249,8 +249,8 @@ TEST_F(WorkloadTest, EveryPatternMovesTheWholeFile) {
 
 TEST_F(WorkloadTest, TimeBasedRunsLoopOverTheFile) {
   const JobSpec spec{Rw::kRandRead, 64 << 10, 2, 1, 1 << 20, 0.3};
-  auto r =
-      RunJob(spec, Target{path_, direct_}, pool_.data(), pool_.size(), nullptr);
+  auto r = RunJob(spec, Target{{path_}, direct_}, pool_.data(), pool_.size(),
+                  nullptr);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_GE(r->seconds, 0.3);
   EXPECT_GT(r->bytes, 1u << 20);  // more than one pass over 1 MiB
@@ -262,7 +262,7 @@ TEST_F(WorkloadTest, TimeBasedRunsLoopOverTheFile) {
 TEST_F(WorkloadTest, RefusesTimedBufferedJobs) {
   for (Rw rw : {Rw::kRead, Rw::kWrite, Rw::kRandWrite}) {
     const JobSpec spec{rw, 64 << 10, 2, 1, 1 << 20, 0.2};
-    auto r = RunJob(spec, Target{path_, /*direct=*/false}, pool_.data(),
+    auto r = RunJob(spec, Target{{path_}, /*direct=*/false}, pool_.data(),
                     pool_.size(), nullptr);
     ASSERT_FALSE(r.ok()) << RwName(rw);
     EXPECT_NE(r.status().message().find("page cache"), std::string::npos);
@@ -274,7 +274,7 @@ TEST_F(WorkloadTest, RefusesTimedBufferedJobs) {
 TEST_F(WorkloadTest, ReportsIoErrors) {
   testutil::ErrnoInjector eio(EIO, 0, kSize);
   const JobSpec spec{Rw::kRead, 64 << 10, 4, 1, kSize};
-  auto r = RunJob(spec, Target{path_, direct_, aio::Backend::kAuto, &eio},
+  auto r = RunJob(spec, Target{{path_}, direct_, aio::Backend::kAuto, &eio},
                   pool_.data(), pool_.size(), nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("EIO"), std::string::npos);
@@ -287,7 +287,7 @@ TEST_F(WorkloadTest, VerifyPassesOnAHealthyFile) {
   vo.block_size = 64 << 10;
   vo.qd = 8;
   vo.threads = 2;
-  auto r = RunVerify(Target{path_, direct_}, kSize, vo, pool_.data(),
+  auto r = RunVerify(Target{{path_}, direct_}, kSize, vo, pool_.data(),
                      pool_.size(), nullptr);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->mismatched_words, 0u) << r->first_mismatch;
@@ -300,8 +300,8 @@ TEST_F(WorkloadTest, VerifyCatchesACorruptedRead) {
   VerifyOptions vo;
   vo.ops = 50;
   vo.max_bytes = 256 << 10;
-  auto r = RunVerify(Target{path_, direct_, aio::Backend::kAuto, &flip}, kSize,
-                     vo, pool_.data(), pool_.size(), nullptr);
+  auto r = RunVerify(Target{{path_}, direct_, aio::Backend::kAuto, &flip},
+                     kSize, vo, pool_.data(), pool_.size(), nullptr);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(flip.flipped.load());
   EXPECT_EQ(r->mismatched_words, 1u);
@@ -324,7 +324,7 @@ TEST_F(WorkloadTest, ACancelledJobStopsEarly) {
   CountingInjector count;
   std::atomic<bool> cancel{false};
   uint64_t at_cancel = 0;
-  Target target{path_, direct_, aio::Backend::kAuto, &count};
+  Target target{{path_}, direct_, aio::Backend::kAuto, &count};
   target.cancel = &cancel;
   const JobSpec spec{Rw::kWrite, 64 << 10, 2, 1, 1 << 20, /*seconds=*/60};
   auto r =
@@ -340,7 +340,7 @@ TEST_F(WorkloadTest, ACancelledJobStopsEarly) {
 
 TEST_F(WorkloadTest, ACancelledVerifyStops) {
   std::atomic<bool> cancel{true};
-  Target target{path_, direct_};
+  Target target{{path_}, direct_};
   target.cancel = &cancel;
   VerifyOptions vo;
   vo.max_bytes = 256 << 10;

@@ -104,12 +104,15 @@ Result<BenchOptions> CheckSize(BenchOptions o) {
   }
   const uint64_t bs = *std::max_element(o.bs.begin(), o.bs.end());
   const uint64_t th = *std::max_element(o.threads.begin(), o.threads.end());
-  if (o.size < bs * th) {
+  const uint64_t files = o.paths.size();
+  if (o.size < bs * th * files) {
     return Status::InvalidArgument(
         "--size " + std::to_string(o.size) +
-        " is too small: each thread needs at least one --bs "
-        "block (largest bs x threads = " +
-        std::to_string(bs * th) + ")");
+        " is too small: each thread needs at least one --bs block" +
+        (files > 1 ? " in each of the " + std::to_string(files) + " files" +
+                         " (largest bs x threads x files = "
+                   : " (largest bs x threads = ") +
+        std::to_string(bs * th * files) + ")");
   }
   return o;
 }
@@ -131,10 +134,12 @@ struct Texts {
 
 // What a job is: the file, the patterns, sizes and depths, the engine.
 void AddJobOptions(CLI::App& app, BenchOptions& o, Texts& text) {
-  app.add_option("--path", o.path,
+  app.add_option("--path", o.paths,
                  "Directory (a strata-nvme-bench.dat file is created in it and "
                  "removed afterwards) or existing file to test; a path that "
-                 "does not exist is an error unless --create")
+                 "does not exist is an error unless --create. Several paths "
+                 "(repeat --path, or separate them with ':' as fio's "
+                 "--filename): the job stripes over them, one --bs block each")
       ->required();
   app.add_flag("--create", o.create,
                "Let --path name a new file in an existing directory: created "
@@ -238,9 +243,31 @@ void AddRunOptions(CLI::App& app, BenchOptions& o, Texts& text) {
   app.add_flag("--quiet", o.quiet, "No progress on stderr");
 }
 
+// fio's --filename separates files with ':'; --path takes that too. The
+// same file twice would stripe a job over itself.
+Result<std::vector<std::string>> SplitPaths(
+    const std::vector<std::string>& given, bool verify) {
+  std::vector<std::string> out;
+  for (const std::string& path : given) {
+    for (size_t at = 0; at <= path.size();) {
+      const size_t end = std::min(path.find(':', at), path.size());
+      if (end > at) out.push_back(path.substr(at, end - at));
+      at = end + 1;
+    }
+  }
+  if (out.empty()) return Status::InvalidArgument("--path: empty");
+  if (verify && out.size() > 1) {
+    return Status::InvalidArgument(
+        "--verify checks one file: give one --path (it has " +
+        std::to_string(out.size()) + ")");
+  }
+  return out;
+}
+
 // The options parsed from text, their defaults that depend on others, and
 // the checks across them.
 Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
+  STRATA_ASSIGN_OR_RETURN(o.paths, SplitPaths(o.paths, o.verify));
   if (app.count("--repeat") == 0) o.repeat = o.vs_fio || o.recommend ? 3 : 1;
   if (app.count("--fio-buffers") == 0) {
     text.fio_buffers = o.huge_pages ? "huge" : "malloc";

@@ -13,7 +13,8 @@
 namespace strata::bench {
 
 struct BenchOptions {
-  std::string path;
+  // One or more: a job stripes over them (Note [Striping] in workload.h).
+  std::vector<std::string> paths;
   std::vector<Rw> rw = {Rw::kRead, Rw::kWrite};
   std::vector<size_t> bs = {1u << 20};
   std::vector<int> qd = {32};

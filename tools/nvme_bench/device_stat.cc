@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -76,6 +77,44 @@ Result<DiskCounters> DiskStat::Read() const {
     return Status::InvalidArgument(stat_path_ + ": " + c.status().message());
   }
   return c;
+}
+
+DiskSet DiskSet::ForPaths(const std::vector<std::string>& paths,
+                          std::string* missing) {
+  DiskSet set;
+  missing->clear();
+  for (const std::string& path : paths) {
+    Result<DiskStat> disk = DiskStat::ForPath(path);
+    if (!disk.ok()) {
+      *missing += (missing->empty() ? "" : "; ") + disk.status().message();
+      continue;
+    }
+    const bool known = std::any_of(
+        set.disks_.begin(), set.disks_.end(),
+        [&](const DiskStat& d) { return d.name() == disk->name(); });
+    if (!known) set.disks_.push_back(*disk);
+  }
+  return set;
+}
+
+std::string DiskSet::name() const {
+  std::string out;
+  for (const DiskStat& d : disks_) out += (out.empty() ? "" : "+") + d.name();
+  return out;
+}
+
+Result<DiskCounters> DiskSet::Read() const {
+  DiskCounters sum;
+  for (const DiskStat& d : disks_) {
+    STRATA_ASSIGN_OR_RETURN(const DiskCounters c, d.Read());
+    sum.reads += c.reads;
+    sum.read_merges += c.read_merges;
+    sum.read_sectors += c.read_sectors;
+    sum.writes += c.writes;
+    sum.write_merges += c.write_merges;
+    sum.write_sectors += c.write_sectors;
+  }
+  return sum;
 }
 
 }  // namespace strata::bench

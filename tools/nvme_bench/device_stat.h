@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "strata/status.h"
 
@@ -73,6 +74,26 @@ class DiskStat {
 
   std::string name_;
   std::string stat_path_;
+};
+
+// The disks under a job's files, each once, read as one: a job striped
+// over files on two drives counts both, and two files on one disk count it
+// once.
+class DiskSet {
+ public:
+  // The disk of each path; a path on no block device is left out, and the
+  // reason joins *missing ("" when every path has a disk).
+  static DiskSet ForPaths(const std::vector<std::string>& paths,
+                          std::string* missing);
+
+  bool empty() const { return disks_.empty(); }
+  // "vda", or "vda+vdb" for several.
+  std::string name() const;
+  // The disks' counters, summed.
+  Result<DiskCounters> Read() const;
+
+ private:
+  std::vector<DiskStat> disks_;
 };
 
 }  // namespace strata::bench

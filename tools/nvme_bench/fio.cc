@@ -207,24 +207,35 @@ Status ParseDirections(const nlohmann::json& job, const JobSpec& spec,
   return Status::Ok();
 }
 
+// fio's --filename: the files separated by ':' (--path splits on ':', so
+// no name holds one).
+std::string FioFileNames(const std::vector<std::string>& paths) {
+  std::string out;
+  for (const std::string& path : paths) out += (out.empty() ? "" : ":") + path;
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> FioCommand(const std::string& fio,
-                                    const std::string& path,
+                                    const std::vector<std::string>& paths,
                                     const JobSpec& spec, bool direct,
                                     const std::vector<std::string>& extra) {
-  const uint64_t slice = spec.size / spec.bs / spec.threads * spec.bs;
+  // Note [Striping]: fio divides a job's size among its files and applies
+  // offset_increment to each; it switches files after every request.
+  const int files = static_cast<int>(paths.size());
+  const uint64_t slice = BlocksPerThread(spec, files) * spec.bs;
   std::vector<std::string> cmd = {
       fio,
       "--name=strata-vs-fio",
-      "--filename=" + path,
+      "--filename=" + FioFileNames(paths),
       "--ioengine=io_uring",
       "--rw=" + std::string(RwName(spec.rw)),
       "--bs=" + std::to_string(spec.bs),
       "--iodepth=" + std::to_string(spec.qd),
       "--numjobs=" + std::to_string(spec.threads),
       "--size=" + std::to_string(slice),
-      "--offset_increment=" + std::to_string(slice),
+      "--offset_increment=" + std::to_string(slice / files),
       "--direct=" + std::string(direct ? "1" : "0"),
       "--thread",
       "--group_reporting",

@@ -12,11 +12,12 @@
 
 namespace strata::bench {
 
-// The fio command line for `spec` on `path`: ioengine=io_uring, numjobs =
-// threads, each job on its own size/threads slice, total latency
+// The fio command line for `spec` on `paths`: ioengine=io_uring, numjobs =
+// threads, each job on its own size/threads slice striped over the files
+// as strata stripes (Note [Striping] in workload.h), total latency
 // percentiles, JSON output. `extra` options are appended verbatim.
 std::vector<std::string> FioCommand(const std::string& fio,
-                                    const std::string& path,
+                                    const std::vector<std::string>& paths,
                                     const JobSpec& spec, bool direct,
                                     const std::vector<std::string>& extra);
 

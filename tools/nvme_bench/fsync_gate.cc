@@ -4,10 +4,10 @@
 
 namespace strata::bench {
 
-FsyncGate::FsyncGate(aio::File* file, uint64_t every, uint64_t limit,
-                     std::function<void(void* slot)> resume,
+FsyncGate::FsyncGate(std::vector<aio::File*> files, uint64_t every,
+                     uint64_t limit, std::function<void(void* slot)> resume,
                      std::function<void(const Status&)> fail)
-    : file_(file),
+    : files_(std::move(files)),
       every_(every),
       limit_(limit),
       resume_(std::move(resume)),
@@ -61,8 +61,10 @@ void FsyncGate::Loop() {
     cv_.wait(lock, [this] { return due_ || stop_; });
     if (!due_) return;
     lock.unlock();
-    const Status st = file_->Sync();
-    if (!st.ok()) fail_(st);
+    for (aio::File* file : files_) {
+      const Status st = file->Sync();
+      if (!st.ok()) fail_(st);
+    }
     lock.lock();
     ++syncs_;
     due_ = false;

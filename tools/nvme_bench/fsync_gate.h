@@ -1,6 +1,7 @@
 // --fsync N for one thread of a job: after every N of its writes complete,
-// an fdatasync of the file, and no further write of the thread is issued
-// until it returns (fio's fsync=N).
+// an fdatasync of each of the job's files (one sync point, whatever the
+// number of files: Note [Striping] in workload.h), and no further write of
+// the thread is issued until it returns (fio's fsync=N).
 //
 // Note [Blocking fsync]: the aio engine has no asynchronous sync request
 // and its completion callbacks must not block, so a gate owns one thread
@@ -29,11 +30,11 @@ class FsyncGate {
  public:
   enum class Admission { kGo, kParked, kDone };
 
-  // Syncs `file` after every `every` (>= 1) writes, of at most `limit`
+  // Syncs `files` after every `every` (>= 1) writes, of at most `limit`
   // writes in all. `resume` gets every parked slot back, on the gate's
   // thread, once the sync it waited for returned; `fail` gets a failed
   // sync's status first.
-  FsyncGate(aio::File* file, uint64_t every, uint64_t limit,
+  FsyncGate(std::vector<aio::File*> files, uint64_t every, uint64_t limit,
             std::function<void(void* slot)> resume,
             std::function<void(const Status&)> fail);
   // Joins the thread; every write admitted must have completed.
@@ -53,7 +54,7 @@ class FsyncGate {
  private:
   void Loop();
 
-  aio::File* file_;
+  const std::vector<aio::File*> files_;
   const uint64_t every_;
   const uint64_t limit_;
   std::function<void(void*)> resume_;

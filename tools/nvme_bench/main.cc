@@ -22,6 +22,7 @@
 #include "tools/nvme_bench/fio.h"
 #include "tools/nvme_bench/fio_buffers.h"
 #include "tools/nvme_bench/interrupt.h"
+#include "tools/nvme_bench/json_out.h"
 #include "tools/nvme_bench/place.h"
 #include "tools/nvme_bench/progress.h"
 #include "tools/nvme_bench/report.h"
@@ -34,6 +35,23 @@ namespace {
 
 constexpr size_t kPrefillChunk = 1u << 20;
 constexpr int kPrefillDepth = 8;
+
+// What a run has settled before it opens the files.
+struct Plan {
+  std::vector<Placement> places;  // as o.paths
+  std::vector<FileSystem> fs;     // under each
+  uint64_t file_bytes = 0;        // each file's share of --size
+  std::vector<JobSpec> specs;
+  aio::Backend backend = aio::Backend::kAuto;
+  const std::atomic<bool>* cancel = nullptr;
+  RunLog* log = nullptr;
+
+  std::vector<std::string> files() const {
+    std::vector<std::string> out;
+    for (const Placement& p : places) out.push_back(p.file);
+    return out;
+  }
+};
 
 void FillRandom(char* buf, size_t bytes, uint64_t seed) {
   auto* words = reinterpret_cast<uint64_t*>(buf);
@@ -91,9 +109,27 @@ std::string DepthCapNote(const BenchOptions& o, const aio::IoInfo& info) {
       pool);
 }
 
+// What is measured: the file and the file system and device under it, or
+// for a striped job a line per file.
+std::string Where(const std::vector<aio::File*>& files, const Plan& plan) {
+  if (files.size() == 1) {
+    return fmt::format("{} ({}) on {}", plan.places[0].file,
+                       SizeText(files[0]->size()), FileSystemText(plan.fs[0]));
+  }
+  std::string out = fmt::format(
+      "{} files, striped one block at a time (their share of --size each)",
+      files.size());
+  for (size_t i = 0; i < files.size(); ++i) {
+    out += fmt::format("\n  file {}: {} ({}) on {}", i + 1, plan.places[i].file,
+                       SizeText(files[i]->size()), FileSystemText(plan.fs[i]));
+  }
+  return out;
+}
+
 std::string Describe(const BenchOptions& o, const aio::IoInfo& info,
-                     const aio::File& file, const Placement& place,
-                     const FileSystem& fs, const aio::PinnedBuffer& pool) {
+                     const std::vector<aio::File*>& files, const Plan& plan,
+                     const aio::PinnedBuffer& pool) {
+  const aio::File& file = *files[0];
   std::string io = file.direct()
                        ? fmt::format("O_DIRECT (align mem {} / offset {})",
                                      file.mem_align(), file.offset_align())
@@ -112,12 +148,11 @@ std::string Describe(const BenchOptions& o, const aio::IoInfo& info,
         info.fallback_reason);
   }
   return fmt::format(
-      "strata-nvme-bench: {} ({}) on {}\n  {}\n  backend {}\n  {} buffers{}\n{}"
+      "strata-nvme-bench: {}\n  {}\n  backend {}\n  {} buffers{}\n{}"
       "  GB/s = 1e9 B/s; latency = submit to completion; CPU% = usr + sys, "
       "of one core\n  (strata: the whole process; fio: its job threads); dev "
       "= what the disk served\n",
-      place.file, SizeText(file.size()), FileSystemText(fs), io, backend,
-      pool.locked() ? "pinned" : "unpinned",
+      Where(files, plan), io, backend, pool.locked() ? "pinned" : "unpinned",
       StrataHugePages(o, pool) ? " on huge pages"
       : o.huge_pages ? " on 4 KiB pages (transparent huge pages were asked "
                        "for and not had)"
@@ -165,18 +200,18 @@ std::vector<JobSpec> Specs(const BenchOptions& o) {
 // around it; `run` may call the function it is given to read them again
 // (at the end of a ramp).
 Result<JobResult> WithDevice(
-    const std::optional<DiskStat>& disk,
+    const DiskSet& disks,
     const std::function<Result<JobResult>(const std::function<void()>&)>& run) {
   std::optional<DiskCounters> before;
   const auto mark = [&] {
-    if (disk) {
-      if (auto c = disk->Read(); c.ok()) before = *c;
+    if (!disks.empty()) {
+      if (auto c = disks.Read(); c.ok()) before = *c;
     }
   };
   mark();
   STRATA_ASSIGN_OR_RETURN(JobResult r, run(mark));
   if (before) {
-    if (auto after = disk->Read(); after.ok()) {
+    if (auto after = disks.Read(); after.ok()) {
       r.device = Delta(*before, *after);
     }
   }
@@ -186,11 +221,11 @@ Result<JobResult> WithDevice(
 // Runs one configuration --repeat times, alternating strata and fio.
 Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
                    const Target& target, aio::PinnedBuffer& pool,
-                   const FioBuffers* fio_buffers,
-                   const std::optional<DiskStat>& disk,
+                   const FioBuffers* fio_buffers, const DiskSet& disks,
                    const std::string& label, Progress* progress, RunLog* log) {
   Row row;
-  if (disk) row.disk = disk->name();
+  row.disk = disks.name();
+  row.paths = target.paths;
   std::vector<std::string> fio_opts;
   if (fio_buffers != nullptr) {
     row.fio_buffers = fio_buffers->kind();
@@ -202,7 +237,7 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   auto strata_run = [&]() -> Status {
     ProgressSample prev;
     log->Start(spec, static_cast<int>(strata_runs.size()) + 1);
-    auto r = WithDevice(disk, [&](const std::function<void()>& mark) {
+    auto r = WithDevice(disks, [&](const std::function<void()>& mark) {
       Target counted = target;
       counted.on_ramp_end = mark;
       return RunJob(spec, counted, pool.data(), pool.size(),
@@ -221,11 +256,12 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   };
   auto fio_run = [&]() -> Status {
     progress->Update(label + ": fio");
-    STRATA_ASSIGN_OR_RETURN(auto r, WithDevice(disk, [&](const auto&) {
-                              return RunFio(FioCommand(o.fio, target.path, spec,
-                                                       target.direct, fio_opts),
-                                            spec, target.cancel);
-                            }));
+    STRATA_ASSIGN_OR_RETURN(
+        auto r, WithDevice(disks, [&](const auto&) {
+          return RunFio(
+              FioCommand(o.fio, target.paths, spec, target.direct, fio_opts),
+              spec, target.cancel);
+        }));
     // fio's ramp cannot be told apart from outside: the disk's counters
     // would count it.
     if (spec.ramp > 0) r.device.reset();
@@ -246,58 +282,11 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   return row;
 }
 
-// The --json file: opened before the first run, so that a path that
-// cannot be written is found then, and removed again on the way out when
-// this run created it and never wrote it.
-class JsonOut {
- public:
-  explicit JsonOut(std::string path) : path_(std::move(path)) {}
-  ~JsonOut() {
-    if (created_ && !written_) unlink(path_.c_str());
-  }
-  JsonOut(const JsonOut&) = delete;
-  JsonOut& operator=(const JsonOut&) = delete;
-
-  Status Open() {
-    if (path_.empty()) return Status::Ok();
-    int fd = open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    created_ = fd >= 0;
-    if (fd < 0 && errno == EEXIST) {
-      fd = open(path_.c_str(), O_WRONLY | O_CLOEXEC);
-    }
-    if (fd < 0) {
-      const int err = errno;
-      return Status(aio::ErrnoStatus(err, "").code(),
-                    "cannot write --json file '" + path_ +
-                        "': " + ErrnoText(err) +
-                        "; pass a --json path in a directory you can write");
-    }
-    close(fd);
-    return Status::Ok();
-  }
-
-  Status Write(const nlohmann::json& records) {
-    if (path_.empty()) return Status::Ok();
-    std::ofstream out(path_);
-    out << records.dump(2) << "\n";
-    written_ = true;
-    if (!out) {
-      return Status::IoError("cannot write --json file '" + path_ + "'");
-    }
-    return Status::Ok();
-  }
-
- private:
-  std::string path_;
-  bool created_ = false;
-  bool written_ = false;
-};
-
 // Every configuration in turn; on Ctrl-C, the rows that finished.
 Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
              const Target& target, aio::PinnedBuffer& pool,
-             const std::optional<DiskStat>& disk, JsonOut* json,
-             Progress* progress, RunLog* log) {
+             const DiskSet& disks, JsonOut* json, Progress* progress,
+             RunLog* log) {
   std::unique_ptr<FioBuffers> fio_buffers;
   if (o.vs_fio) {
     fio_buffers = FioBuffers::Prepare(o.fio_buffers, specs, o.fio_opts);
@@ -312,8 +301,8 @@ Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
     const std::string label =
         fmt::format("[{}/{}] {} bs={} qd={} threads={}", i + 1, specs.size(),
                     RwName(s.rw), SizeText(s.bs), s.qd, s.threads);
-    Result<Row> row = RunRow(o, s, target, pool, fio_buffers.get(), disk, label,
-                             progress, log);
+    Result<Row> row = RunRow(o, s, target, pool, fio_buffers.get(), disks,
+                             label, progress, log);
     if (!row.ok() && row.status().code() == StatusCode::kCancelled) break;
     if (!row.ok()) return row.status();
     std::printf("%s\n", TableRow(*row).c_str());
@@ -372,61 +361,91 @@ Result<bool> Verify(const BenchOptions& o, const Target& target,
   return r->mismatched_words == 0;
 }
 
-// The disk whose counters cover `file`, or none, which the header says.
-std::optional<DiskStat> Disk(const std::string& file) {
-  Result<DiskStat> disk = DiskStat::ForPath(file);
-  if (disk.ok()) return *disk;
-  std::printf("  no device-side figures: %s\n",
-              disk.status().message().c_str());
-  return std::nullopt;
+// The disks whose counters cover `files`, or none when a file is on no
+// block device (the figures would be part of the job's), which the header
+// says.
+DiskSet Disks(const std::vector<std::string>& files) {
+  std::string missing;
+  DiskSet disks = DiskSet::ForPaths(files, &missing);
+  if (missing.empty()) return disks;
+  std::printf("  no device-side figures: %s\n", missing.c_str());
+  return DiskSet{};
 }
 
-// Removes the benchmark's own file on every way out of Run(), unless --keep.
+// Removes the benchmark's own files on every way out of Run(), unless
+// --keep.
 class RemoveOnExit {
  public:
-  RemoveOnExit(const Placement& place, bool keep)
-      : path_(place.ours && !keep ? place.file : "") {}
+  RemoveOnExit(const std::vector<Placement>& places, bool keep) {
+    for (const Placement& p : places) {
+      if (p.ours && !keep) paths_.push_back(p.file);
+    }
+  }
   ~RemoveOnExit() {
     std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove(path_, ec);
+    for (const std::string& path : paths_) std::filesystem::remove(path, ec);
   }
 
  private:
-  std::string path_;
+  std::vector<std::string> paths_;
 };
 
-// What a run has settled before it opens the file.
-struct Plan {
-  Placement place;
-  FileSystem fs;
-  std::vector<JobSpec> specs;
-  aio::Backend backend = aio::Backend::kAuto;
-  const std::atomic<bool>* cancel = nullptr;
-  RunLog* log = nullptr;
-};
+// The prefill's engine with every file open: created and preallocated to
+// its share where the run may write it. Someone else's file is neither
+// grown nor written without --overwrite (CheckPlacement has refused a run
+// that would).
+Result<Session> OpenFiles(const BenchOptions& o, const Plan& plan) {
+  STRATA_ASSIGN_OR_RETURN(Session session,
+                          OpenSession(Target{.paths = {},
+                                             .backend = plan.backend,
+                                             .submit_batch = o.submit_batch},
+                                      1, kPrefillDepth, kPrefillChunk, 0));
+  for (const Placement& place : plan.places) {
+    const bool may_write = place.ours || o.overwrite;
+    aio::FileOptions fo;
+    fo.create = may_write;
+    fo.size = may_write ? plan.file_bytes : 0;
+    fo.direct = !o.buffered;
+    fo.dsync = o.sync;
+    STRATA_ASSIGN_OR_RETURN(aio::File * file,
+                            session.engine->OpenFile(place.file, fo));
+    STRATA_RETURN_IF_ERROR(CheckTimedBuffered(file->direct(), o.seconds));
+    session.files.push_back(file);
+  }
+  return session;
+}
 
-Status RunOnFile(const BenchOptions& o, const Plan& plan,
-                 aio::PinnedBuffer& pool, JsonOut* json, bool* verified) {
-  // Someone else's file is neither grown nor written without --overwrite
-  // (CheckPlacement has refused a run that would).
-  const bool may_write = plan.place.ours || o.overwrite;
-  const std::string& path = plan.place.file;
-  STRATA_ASSIGN_OR_RETURN(
-      auto session,
-      OpenSession(Target{.path = path,
-                         .direct = !o.buffered,
-                         .backend = plan.backend,
-                         .submit_batch = o.submit_batch,
-                         .dsync = o.sync},
-                  1, kPrefillDepth, kPrefillChunk, may_write ? o.size : 0));
-  aio::File* file = session.file;
-  STRATA_RETURN_IF_ERROR(CheckTimedBuffered(file->direct(), o.seconds));
-  std::printf("%s", Describe(o, session.engine->info(), *file, plan.place,
-                             plan.fs, pool)
-                        .c_str());
+// Fills the files the run may write; the rest keep their data.
+Status PrefillAll(const BenchOptions& o, const Plan& plan,
+                  const Session& session, aio::PinnedBuffer& pool,
+                  Progress* progress) {
+  for (size_t i = 0; i < plan.places.size(); ++i) {
+    if (!plan.places[i].ours && !o.overwrite) continue;
+    Status st = Prefill(session.engine.get(), session.files[i],
+                        static_cast<char*>(pool.data()), plan.file_bytes,
+                        o.seed + i, plan.cancel, progress);
+    if (st.code() == StatusCode::kCancelled) {
+      return Status::Cancelled(fmt::format(
+          "interrupted: while prefilling, 0 of {} configurations finished",
+          plan.specs.size()));
+    }
+    STRATA_RETURN_IF_ERROR(st);
+  }
+  return Status::Ok();
+}
+
+Status RunOnFiles(const BenchOptions& o, const Plan& plan,
+                  aio::PinnedBuffer& pool, JsonOut* json, bool* verified) {
+  STRATA_ASSIGN_OR_RETURN(Session session, OpenFiles(o, plan));
+  std::printf(
+      "%s",
+      Describe(o, session.engine->info(), session.files, plan, pool).c_str());
   std::fflush(stdout);
-  const Target target{.path = path,
-                      .direct = file->direct(),
+  const bool direct =
+      std::all_of(session.files.begin(), session.files.end(),
+                  [](const aio::File* f) { return f->direct(); });
+  const Target target{.paths = plan.files(),
+                      .direct = direct,
                       .backend = plan.backend,
                       .cancel = plan.cancel,
                       .submit_batch = o.submit_batch,
@@ -438,38 +457,46 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
     *verified = ok;
     return Status::Ok();
   }
-  if (may_write) {
-    Status st =
-        Prefill(session.engine.get(), file, static_cast<char*>(pool.data()),
-                o.size, o.seed, plan.cancel, &progress);
-    if (st.code() == StatusCode::kCancelled) {
-      return Status::Cancelled(fmt::format(
-          "interrupted: while prefilling, 0 of {} configurations finished",
-          plan.specs.size()));
-    }
-    STRATA_RETURN_IF_ERROR(st);
-  }
+  STRATA_RETURN_IF_ERROR(PrefillAll(o, plan, session, pool, &progress));
   session.engine.reset();
-  return Sweep(o, plan.specs, target, pool, Disk(path), json, &progress,
-               plan.log);
+  return Sweep(o, plan.specs, target, pool, Disks(target.paths), json,
+               &progress, plan.log);
 }
 
-// What can be found before the file is made: the path, the room, the
+// Each file's file system, and whether the file may be used: what the run
+// writes on each file system must fit there.
+Status PlaceFiles(const BenchOptions& o, Plan* plan) {
+  STRATA_ASSIGN_OR_RETURN(plan->places, PlaceAll(o));
+  plan->file_bytes = FileShare(o.size, static_cast<int>(o.paths.size()));
+  for (const Placement& place : plan->places) {
+    std::error_code ec;
+    plan->fs.push_back(FileSystemOf(
+        std::filesystem::exists(place.file, ec) ? place.file : place.dir));
+  }
+  for (size_t i = 0; i < plan->places.size(); ++i) {
+    const FileSystem& fs = plan->fs[i];
+    const auto same = std::count_if(
+        plan->fs.begin(), plan->fs.end(), [&](const FileSystem& other) {
+          return other.major == fs.major && other.minor == fs.minor;
+        });
+    STRATA_RETURN_IF_ERROR(
+        CheckPlacement(o, plan->places[i], fs,
+                       Share{plan->file_bytes, plan->file_bytes * same}));
+  }
+  return Status::Ok();
+}
+
+// What can be found before the files are made: the paths, the room, the
 // --json file, fio and its options.
 Result<Plan> Preflight(const BenchOptions& o, JsonOut* json) {
   Plan plan;
   STRATA_ASSIGN_OR_RETURN(plan.backend, aio::ParseBackend(o.backend));
-  STRATA_ASSIGN_OR_RETURN(plan.place, Place(o));
-  std::error_code ec;
-  plan.fs = FileSystemOf(std::filesystem::exists(plan.place.file, ec)
-                             ? plan.place.file
-                             : plan.place.dir);
-  STRATA_RETURN_IF_ERROR(CheckPlacement(o, plan.place, plan.fs));
+  STRATA_RETURN_IF_ERROR(PlaceFiles(o, &plan));
   STRATA_RETURN_IF_ERROR(json->Open());
   plan.specs = Specs(o);
   if (o.vs_fio && !o.verify) {
     STRATA_RETURN_IF_ERROR(CheckFio(FioCommand(
-        o.fio, plan.place.file, plan.specs[0], !o.buffered, o.fio_opts)));
+        o.fio, plan.files(), plan.specs[0], !o.buffered, o.fio_opts)));
   }
   return plan;
 }
@@ -488,9 +515,9 @@ Result<int> Run(const BenchOptions& o, const std::atomic<bool>* cancel) {
   STRATA_ASSIGN_OR_RETURN(auto pool,
                           aio::PinnedBuffer::Allocate(PoolBytes(o), pin));
   FillRandom(static_cast<char*>(pool.data()), pool.size(), o.seed);
-  RemoveOnExit cleanup(plan.place, o.keep);
+  RemoveOnExit cleanup(plan.places, o.keep);
   bool verified = true;
-  STRATA_RETURN_IF_ERROR(RunOnFile(o, plan, pool, &json, &verified));
+  STRATA_RETURN_IF_ERROR(RunOnFiles(o, plan, pool, &json, &verified));
   return verified ? 0 : 1;
 }
 

@@ -73,17 +73,24 @@ Status NotThere(const std::string& path) {
       path + "); to measure a new file at that path, add --create");
 }
 
-// A file the run creates or grows to --size must fit beside what the file
-// system holds already.
+// The files the run creates or grows on a file system must fit beside what
+// it holds already.
 Status CheckSpace(const BenchOptions& o, const Placement& place,
-                  const FileSystem& fs, uint64_t held) {
+                  const FileSystem& fs, const Share& share, uint64_t held) {
   struct statvfs vfs = {};
   if (statvfs(place.dir.c_str(), &vfs) != 0) return Status::Ok();
   const uint64_t free = uint64_t{vfs.f_bavail} * vfs.f_frsize;
-  if (o.size <= free + held) return Status::Ok();
-  std::string msg = fmt::format("--size {} does not fit: {} has {} free ({})",
-                                SizeText(o.size), place.dir, HumanBytes(free),
-                                fs.type.empty() ? "?" : fs.type);
+  if (share.fs_bytes <= free + held) return Status::Ok();
+  const std::string type = fs.type.empty() ? "?" : fs.type;
+  std::string msg =
+      o.paths.size() == 1
+          ? fmt::format("--size {} does not fit: {} has {} free ({})",
+                        SizeText(o.size), place.dir, HumanBytes(free), type)
+          : fmt::format(
+                "--size {} striped over {} files does not fit: {} of it goes "
+                "to {}, which has {} free ({})",
+                SizeText(o.size), o.paths.size(), HumanBytes(share.fs_bytes),
+                place.dir, HumanBytes(free), type);
   if (held > 0) {
     msg += fmt::format(" besides the {} that '{}' holds", HumanBytes(held),
                        place.file);
@@ -93,47 +100,72 @@ Status CheckSpace(const BenchOptions& o, const Placement& place,
 
 // Someone else's file, for a run without --overwrite.
 Status CheckTheirs(const BenchOptions& o, const Placement& place,
-                   uint64_t file_size) {
+                   const Share& share, uint64_t file_size) {
   if (o.verify || std::any_of(o.rw.begin(), o.rw.end(), IsWrite)) {
     return Status::FailedPrecondition(
         "'" + place.file +
         "' already exists and this run would write to it; pass --overwrite "
         "to allow that, or give --path a directory");
   }
-  if (file_size >= o.size) return Status::Ok();
-  const uint64_t fits = file_size / 4096 * 4096;
+  if (file_size >= share.file_bytes) return Status::Ok();
+  const uint64_t files = o.paths.size();
+  const uint64_t fits = file_size / 4096 * 4096 * files;
   return Status::FailedPrecondition(fmt::format(
-      "'{}' is {}, smaller than --size {}; pass a smaller --size{}, or "
-      "--overwrite to let the run grow it and fill it with its own data",
-      place.file, HumanBytes(file_size), SizeText(o.size),
+      "'{}' is {}, smaller than {}; pass a smaller --size{}, or --overwrite "
+      "to let the run grow it and fill it with its own data",
+      place.file, HumanBytes(file_size),
+      files == 1
+          ? "--size " + SizeText(o.size)
+          : fmt::format("its share ({}) of --size {} over {} files",
+                        HumanBytes(share.file_bytes), SizeText(o.size), files),
       fits > 0 ? " (at most " + SizeText(fits) + ")" : ""));
 }
 
 }  // namespace
 
-Result<Placement> Place(const BenchOptions& o) {
+Result<Placement> Place(const BenchOptions& o, const std::string& given) {
   std::error_code ec;
-  const stdfs::path path(o.path);
+  const stdfs::path path(given);
   if (stdfs::is_directory(path, ec)) {
-    return Placement{(path / kBenchFileName).string(), o.path, true};
+    return Placement{(path / kBenchFileName).string(), given, true};
   }
   const stdfs::path parent =
       path.has_parent_path() ? path.parent_path() : stdfs::path(".");
   if (stdfs::exists(path, ec)) {
     if (!stdfs::is_regular_file(path, ec)) {
       return Status::InvalidArgument(
-          "--path '" + o.path + "' is neither a directory nor a regular file");
+          "--path '" + given + "' is neither a directory nor a regular file");
     }
-    return Placement{o.path, parent.string(), false};
+    return Placement{given, parent.string(), false};
   }
-  if (!o.create || !path.has_filename()) return NotThere(o.path);
+  if (!o.create || !path.has_filename()) return NotThere(given);
   if (!stdfs::is_directory(parent, ec)) {
     return Status::NotFound(
-        "--path '" + o.path + "': directory '" + parent.string() +
+        "--path '" + given + "': directory '" + parent.string() +
         "' does not exist; create it (mkdir -p " + parent.string() +
         ") or name an existing directory");
   }
-  return Placement{o.path, parent.string(), true};
+  return Placement{given, parent.string(), true};
+}
+
+Result<std::vector<Placement>> PlaceAll(const BenchOptions& o) {
+  std::vector<Placement> out;
+  std::vector<std::string> seen;
+  for (const std::string& given : o.paths) {
+    STRATA_ASSIGN_OR_RETURN(Placement place, Place(o, given));
+    std::error_code ec;
+    std::string real = stdfs::weakly_canonical(place.file, ec).string();
+    if (ec) real = place.file;
+    if (std::find(seen.begin(), seen.end(), real) != seen.end()) {
+      return Status::InvalidArgument("--path names the file '" + place.file +
+                                     "' twice (a directory means its " +
+                                     kBenchFileName +
+                                     "): give each file or directory once");
+    }
+    seen.push_back(std::move(real));
+    out.push_back(std::move(place));
+  }
+  return out;
 }
 
 std::optional<MountEntry> FindMount(std::string_view mountinfo,
@@ -190,14 +222,14 @@ std::string FileSystemText(const FileSystem& fs) {
 }
 
 Status CheckPlacement(const BenchOptions& o, const Placement& place,
-                      const FileSystem& fs) {
+                      const FileSystem& fs, const Share& share) {
   struct stat st = {};
   const bool exists = stat(place.file.c_str(), &st) == 0;
   if (exists && !place.ours && !o.overwrite) {
-    return CheckTheirs(o, place, static_cast<uint64_t>(st.st_size));
+    return CheckTheirs(o, place, share, static_cast<uint64_t>(st.st_size));
   }
   const uint64_t held = exists ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
-  return CheckSpace(o, place, fs, held);
+  return CheckSpace(o, place, fs, share, held);
 }
 
 }  // namespace strata::bench

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "strata/status.h"
 #include "tools/nvme_bench/cli.h"
@@ -29,7 +30,11 @@ struct Placement {
 // A directory gets kBenchFileName in it; an existing regular file is used
 // as it is. A path that does not exist is kNotFound, with both fixes,
 // unless --create makes it name a new file in an existing directory.
-Result<Placement> Place(const BenchOptions& o);
+Result<Placement> Place(const BenchOptions& o, const std::string& path);
+
+// Every one of o.paths, in order; a file named twice (two paths to one
+// directory, say) is kInvalidArgument.
+Result<std::vector<Placement>> PlaceAll(const BenchOptions& o);
 
 struct MountEntry {
   std::string mount_point;
@@ -61,11 +66,18 @@ FileSystem FileSystemOf(const std::string& path);
 // a drive.
 std::string FileSystemText(const FileSystem& fs);
 
+// What one file of the run holds: its share of --size (FileShare in
+// workload.h), and the bytes of all the run's files on its file system.
+struct Share {
+  uint64_t file_bytes = 0;
+  uint64_t fs_bytes = 0;
+};
+
 // Someone else's file is neither written nor grown without --overwrite,
-// and a read-only run needs it to hold --size; a file the run creates or
-// grows must fit in the free space (counting what it holds already).
+// and a read-only run needs it to hold its share; the files the run creates
+// or grows must fit in the free space (counting what they hold already).
 Status CheckPlacement(const BenchOptions& o, const Placement& place,
-                      const FileSystem& fs);
+                      const FileSystem& fs, const Share& share);
 
 }  // namespace strata::bench
 

@@ -119,6 +119,28 @@ nlohmann::json ResultJson(const JobResult& r, const std::string& disk) {
   return j;
 }
 
+// A striped job's line under its rows: each file's share of the bytes.
+std::string FilesLine(const JobResult& r) {
+  if (r.files.size() < 2) return "";
+  std::string out = "\n" + std::string(kJobWidth, ' ') + "  files:";
+  for (size_t i = 0; i < r.files.size(); ++i) {
+    const double share = r.bytes > 0 ? 100.0 * r.files[i].bytes / r.bytes : 0;
+    out += fmt::format(" {} {:.1f}%", i + 1, share);
+  }
+  return out + " of the bytes";
+}
+
+nlohmann::json FilesJson(const Row& row) {
+  nlohmann::json files = nlohmann::json::array();
+  for (size_t i = 0; i < row.strata.files.size(); ++i) {
+    const FileResult& f = row.strata.files[i];
+    files.push_back({{"path", i < row.paths.size() ? row.paths[i] : ""},
+                     {"bytes", f.bytes},
+                     {"ios", f.ios}});
+  }
+  return files;
+}
+
 }  // namespace
 
 size_t MedianIndex(const std::vector<double>& gbps) {
@@ -145,7 +167,7 @@ std::string TableRow(const Row& row) {
   const JobSpec& s = row.strata.spec;
   std::string out =
       fmt::format(kJob, RwName(s.rw), SizeText(s.bs), s.qd, s.threads) +
-      RunLines("strata", row.strata);
+      RunLines("strata", row.strata) + FilesLine(row.strata);
   if (!row.fio) return out;
   const std::string indent(kJobWidth, ' ');
   out += "\n" + indent + RunLines("fio", *row.fio);
@@ -192,6 +214,7 @@ nlohmann::json RowJson(const Row& row) {
   j["backend"] = r.backend;
   j["submit_batch"] = r.submit_batch;
   j["runs_gb_per_s"] = row.strata_gbps;
+  j["files"] = FilesJson(row);
   if (row.fio) {
     nlohmann::json f = ResultJson(*row.fio, row.disk);
     f["runs_gb_per_s"] = row.fio_gbps;

@@ -19,7 +19,8 @@ struct Row {
   std::vector<double> strata_gbps;  // every repeat, in run order
   std::vector<double> fio_gbps;
   std::string fio_buffers;  // FioBuffers::kind() of the fio runs
-  std::string disk;         // the disk whose counters fill `device`, or ""
+  std::string disk;         // the disks whose counters fill `device`, or ""
+  std::vector<std::string> paths;  // the files, as JobResult::files
 
   double strata_over_fio() const {
     return fio && fio->gb_per_s() > 0 ? strata.gb_per_s() / fio->gb_per_s() : 0;

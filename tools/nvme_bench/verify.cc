@@ -269,7 +269,7 @@ Result<VerifyResult> RunVerify(const Target& target, uint64_t file_size,
                           OpenSession(target, options.threads, options.qd,
                                       options.block_size, file_size));
   aio::Engine* engine = session.engine.get();
-  aio::File* file = session.file;
+  aio::File* file = session.files[0];
   const uint64_t unit = std::max<uint64_t>(
       512, std::max(file->offset_align(), file->mem_align()));
   if (options.max_bytes < unit || options.max_bytes % unit != 0) {

@@ -30,7 +30,8 @@ struct Worker {
   std::atomic<uint64_t> ios[2] = {0, 0};
   std::atomic<uint64_t> lat_ns{0};  // summed, for --log's interval means
   LatencyHistogram lat[2];
-  std::unique_ptr<FsyncGate> fsync;  // --fsync only
+  std::vector<std::atomic<uint64_t>> file_ios;  // counted, per file
+  std::unique_ptr<FsyncGate> fsync;             // --fsync only
 };
 
 class Job;
@@ -41,6 +42,7 @@ struct Slot {
   char* buf;
   uint64_t start_ns = 0;
   bool write = false;  // the request in flight's direction
+  size_t file = 0;     // and its file
 };
 
 // The process's CPU time at a moment of the run.
@@ -60,11 +62,11 @@ CpuMark MarkCpu() {
 // Keeps qd requests in flight per worker, resubmitting from completions.
 class Job {
  public:
-  Job(const JobSpec& spec, aio::Engine* engine, aio::File* file,
-      const Target& target)
+  Job(const JobSpec& spec, aio::Engine* engine,
+      const std::vector<aio::File*>& files, const Target& target)
       : spec_(spec),
         engine_(engine),
-        file_(file),
+        files_(files),
         cancel_(target.cancel),
         on_ramp_end_(target.on_ramp_end) {}
 
@@ -76,8 +78,8 @@ class Job {
   }
 
  private:
-  // Splits the file into one slice per thread and `buffers` into qd
-  // slots per thread.
+  // Splits the job's blocks into one slice per thread and `buffers` into
+  // qd slots per thread.
   Status Carve(char* buffers);
   // Sleeps until the last slot retires, calling `progress` on the way and
   // marking the CPU time at the end of the ramp.
@@ -99,7 +101,7 @@ class Job {
 
   const JobSpec spec_;
   aio::Engine* engine_;
-  aio::File* file_;
+  const std::vector<aio::File*> files_;
   const std::atomic<bool>* cancel_;
   const std::function<void()> on_ramp_end_;
   std::vector<std::unique_ptr<Worker>> workers_;
@@ -138,11 +140,14 @@ bool Job::Issue(Slot* slot) {
       spec_.rw == Rw::kReadWrite
           ? w.next_of[slot->write].fetch_add(1, std::memory_order_relaxed)
           : i;
+  // Note [Striping]
+  const uint64_t block = BlockOf(w, at);
+  slot->file = block % files_.size();
   aio::Request req;
-  req.file = file_;
+  req.file = files_[slot->file];
   req.buf = slot->buf;
   req.len = spec_.bs;
-  req.offset = BlockOf(w, at) * spec_.bs;
+  req.offset = block / files_.size() * spec_.bs;
   req.write = slot->write;
   req.ring = w.ring;
   req.on_complete = [slot](const Status& st) {
@@ -174,6 +179,7 @@ void Job::OnComplete(Slot* slot, const Status& status) {
       w.lat_ns.fetch_add(now - slot->start_ns, std::memory_order_relaxed);
       w.bytes[dir].fetch_add(spec_.bs, std::memory_order_relaxed);
       w.ios[dir].fetch_add(1, std::memory_order_relaxed);
+      w.file_ios[slot->file].fetch_add(1, std::memory_order_relaxed);
     }
   } else {
     Fail(status);
@@ -192,19 +198,20 @@ void Job::Retire() {
 }
 
 Status Job::Carve(char* buffers) {
-  const uint64_t total_blocks = spec_.size / spec_.bs;
-  const uint64_t per_worker = total_blocks / spec_.threads;
+  const int files = static_cast<int>(files_.size());
+  const uint64_t per_worker = BlocksPerThread(spec_, files);
   if (per_worker == 0) {
-    return Status::InvalidArgument("--size is too small: each of the " +
-                                   std::to_string(spec_.threads) +
-                                   " threads needs at least one block of " +
-                                   std::to_string(spec_.bs) + " bytes");
+    return Status::InvalidArgument(
+        "--size is too small: each of the " + std::to_string(spec_.threads) +
+        " threads needs at least one block of " + std::to_string(spec_.bs) +
+        " bytes" + (files > 1 ? " in each file" : ""));
   }
   for (int t = 0; t < spec_.threads; ++t) {
     auto w = std::make_unique<Worker>();
     w->ring = t;
     w->first_block = per_worker * t;
     w->blocks = per_worker;
+    w->file_ios = std::vector<std::atomic<uint64_t>>(files);
     if (spec_.fsync > 0 && OnlyWrites(spec_.rw)) AddFsyncGate(w.get());
     workers_.push_back(std::move(w));
   }
@@ -221,7 +228,7 @@ Status Job::Carve(char* buffers) {
 void Job::AddFsyncGate(Worker* w) {
   const uint64_t limit = spec_.seconds > 0 ? UINT64_MAX : w->blocks;
   w->fsync = std::make_unique<FsyncGate>(
-      file_, spec_.fsync, limit,
+      files_, spec_.fsync, limit,
       [this](void* slot) { Resume(static_cast<Slot*>(slot)); },
       [this](const Status& st) { Fail(st); });
 }
@@ -294,17 +301,24 @@ Status Job::Run(char* buffers, const ProgressFn& progress, double* seconds,
   return error_;
 }
 
-// The job's own engine and file, with the buffers registered; a read job
+// The job's own engine and files, with the buffers registered; a read job
 // starts from a cold cache.
 Result<Session> OpenJob(const JobSpec& spec, const Target& target,
                         void* buffers, size_t bytes) {
   STRATA_ASSIGN_OR_RETURN(
       Session session, OpenSession(target, spec.threads, spec.qd, spec.bs, 0));
   STRATA_RETURN_IF_ERROR(session.engine->RegisterBuffer(buffers, bytes));
-  STRATA_RETURN_IF_ERROR(
-      CheckTimedBuffered(session.file->direct(), spec.seconds));
-  if (IsRead(spec.rw)) STRATA_RETURN_IF_ERROR(session.file->DropCache());
+  for (aio::File* file : session.files) {
+    STRATA_RETURN_IF_ERROR(CheckTimedBuffered(file->direct(), spec.seconds));
+    if (IsRead(spec.rw)) STRATA_RETURN_IF_ERROR(file->DropCache());
+  }
   return session;
+}
+
+// Whether every file of the session is open with O_DIRECT.
+bool AllDirect(const Session& session) {
+  return std::all_of(session.files.begin(), session.files.end(),
+                     [](const aio::File* f) { return f->direct(); });
 }
 
 // The run's wall time and the process's CPU time over it.
@@ -322,9 +336,11 @@ Result<Timed> TimeJob(Job& job, const JobSpec& spec, const Session& session,
   double seconds = 0;
   Status st = job.Run(static_cast<char*>(buffers), progress, &seconds, &start);
   // Buffered writes only count once they are on the device.
-  if (st.ok() && IsWrite(spec.rw) && !session.file->direct()) {
+  if (st.ok() && IsWrite(spec.rw) && !AllDirect(session)) {
     const auto t0 = std::chrono::steady_clock::now();
-    st = session.file->Sync();
+    for (aio::File* file : session.files) {
+      if (st.ok()) st = file->Sync();
+    }
     seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
@@ -360,6 +376,11 @@ void Tally(const Job& job, JobResult* r) {
       all.Merge(w->lat[d]);
     }
     if (w->fsync) r->syncs += w->fsync->syncs();
+    r->files.resize(w->file_ios.size());
+    for (size_t f = 0; f < w->file_ios.size(); ++f) {
+      r->files[f].ios += w->file_ios[f].load();
+      r->files[f].bytes += w->file_ios[f].load() * r->spec.bs;
+    }
   }
   for (int d = 0; d < 2; ++d) out[d]->lat = LatencyOf(dir[d]);
   r->bytes = r->read.bytes + r->write.bytes;
@@ -379,7 +400,7 @@ JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
     r.spec.qd = std::max(1, info.threads / spec.threads);
     r.qd_requested = spec.qd;
   }
-  r.direct = session.file->direct();
+  r.direct = AllDirect(session);
   r.backend = std::string(aio::BackendName(info.backend));
   r.submit_batch = info.submit_batch;
   r.seconds = t.seconds;
@@ -423,6 +444,11 @@ Result<Rw> ParseRw(std::string_view name) {
   return Status::InvalidArgument(
       "unknown --rw '" + std::string(name) +
       "'; use read, write, randread, randwrite, rw or randrw");
+}
+
+uint64_t BlocksPerThread(const JobSpec& spec, int files) {
+  const uint64_t per_file = FileShare(spec.size, files) / spec.bs;
+  return per_file / spec.threads * files;
 }
 
 bool WritesRequest(const JobSpec& spec, int ring, uint64_t i) {
@@ -486,7 +512,7 @@ Status CheckRamp(double ramp, double seconds) {
 }
 
 Result<Session> OpenSession(const Target& target, int rings, int qd,
-                            size_t block_size, uint64_t size) {
+                            size_t block_size, uint64_t file_bytes) {
   aio::IoOptions eo;
   eo.backend = target.backend;
   eo.fault_injector = target.fault_injector;
@@ -496,12 +522,17 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
   eo.submit_batch = target.submit_batch;
   STRATA_ASSIGN_OR_RETURN(auto engine, aio::Engine::Open(eo));
   aio::FileOptions fo;
-  fo.create = size != 0;
-  fo.size = size;
+  fo.create = file_bytes != 0;
+  fo.size = file_bytes;
   fo.direct = target.direct;
   fo.dsync = target.dsync;
-  STRATA_ASSIGN_OR_RETURN(auto file, engine->OpenFile(target.path, fo));
-  return Session{std::move(engine), file};
+  Session session{std::move(engine), {}};
+  for (const std::string& path : target.paths) {
+    STRATA_ASSIGN_OR_RETURN(aio::File * file,
+                            session.engine->OpenFile(path, fo));
+    session.files.push_back(file);
+  }
+  return session;
 }
 
 Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
@@ -512,7 +543,7 @@ Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
   STRATA_RETURN_IF_ERROR(CheckRamp(spec.ramp, spec.seconds));
   STRATA_ASSIGN_OR_RETURN(const Session session,
                           OpenJob(spec, target, buffers, need));
-  Job job(spec, session.engine.get(), session.file, target);
+  Job job(spec, session.engine.get(), session.files, target);
   STRATA_ASSIGN_OR_RETURN(const Timed timed,
                           TimeJob(job, spec, session, buffers, progress));
   JobResult r = ResultOf(spec, session, job, timed);

@@ -1,10 +1,18 @@
 // One strata-nvme-bench configuration run through the strata aio engine.
 //
-// A job of T threads is T rings; thread t owns the t-th slice of the file
-// and keeps `qd` requests of `bs` bytes in flight on its own ring, resubmitting
-// from the completion callback, which is the job fio's io_uring engine runs
-// with numjobs=T, offset_increment=size/T. Random patterns visit every block
-// of the slice once per pass in a seeded pseudo-random order.
+// A job of T threads is T rings; thread t owns the t-th slice of the job's
+// blocks and keeps `qd` requests of `bs` bytes in flight on its own ring,
+// resubmitting from the completion callback, which is the job fio's io_uring
+// engine runs with numjobs=T, offset_increment=size/T. Random patterns visit
+// every block of the slice once per pass in a seeded pseudo-random order.
+//
+// Note [Striping]: a job may run on several files (or devices). Block b of
+// the job lives in file b % F at offset (b / F) * bs, so that sequential
+// requests go round robin over the files one block each, as fio's default
+// file_service_type=roundrobin does, and every file holds 1/F of the bytes.
+// A thread's slice is a multiple of F blocks: it covers one contiguous range
+// in every file, which is fio's offset_increment applied to each of its
+// files (FioCommand).
 #ifndef STRATA_TOOLS_NVME_BENCH_WORKLOAD_H_
 #define STRATA_TOOLS_NVME_BENCH_WORKLOAD_H_
 
@@ -14,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "strata/aio.h"
 #include "strata/status.h"
@@ -59,7 +68,7 @@ struct JobSpec {
   size_t bs = 1 << 20;
   int qd = 32;
   int threads = 1;
-  uint64_t size = 0;   // bytes of the file the job covers, from offset 0
+  uint64_t size = 0;   // bytes the job covers, over all its files
   double seconds = 0;  // > 0: time based, looping over the file
   uint64_t seed = 1;
   int rwmixread = 50;  // mixed jobs: the percentage of requests that read
@@ -68,6 +77,16 @@ struct JobSpec {
   // writes and issues no more until it returns; 0: never.
   uint64_t fsync = 0;
 };
+
+// The blocks of each thread's slice when `spec` runs on `files` files
+// (Note [Striping]): a multiple of `files`, 0 when --size is too small.
+uint64_t BlocksPerThread(const JobSpec& spec, int files);
+
+// Bytes each of `files` files must hold for a job of `size` bytes: its
+// share, whole 4 KiB pages.
+inline uint64_t FileShare(uint64_t size, int files) {
+  return size / files / 4096 * 4096;
+}
 
 // Whether request `i` of ring `ring` writes: for a mixed job drawn from the
 // seed, a read with probability spec.rwmixread%.
@@ -89,6 +108,12 @@ struct DirectionResult {
   uint64_t bytes = 0;
   uint64_t ios = 0;
   LatencyUs lat;
+};
+
+// What one file of a striped job served.
+struct FileResult {
+  uint64_t bytes = 0;
+  uint64_t ios = 0;
 };
 
 struct JobResult {
@@ -113,6 +138,9 @@ struct JobResult {
   // A mixed job's reads and writes, which add up to bytes and ios.
   DirectionResult read;
   DirectionResult write;
+  // Per file of the target, in its order; they add up to bytes and ios.
+  // Empty for fio, which does not report them.
+  std::vector<FileResult> files;
 
   double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   double gib_per_s() const {
@@ -167,9 +195,9 @@ struct JobProgress {
 // Called about twice a second while a job runs, and once when it ends.
 using ProgressFn = std::function<void(const JobProgress&)>;
 
-// The file a job runs on and how the engine should treat it.
+// The files a job runs on and how the engine should treat them.
 struct Target {
-  std::string path;
+  std::vector<std::string> paths;  // one or more: Note [Striping]
   bool direct = true;
   aio::Backend backend = aio::Backend::kAuto;
   aio::FaultInjector* fault_injector = nullptr;  // tests only
@@ -183,10 +211,10 @@ struct Target {
   bool dsync = false;  // O_DSYNC (--sync)
 };
 
-// An engine shaped for one run, with the target file open on it.
+// An engine shaped for one run, with the target's files open on it.
 struct Session {
   std::unique_ptr<aio::Engine> engine;
-  aio::File* file = nullptr;
+  std::vector<aio::File*> files;  // as Target::paths
 };
 
 // Refuses a time-based job on a file without O_DIRECT, which would measure
@@ -197,10 +225,10 @@ Status CheckTimedBuffered(bool direct, double seconds);
 Status CheckRamp(double ramp, double seconds);
 
 // Opens an engine of `rings` rings of depth `qd` that splits at
-// `block_size`, and opens the target on it, creating and preallocating it to
-// `size` bytes when `size` is not 0.
+// `block_size`, and opens the target's files on it, creating and
+// preallocating each to `file_bytes` bytes when that is not 0.
 Result<Session> OpenSession(const Target& target, int rings, int qd,
-                            size_t block_size, uint64_t size);
+                            size_t block_size, uint64_t file_bytes);
 
 // Runs `spec` on `target` with buffers carved from `buffers` (at least
 // threads * qd * bs bytes, aligned for O_DIRECT). Opens its own engine so
