@@ -28,7 +28,8 @@ inline std::string ReadText(const std::string& path) {
 // a vm.nr_hugepages of `nr`.
 struct FakeKernel {
   testutil::ScratchDir dir;
-  HugePageFiles files{dir.File("meminfo"), dir.File("nr_hugepages")};
+  HugePageFiles files{dir.File("meminfo"), dir.File("nr_hugepages"),
+                      dir.File("lock")};
 
   FakeKernel(int free_pages, int reserved, int nr) {
     WriteText(

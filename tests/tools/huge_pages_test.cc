@@ -1,5 +1,6 @@
 // Huge page reservations (tools/nvme_bench/huge_pages.h): the pool raised
-// by the shortfall and lowered by the same amount from whatever it is then,
+// by the pages asked for and lowered by the same amount from whatever it is
+// then, under a lock that concurrent runs share,
 // given back on the signals a process can catch and left alone for those it
 // ignores, every failure named; and the transparent huge pages behind a
 // buffer. The kernel's files are replaced by files of the test's own
@@ -10,10 +11,14 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -31,29 +36,69 @@ bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-TEST(HugePagesTest, ReservesTheShortfallAndGivesBackItsOwnShare) {
+TEST(HugePagesTest, ReservesItsPagesAndGivesBackItsOwnShare) {
   FakeKernel kernel(/*free_pages=*/5, /*reserved=*/1, /*nr=*/7);
   auto a = HugePageReservation::Reserve(19, kernel.files);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_EQ((*a)->added(), 15u);  // 19 needed, 5 - 1 usable
+  EXPECT_EQ((*a)->added(), 19u);
   EXPECT_EQ((*a)->before(), 7u);
   EXPECT_EQ((*a)->pool().page_bytes, 2u << 20);
-  EXPECT_EQ(kernel.nr(), "22\n");
-  EXPECT_TRUE(Contains((*a)->restore_command(), "- 15 ))"));
-  // Someone else raises the pool meanwhile: giving back takes off 15 from
+  EXPECT_EQ(kernel.nr(), "26\n");
+  EXPECT_TRUE(Contains((*a)->restore_command(), "- 19 ))"));
+  // Someone else raises the pool meanwhile: giving back takes off 19 from
   // what it is then, not back to 7.
   WriteText(kernel.files.nr_hugepages, "30\n");
   a->reset();
-  EXPECT_EQ(kernel.nr(), "15\n");
+  EXPECT_EQ(kernel.nr(), "11\n");
 }
 
-TEST(HugePagesTest, EnoughFreePagesChangeNothing) {
+// Free pages may be another run's, counted and not yet mapped: two runs
+// that each took them for their own once left one fio without buffers.
+// Each adds its own, and in another process at once the pool holds both.
+TEST(HugePagesTest, FreePagesAreNotTakenForOurs) {
   FakeKernel kernel(/*free_pages=*/40, /*reserved=*/0, /*nr=*/40);
   auto r = HugePageReservation::Reserve(19, kernel.files);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ((*r)->added(), 0u);
+  EXPECT_EQ((*r)->added(), 19u);
+  EXPECT_EQ(kernel.nr(), "59\n");
+  const pid_t child = fork();
+  if (child == 0) {
+    auto other = HugePageReservation::Reserve(7, kernel.files);
+    if (!other.ok()) _exit(2);
+    const bool both = ReadText(kernel.files.nr_hugepages) == "66\n";
+    other->reset();
+    _exit(both ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(kernel.nr(), "59\n");  // the child gave back its 7
   r->reset();
   EXPECT_EQ(kernel.nr(), "40\n");
+}
+
+// The pool's read and write happen under the lock: a reservation waits
+// while another process holds it.
+TEST(HugePagesTest, TheLockKeepsTwoChangesApart) {
+  FakeKernel kernel(0, 0, 3);
+  const int fd = open(kernel.files.lock.c_str(), O_RDONLY | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX), 0);
+  std::atomic<bool> reserved{false};
+  std::thread t([&] {
+    auto r = HugePageReservation::Reserve(2, kernel.files);
+    reserved = r.ok();
+  });
+  // While the lock is held, the reservation cannot have changed the pool,
+  // however long it is given.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(kernel.nr(), "3\n");
+  EXPECT_FALSE(reserved.load());
+  flock(fd, LOCK_UN);
+  close(fd);
+  t.join();
+  EXPECT_TRUE(reserved.load());
+  EXPECT_EQ(kernel.nr(), "3\n");  // reserved, then given back at scope end
 }
 
 TEST(HugePagesTest, EveryFailureIsNamedAndLeavesThePoolAsItWas) {
@@ -127,6 +172,18 @@ TEST(HugePagesTest, AKernelThatKeepsFewerPagesIsNamedAndGivenBackTo) {
       Contains(r.status().message(), "the kernel gave 7 of the 19 huge pages"))
       << r.status().ToString();
   EXPECT_EQ(fake.written(), (std::vector<std::string>{"22\n", "3\n"}));
+}
+
+// When no more can be had but enough are free, the free ones serve.
+TEST(HugePagesTest, AStingyKernelWithEnoughFreePagesLendsThem) {
+  FakeKernel kernel(/*free_pages=*/30, 0, 30);
+  HugePageFiles stingy = kernel.files;
+  stingy.nr_hugepages = kernel.dir.File("fifo");
+  ScriptedKernel fake(stingy.nr_hugepages, {"30\n", "", "33\n", "", "30\n"});
+  auto r = HugePageReservation::Reserve(19, stingy);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)->added(), 0u);
+  EXPECT_EQ(fake.written(), (std::vector<std::string>{"49\n", "30\n"}));
 }
 
 // In a child: reserve, then take `sig`; the child dies of it and the pages

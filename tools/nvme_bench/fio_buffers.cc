@@ -16,7 +16,8 @@ std::string HugeDescription(const HugePageReservation& r, uint64_t pages) {
   if (r.added() == 0) {
     return fmt::format(
         "fio: buffers on {} huge pages (--mem=mmaphuge), as strata's; {} "
-        "of\n  the {} free huge pages, none reserved",
+        "of\n  the {} free huge pages, none reserved (the kernel gave no "
+        "more)",
         page, pages, r.pool().free_pages);
   }
   return fmt::format(

@@ -9,7 +9,8 @@
 // A ratio against that measures the buffers, not the engine. So by default
 // fio gets huge pages too: --mem=mmaphuge, which maps its buffers with
 // MAP_HUGETLB (no hugetlbfs mount needed), from huge pages reserved for
-// the run (HugePageReservation: raised when too few are free, given back
+// the run (HugePageReservation: its own pages added to the pool, whatever
+// is free, so that runs side by side do not take each other's; given back
 // at the end, on an error and on the signals a process can catch). When
 // they cannot be had (not root, /proc/sys read-only, memory too
 // fragmented), fio runs on malloc buffers and the output says so, and that

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,16 +20,38 @@ constexpr int kSignals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,
                             SIGPIPE, SIGABRT, SIGSEGV, SIGBUS};
 
 // What the signal handler needs, set while the signals are blocked:
-// vm.nr_hugepages' path and the pages to take off it. g_added is 0 when
-// there is nothing to give back.
+// vm.nr_hugepages' path, the lock's and the pages to take off it. g_added
+// is 0 when there is nothing to give back.
 char g_path[512];
+char g_lock[512];
 volatile sig_atomic_t g_added = 0;
 struct sigaction g_previous[std::size(kSignals)];
 bool g_installed[std::size(kSignals)];
 
-// Lowers vm.nr_hugepages by `pages` from its value now, with nothing but
-// async-signal-safe calls; false when it cannot read or write the file.
-bool GiveBackNow(const char* path, uint64_t pages) {
+// An flock() on `path` for its scope, with async-signal-safe calls only;
+// held() is false when the file cannot be opened.
+class PoolLock {
+ public:
+  explicit PoolLock(const char* path)
+      : fd_(open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0600)) {
+    if (fd_ >= 0) flock(fd_, LOCK_EX);
+  }
+  ~PoolLock() {
+    if (fd_ >= 0) close(fd_);
+  }
+  PoolLock(const PoolLock&) = delete;
+  PoolLock& operator=(const PoolLock&) = delete;
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  const int fd_;
+};
+
+// Lowers vm.nr_hugepages by `pages` from its value now, under the lock,
+// with nothing but async-signal-safe calls; false when it cannot read or
+// write the file.
+bool GiveBackNow(const char* path, const char* lock, uint64_t pages) {
+  const PoolLock locked(lock);
   char text[32];
   int fd = open(path, O_RDONLY);
   if (fd < 0) return false;
@@ -63,7 +86,7 @@ void RestoreHandlers() {
 }
 
 void GiveBackAndReraise(int sig) {
-  if (g_added > 0) GiveBackNow(g_path, g_added);
+  if (g_added > 0) GiveBackNow(g_path, g_lock, g_added);
   g_added = 0;
   RestoreHandlers();
   raise(sig);
@@ -161,30 +184,36 @@ Result<std::unique_ptr<HugePageReservation>> HugePageReservation::Reserve(
   std::unique_ptr<HugePageReservation> r(new HugePageReservation);
   r->files_ = files;
   r->pool_ = pool;
-  if (pool.free_pages >= pages) return r;
-  std::string text;
-  if (!ReadFile(files.nr_hugepages, &text)) {
-    return Status::PermissionDenied("cannot read " + files.nr_hugepages);
+  for (const std::string* path : {&files.nr_hugepages, &files.lock}) {
+    if (path->size() >= sizeof(g_path)) {
+      return Status::InvalidArgument("path too long: " + *path);
+    }
   }
-  if (files.nr_hugepages.size() >= sizeof(g_path)) {
-    return Status::InvalidArgument("path too long: " + files.nr_hugepages);
+  // Signals first: a handler that gives pages back takes the lock too.
+  BlockSignals blocked;
+  const PoolLock locked(files.lock.c_str());
+  std::string text;
+  if (!locked.held() || !ReadFile(files.nr_hugepages, &text)) {
+    return Status::PermissionDenied(
+        "cannot read " + (locked.held() ? files.nr_hugepages : files.lock));
   }
   r->before_ = std::strtoull(text.c_str(), nullptr, 10);
-  const uint64_t want = r->before_ + pages - pool.free_pages;
-  BlockSignals blocked;
+  const uint64_t want = r->before_ + pages;
   STRATA_ASSIGN_OR_RETURN(uint64_t got, SetHugePages(files.nr_hugepages, want));
   if (got < want) {
     // Back to where it was: got was read just now, so this is giving back
     // what the kernel kept of ours.
     Result<uint64_t> back = SetHugePages(files.nr_hugepages, r->before_);
+    if (back.ok() && pool.free_pages >= pages) return r;
     return Status::Unavailable(
         fmt::format("the kernel gave {} of the {} huge pages asked "
                     "for (memory too fragmented?){}",
-                    got - std::min(got, r->before_), want - r->before_,
+                    got - std::min(got, r->before_), pages,
                     back.ok() ? "" : "; and " + back.status().message()));
   }
-  r->added_ = want - r->before_;
+  r->added_ = pages;
   std::snprintf(g_path, sizeof(g_path), "%s", files.nr_hugepages.c_str());
+  std::snprintf(g_lock, sizeof(g_lock), "%s", files.lock.c_str());
   g_added = static_cast<sig_atomic_t>(r->added_);
   InstallHandlers();
   return r;
@@ -195,8 +224,8 @@ HugePageReservation::~HugePageReservation() {
   BlockSignals blocked;
   // A signal whose handler returns (strata-nvme-bench's Ctrl-C) has given
   // the pages back already, and cleared g_added.
-  const bool ok =
-      g_added == 0 || GiveBackNow(files_.nr_hugepages.c_str(), added_);
+  const bool ok = g_added == 0 || GiveBackNow(files_.nr_hugepages.c_str(),
+                                              files_.lock.c_str(), added_);
   g_added = 0;
   RestoreHandlers();
   if (!ok) {

@@ -2,16 +2,21 @@
 // is given back on every way out a process can act on, and how much of a
 // buffer transparent huge pages really back.
 //
-// Reserve() makes `pages` huge pages available: when that many are free it
-// changes nothing; otherwise it raises vm.nr_hugepages by the shortfall.
-// Giving back lowers vm.nr_hugepages by what this reservation added, from
-// the value it has then, so two processes that reserve at once each give
-// back their own share. It happens on destruction and, through signal
-// handlers, on SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGABRT, SIGSEGV
-// and SIGBUS, after which the signal takes its course (the handler
-// installed before, if any, runs; the destructor then gives back nothing
-// more); a signal the process ignores stays ignored. SIGKILL and the OOM
-// killer cannot be caught: the reservation's restore_command() is what
+// Reserve() makes `pages` huge pages available by raising vm.nr_hugepages
+// by `pages`, even when that many are free: free pages may be another
+// run's, counted but not yet mapped (two runs that each found 18 free once
+// left one fio without buffers). Giving back lowers vm.nr_hugepages by what
+// this reservation added, from the value it has then, so two processes that
+// reserve at once each give back their own share; both hold an flock() on
+// HugePageFiles::lock around their read and write of the pool, so that
+// neither overwrites the other's change. Only when the kernel keeps fewer
+// pages than asked (memory too fragmented) and `pages` are free does a
+// reservation use the free ones, adding none. It happens on destruction and,
+// through signal handlers, on SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE,
+// SIGABRT, SIGSEGV and SIGBUS, after which the signal takes its course (the
+// handler installed before, if any, runs; the destructor then gives back
+// nothing more); a signal the process ignores stays ignored. SIGKILL and the
+// OOM killer cannot be caught: the reservation's restore_command() is what
 // gives the pages back by hand.
 //
 // Usage:
@@ -46,6 +51,8 @@ namespace strata::bench {
 struct HugePageFiles {
   std::string meminfo = "/proc/meminfo";
   std::string nr_hugepages = "/proc/sys/vm/nr_hugepages";
+  // flock()ed while the pool changes; created if missing (not in /proc).
+  std::string lock = "/proc/sys/vm/nr_hugepages";
 };
 
 struct HugePagePool {
