@@ -206,6 +206,10 @@ TEST(ReportTest, TableMarksRunsTheDeviceSawDifferently) {
   EXPECT_NE(table.find("3906.2"), std::string::npos) << table;  // dev KiB
   EXPECT_NE(table.find("strata/fio 1.000"), std::string::npos) << table;
   EXPECT_NE(TableNotes({row}).find("/sys/block/vda/stat"), std::string::npos);
+  row.disk = "vda+vdb";  // striped over two disks
+  EXPECT_NE(TableNotes({row}).find("what vda+vdb served (/sys/block/{vda,vdb}"),
+            std::string::npos)
+      << TableNotes({row});
   row.strata.device->requests = 1907;
   EXPECT_EQ(TableNotes({row}), "");
 }

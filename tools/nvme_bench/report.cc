@@ -190,12 +190,16 @@ std::string TableNotes(const std::vector<Row>& rows) {
     }
   }
   if (disk.empty()) return "";
+  // A striped job's disks, "vda+vdb", read as /sys/block/{vda,vdb}/stat.
+  std::string stat = disk;
+  std::replace(stat.begin(), stat.end(), '+', ',');
+  if (stat != disk) stat = "{" + stat + "}";
   return fmt::format(
       "* the device served a different number of requests than the run "
       "submitted: the block\n  layer merged them into fewer, larger ones (or "
       "split them). IOPS counts submissions;\n  dev IOPS and dev KiB are what "
       "{} served (/sys/block/{}/stat, the whole disk).\n",
-      disk, disk);
+      disk, stat);
 }
 
 nlohmann::json RowJson(const Row& row) {
