@@ -19,8 +19,9 @@ namespace {
 
 // What fio 3.33 prints for --rw randrw --numjobs 2 --group_reporting
 // --unified_rw_reporting=both --ramp_time --status-interval=500ms, cut to
-// the fields read: a report from the ramp (I/O, no latency sample), two
-// interval reports and the final one, one pretty and the rest compact.
+// the fields read: a report from the ramp (I/O, no latency sample), one
+// taken as one job's ramp had ended and the other's not (ahead of the
+// next), two interval reports and the final one.
 constexpr char kMixedTwoJobs[] = R"(fio: a warning before the JSON
 {
   "fio version" : "fio-3.33",
@@ -37,6 +38,7 @@ constexpr char kMixedTwoJobs[] = R"(fio: a warning before the JSON
     }
   ]
 }
+{"jobs":[{"job_runtime":700,"read":{"io_bytes":204800,"total_ios":50,"runtime":600,"lat_ns":{"mean":900.000000,"N":2}},"write":{"io_bytes":81920,"total_ios":20,"runtime":600,"lat_ns":{"mean":1900.000000,"N":1}},"mixed":{"io_bytes":286720,"total_ios":70,"runtime":600,"lat_ns":{"mean":1233.333333,"N":3}}}]}
 {"jobs":[{"job_runtime":1000,"read":{"io_bytes":40960,"total_ios":10,"runtime":500,"lat_ns":{"mean":1000.500000,"N":10}},"write":{"io_bytes":16384,"total_ios":4,"runtime":498,"lat_ns":{"mean":2000.000000,"N":4}},"mixed":{"io_bytes":57344,"total_ios":14,"runtime":500,"lat_ns":{"mean":1286.071429,"N":14}}}]}
 {"jobs":[{"job_runtime":2000,"read":{"io_bytes":61440,"total_ios":15,"runtime":1000,"lat_ns":{"mean":1050.000000,"N":15}},"write":{"io_bytes":24576,"total_ios":6,"runtime":1000,"lat_ns":{"mean":2050.000000,"N":6}},"mixed":{"io_bytes":86016,"total_ios":21,"runtime":1000,"lat_ns":{"mean":1335.714286,"N":21}}}]}
 {"jobs":[{"job_runtime":2002,"usr_cpu":1.0,"sys_cpu":2.0,"read":{"io_bytes":81920,"total_ios":20,"runtime":1001,"bw_bytes":81838,"lat_ns":{"mean":1100.000000,"N":20}},"write":{"io_bytes":32768,"total_ios":8,"runtime":1001,"bw_bytes":32735,"lat_ns":{"mean":2100.000000,"N":8}},"mixed":{"io_bytes":114688,"total_ios":28,"runtime":1001,"bw_bytes":114573,"lat_ns":{"mean":1385.714286,"N":28}}}]}
@@ -67,7 +69,7 @@ TEST(FioLogTest, AsksFioForAReportEveryHalfSecond) {
 TEST(FioLogTest, SplitsFiosReportsAndTheFinalOneIsTheResult) {
   auto reports = FioReports(kMixedTwoJobs);
   ASSERT_TRUE(reports.ok()) << reports.status().ToString();
-  EXPECT_EQ(reports->size(), 4u);
+  EXPECT_EQ(reports->size(), 5u);
   auto r = ParseFioJson(kMixedTwoJobs, kMixedSpec);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->bytes, 114688u);
@@ -81,7 +83,7 @@ TEST(FioLogTest, SplitsFiosReportsAndTheFinalOneIsTheResult) {
 }
 
 // Both directions summed (not fio's "mixed" section, which repeats them),
-// the ramp's report left out, "t" the longest job's run time (not the
+// the reports with ramp I/O left out, "t" the longest job's run time (not the
 // jobs' summed job_runtime), the latency the samples' sum.
 TEST(FioLogTest, AMixedJobOfTwoThreadsSumsItsDirections) {
   const std::vector<JobProgress> p = Progress(kMixedTwoJobs, kMixedSpec);

@@ -28,6 +28,12 @@ JobProgress Counters(const nlohmann::json& report, uint64_t* lat_samples) {
   return p;
 }
 
+// Whether any of `now`'s counters is below `before`'s.
+bool Behind(const JobProgress& now, const JobProgress& before) {
+  return now.bytes < before.bytes || now.ios < before.ios ||
+         now.lat_ns < before.lat_ns || now.seconds < before.seconds;
+}
+
 }  // namespace
 
 std::vector<std::string> FioLogOptions() {
@@ -43,10 +49,14 @@ std::vector<JobProgress> FioProgress(const std::vector<nlohmann::json>& reports,
     JobProgress p = Counters(reports[i], &lat_samples);
     p.done = i + 1 == reports.size();
     // Note [fio's ramp]: fio counts the I/O of its --ramp_time in its
-    // reports but takes no latency sample of it, and zeroes its counters
-    // as the ramp ends; a report without a sample is from the ramp. (With
-    // a --fio-opt that turns latencies off, only the final report is left.)
+    // reports but takes no latency sample of it, and zeroes a job's
+    // counters as its ramp ends; a report without a sample is from the
+    // ramp. (With a --fio-opt that turns latencies off, only the final
+    // report is left.) Each of the numjobs threads ends its ramp on its
+    // own: a report taken between their ends counts some ramp, and the
+    // next is behind it.
     if (spec.ramp > 0 && lat_samples == 0 && !p.done) continue;
+    while (!out.empty() && Behind(p, out.back())) out.pop_back();
     out.push_back(p);
   }
   return out;
