@@ -1,5 +1,6 @@
 """A strata-nvme-bench --log file as a PNG: GB/s and mean latency over
-time, one line per configuration and run.
+time, one line per configuration and run; with --vs-fio, fio's runs of a
+configuration dashed beside strata's, in the same colour.
 
     /var/cache/strata/torch-venv/bin/python bench/plot_nvme_log.py \
         LOG.jsonl [--out LOG.png] [--title TEXT]
@@ -24,7 +25,9 @@ def human_bytes(n):
 
 
 def read_log(path):
-    """{label: [records]} in the order the configurations ran."""
+    """{(label, engine): [records]} in the order the runs were made; a
+    record without "engine" (a log from before fio's runs were logged) is
+    strata's."""
     series = OrderedDict()
     with open(path) as f:
         for number, line in enumerate(f, 1):
@@ -39,7 +42,8 @@ def read_log(path):
                      f"thr={r['threads']}")
             if r["run"] > 1:
                 label += f" run {r['run']}"
-            series.setdefault(label, []).append(r)
+            series.setdefault((label, r.get("engine", "strata")),
+                              []).append(r)
     if not series:
         sys.exit(f"{path}: no records; was the run made with --log?")
     return series
@@ -74,10 +78,15 @@ def plot(series, out, title):
     import matplotlib.pyplot as plt
 
     fig, (bw, lat) = plt.subplots(2, 1, sharex=True, figsize=(10, 7))
-    for label, records in series.items():
+    colours = {}
+    for (label, engine), records in series.items():
         t, gbps, us = zip(*points(records))
-        bw.plot(t, gbps, marker=".", label=label)
-        lat.plot(t, us, marker=".", label=label)
+        colour = colours.setdefault(label, f"C{len(colours) % 10}")
+        style = dict(marker=".", color=colour,
+                     linestyle="--" if engine == "fio" else "-",
+                     label=label if engine == "strata" else f"{label} {engine}")
+        bw.plot(t, gbps, **style)
+        lat.plot(t, us, **style)
     bw.set_ylabel("GB/s (1e9 B/s)")
     bw.set_ylim(bottom=0)
     lat.set_ylabel("mean latency (us)")
@@ -89,6 +98,7 @@ def plot(series, out, title):
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=110, bbox_inches="tight")
+    return fig
 
 
 def main():

@@ -3,6 +3,7 @@ shapes strata-nvme-bench writes (docs/cli.md): each draws a PNG, and a
 file that is not one is named in a clear error."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -63,6 +64,38 @@ def test_a_log_over_time_is_drawn(tmp_path: Path) -> None:
     done = run("plot_nvme_log.py", str(log), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_log_with_fios_runs_draws_them_dashed_beside_stratas(
+        tmp_path: Path) -> None:
+    log = tmp_path / "vs-fio.jsonl"
+    lines = [{"engine": engine, "rw": rw, "bs": 65536, "qd": 4, "threads": 2,
+              "run": 1, "t": t, "bytes": 1_500_000_000, "ios": 22_900,
+              "gb_per_s": 3.0, "iops": 45_800.0, "lat_mean_us": 170.0}
+             for rw in ("randrw", "read") for engine in ("strata", "fio")
+             for t in (0.5, 1.0, 1.2, 1.201)]
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "vs-fio.png"
+    done = run("plot_nvme_log.py", str(log), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+    spec = importlib.util.spec_from_file_location(
+        "plot_nvme_log", BENCH / "plot_nvme_log.py")
+    plot_nvme_log = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_nvme_log)
+    series = plot_nvme_log.read_log(str(log))
+    assert [engine for _, engine in series] == ["strata", "fio"] * 2
+    fig = plot_nvme_log.plot(series, str(tmp_path / "again.png"), "t")
+    lines_drawn = {x.get_label(): x for x in fig.axes[0].get_lines()}
+    for rw in ("randrw", "read"):
+        label = f"{rw} bs=64K qd=4 thr=2"
+        strata, fio = lines_drawn[label], lines_drawn[f"{label} fio"]
+        assert strata.get_linestyle() == "-"
+        assert fio.get_linestyle() == "--"
+        assert strata.get_color() == fio.get_color()
+    assert (lines_drawn["randrw bs=64K qd=4 thr=2"].get_color()
+            != lines_drawn["read bs=64K qd=4 thr=2"].get_color())
 
 
 def test_a_file_that_is_not_the_benchs_is_named(tmp_path: Path) -> None:

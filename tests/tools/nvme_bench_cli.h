@@ -1,5 +1,5 @@
-// Running the real strata-nvme-bench binary from a test (STRATA_BENCH_BIN,
-// a compile definition of the test target) and reading what it wrote.
+// The helpers of strata-nvme-bench's command-line tests: the real binary
+// (STRATA_BENCH_BIN) run as a user runs it, and its output files read.
 #ifndef STRATA_TESTS_TOOLS_NVME_BENCH_CLI_H_
 #define STRATA_TESTS_TOOLS_NVME_BENCH_CLI_H_
 
@@ -45,10 +45,6 @@ inline bool Contains(const std::string& text, const std::string& part) {
 
 inline bool HaveFio() {
   return std::system("fio --version >/dev/null 2>&1") == 0;
-}
-
-inline std::string FirstLine(const std::string& text) {
-  return text.substr(0, text.find('\n'));
 }
 
 inline std::string ReadText(const std::string& path) {

@@ -6,16 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +21,10 @@
 
 namespace strata::bench {
 namespace {
+
+std::string FirstLine(const std::string& text) {
+  return text.substr(0, text.find('\n'));
+}
 
 TEST(NvmeBenchCliTest, SweepsEveryCombinationAndWritesJson) {
   testutil::ScratchDir dir;
@@ -486,50 +487,6 @@ TEST(NvmeBenchCliTest, SyncAndFsyncShowInTheHeaderAndJson) {
   EXPECT_FALSE(Contains(plain.output, "O_DSYNC")) << plain.output;
   EXPECT_EQ(ReadJson(json)[0]["sync"], false);
   EXPECT_EQ(ReadJson(json)[0]["syncs"], 0);
-}
-
-// A line every 0.5 s of a run and one at its end: the lines of a run add up
-// to its record's bytes and the last one's "t" is its seconds.
-TEST(NvmeBenchCliTest, LogHasTheRunOverTimeAndAddsUpToItsRecord) {
-  testutil::ScratchDir dir;
-  const std::string json = dir.File("out.json");
-  const std::string log = dir.File("log.jsonl");
-  const Outcome o = Bench("--path " + dir.path() +
-                          " --rw randread,write --bs 64K --qd 4 --size 8M"
-                          " --time 1.2 --json " +
-                          json + " --log " + log);
-  if (o.status != 0 && Contains(o.output, "page cache")) {
-    GTEST_SKIP() << "scratch has no O_DIRECT, which --time needs";
-  }
-  ASSERT_EQ(o.status, 0) << o.output;
-  std::map<std::string, std::vector<nlohmann::json>> by_rw;
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    ASSERT_FALSE(j.is_discarded()) << line;
-    for (const char* key : {"rw", "bs", "qd", "threads", "run", "t", "bytes",
-                            "ios", "gb_per_s", "iops", "lat_mean_us"}) {
-      EXPECT_TRUE(j.contains(key)) << key << " in " << line;
-    }
-    EXPECT_EQ(j["run"], 1);
-    by_rw[j["rw"].get<std::string>()].push_back(j);
-  }
-  for (const nlohmann::json& r : ReadJson(json)) {
-    const auto& lines = by_rw[r["rw"].get<std::string>()];
-    EXPECT_GE(lines.size(), 2u) << r["rw"];
-    uint64_t bytes = 0;
-    double t = 0;
-    for (const auto& l : lines) {
-      bytes += l["bytes"].get<uint64_t>();
-      EXPECT_GE(l["t"].get<double>(), t) << "times go back in " << r["rw"];
-      t = l["t"].get<double>();
-    }
-    EXPECT_EQ(bytes, r["bytes"].get<uint64_t>()) << r["rw"];
-    ASSERT_FALSE(lines.empty());
-    EXPECT_DOUBLE_EQ(lines.back()["t"].get<double>(),
-                     r["seconds"].get<double>());
-  }
-  EXPECT_EQ(by_rw.size(), 2u);
 }
 
 TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {

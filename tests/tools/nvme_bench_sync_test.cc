@@ -234,7 +234,8 @@ TEST(RunLogTest, ARecordIsTheIntervalsFigures) {
                         .ios = 3000,
                         .lat_ns = 25'000'000,
                         .seconds = 1.0};
-  const nlohmann::json j = LogRecord(spec, 2, prev, now);
+  const nlohmann::json j = LogRecord("strata", spec, 2, prev, now);
+  EXPECT_EQ(j["engine"], "strata");
   EXPECT_EQ(j["rw"], "randwrite");
   EXPECT_EQ(j["bs"], 4096);
   EXPECT_EQ(j["qd"], 16);
@@ -246,7 +247,8 @@ TEST(RunLogTest, ARecordIsTheIntervalsFigures) {
   EXPECT_DOUBLE_EQ(j["gb_per_s"].get<double>(), 4.0);
   EXPECT_DOUBLE_EQ(j["iops"].get<double>(), 4000.0);
   EXPECT_DOUBLE_EQ(j["lat_mean_us"].get<double>(), 10.0);  // 20 ms / 2000
-  const nlohmann::json idle = LogRecord(spec, 1, now, now);
+  const nlohmann::json idle = LogRecord("fio", spec, 1, now, now);
+  EXPECT_EQ(idle["engine"], "fio");
   EXPECT_EQ(idle["gb_per_s"], 0.0);
   EXPECT_EQ(idle["lat_mean_us"], 0.0);
 }

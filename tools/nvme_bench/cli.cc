@@ -220,9 +220,9 @@ void AddRunOptions(CLI::App& app, BenchOptions& o, Texts& text) {
       ->check(CLI::Range(1, 100));
   app.add_option("--json", o.json, "Write one JSON record per configuration");
   app.add_option("--log", o.log,
-                 "Write bandwidth, IOPS and mean latency of each strata run "
-                 "every 0.5 s (and at its end) to FILE, one JSON object per "
-                 "line");
+                 "Write bandwidth, IOPS and mean latency of each run every "
+                 "0.5 s (and at its end) to FILE, one JSON object per line; "
+                 "with --vs-fio fio's runs too, from fio's own reports");
   app.add_flag("--recommend", o.recommend,
                "Print per pattern the cheapest configuration the best does "
                "not beat beyond the spread of their runs, and its aio "

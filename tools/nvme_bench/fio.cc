@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 namespace strata::bench {
 namespace {
@@ -215,6 +214,52 @@ std::string FioFileNames(const std::vector<std::string>& paths) {
   return out;
 }
 
+// One report of fio's (FioReports).
+Result<JobResult> ParseReport(const nlohmann::json& doc, const JobSpec& spec) {
+  const nlohmann::json& job = doc["jobs"][0];
+  JobResult r;
+  r.spec = spec;
+  r.backend = "fio-io_uring";
+  STRATA_RETURN_IF_ERROR(ParseDirections(job, spec, &r));
+  // fio counts its fsyncs (fsync=N) in the job's "sync" section.
+  if (const auto sync = job.find("sync"); sync != job.end()) {
+    r.syncs = sync->value("total_ios", uint64_t{0});
+  }
+  // With group_reporting fio sums CPU time and run time over its numjobs
+  // threads: its usr_cpu is a thread's average. strata's is the process's,
+  // summed over threads, as a percentage of one core.
+  r.usr_pct = job.value("usr_cpu", 0.0) * spec.threads;
+  r.sys_pct = job.value("sys_cpu", 0.0) * spec.threads;
+  if (r.bytes == 0 || r.seconds <= 0) {
+    return Status::Internal("fio reported no I/O");
+  }
+  return r;
+}
+
+// The index just past the end of the JSON value that opens at
+// text[begin], or npos if the text ends first.
+size_t ObjectEnd(const std::string& text, size_t begin) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = begin; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string::npos;
+}
+
 }  // namespace
 
 std::vector<std::string> FioCommand(const std::string& fio,
@@ -262,38 +307,35 @@ std::vector<std::string> FioCommand(const std::string& fio,
   return cmd;
 }
 
+Result<std::vector<nlohmann::json>> FioReports(const std::string& text) {
+  std::vector<nlohmann::json> reports;
+  for (size_t start = text.find('{'); start != std::string::npos;
+       start = text.find('{', start)) {
+    const size_t end = ObjectEnd(text, start);
+    // A report cut short stays null.
+    nlohmann::json doc =
+        end == std::string::npos
+            ? nlohmann::json()
+            : nlohmann::json::parse(text.begin() + start, text.begin() + end,
+                                    nullptr, /*allow_exceptions=*/false);
+    if (!doc.is_object() || !doc.contains("jobs") || doc["jobs"].empty()) {
+      return Status::Internal("cannot parse fio's JSON output");
+    }
+    reports.push_back(std::move(doc));
+    start = end;
+  }
+  if (reports.empty()) return Status::Internal("fio printed no JSON");
+  return reports;
+}
+
 Result<JobResult> ParseFioJson(const std::string& text, const JobSpec& spec) {
-  const size_t start = text.find('{');
-  if (start == std::string::npos) {
-    return Status::Internal("fio printed no JSON");
-  }
-  nlohmann::json doc = nlohmann::json::parse(text.substr(start), nullptr,
-                                             /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.contains("jobs") || doc["jobs"].empty()) {
-    return Status::Internal("cannot parse fio's JSON output");
-  }
-  const nlohmann::json& job = doc["jobs"][0];
-  JobResult r;
-  r.spec = spec;
-  r.backend = "fio-io_uring";
-  STRATA_RETURN_IF_ERROR(ParseDirections(job, spec, &r));
-  // fio counts its fsyncs (fsync=N) in the job's "sync" section.
-  if (const auto sync = job.find("sync"); sync != job.end()) {
-    r.syncs = sync->value("total_ios", uint64_t{0});
-  }
-  // With group_reporting fio sums CPU time and run time over its numjobs
-  // threads: its usr_cpu is a thread's average. strata's is the process's,
-  // summed over threads, as a percentage of one core.
-  r.usr_pct = job.value("usr_cpu", 0.0) * spec.threads;
-  r.sys_pct = job.value("sys_cpu", 0.0) * spec.threads;
-  if (r.bytes == 0 || r.seconds <= 0) {
-    return Status::Internal("fio reported no I/O");
-  }
-  return r;
+  STRATA_ASSIGN_OR_RETURN(auto reports, FioReports(text));
+  return ParseReport(reports.back(), spec);
 }
 
 Result<JobResult> RunFio(const std::vector<std::string>& command,
-                         const JobSpec& spec, const std::atomic<bool>* cancel) {
+                         const JobSpec& spec, const std::atomic<bool>* cancel,
+                         std::vector<nlohmann::json>* reports) {
   STRATA_ASSIGN_OR_RETURN(Captured c, Capture(command, false, cancel));
   // fio stopped by Ctrl-C fails or reports a short run: either way the run
   // was interrupted, not fio's error.
@@ -308,7 +350,10 @@ Result<JobResult> RunFio(const std::vector<std::string>& command,
                            : "exit status " + std::to_string(c.exit_status)) +
         "); its messages are above");
   }
-  return ParseFioJson(c.out, spec);
+  STRATA_ASSIGN_OR_RETURN(auto all, FioReports(c.out));
+  STRATA_ASSIGN_OR_RETURN(JobResult r, ParseReport(all.back(), spec));
+  if (reports != nullptr) *reports = std::move(all);
+  return r;
 }
 
 Status CheckFio(const std::vector<std::string>& command) {

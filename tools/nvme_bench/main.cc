@@ -17,6 +17,7 @@
 #include "tools/nvme_bench/device_stat.h"
 #include "tools/nvme_bench/fio.h"
 #include "tools/nvme_bench/fio_buffers.h"
+#include "tools/nvme_bench/fio_log.h"
 #include "tools/nvme_bench/interrupt.h"
 #include "tools/nvme_bench/json_out.h"
 #include "tools/nvme_bench/place.h"
@@ -214,6 +215,27 @@ Result<JobResult> WithDevice(
   return r;
 }
 
+// Runs fio on `target` as the `run`-th run of `spec`, and logs its
+// reports when `log` is enabled (Note [fio's interval figures]).
+Result<JobResult> FioRun(const std::string& fio,
+                         const std::vector<std::string>& fio_opts,
+                         const JobSpec& spec, const Target& target,
+                         const DiskSet& disks, int run, RunLog* log) {
+  std::vector<nlohmann::json> reports;
+  STRATA_ASSIGN_OR_RETURN(JobResult r, WithDevice(disks, [&](const auto&) {
+                            return RunFio(FioCommand(fio, target.paths, spec,
+                                                     target.direct, fio_opts),
+                                          spec, target.cancel, &reports);
+                          }));
+  // fio's ramp cannot be told apart from outside: the disk's counters
+  // would count it.
+  if (spec.ramp > 0) r.device.reset();
+  log->Start(spec, run, "fio");
+  for (const JobProgress& p : FioProgress(reports, spec)) log->Add(p);
+  STRATA_RETURN_IF_ERROR(log->status());
+  return r;
+}
+
 // Runs one configuration --repeat times, alternating strata and fio.
 Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
                    const Target& target, aio::PinnedBuffer& pool,
@@ -228,6 +250,10 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
     fio_opts = fio_buffers->options();
   }
   if (o.sync) fio_opts.push_back("--sync=1");
+  if (log->enabled()) {
+    const std::vector<std::string> log_opts = FioLogOptions();
+    fio_opts.insert(fio_opts.end(), log_opts.begin(), log_opts.end());
+  }
   fio_opts.insert(fio_opts.end(), o.fio_opts.begin(), o.fio_opts.end());
   std::vector<JobResult> strata_runs, fio_runs;
   auto strata_run = [&]() -> Status {
@@ -252,15 +278,9 @@ Result<Row> RunRow(const BenchOptions& o, const JobSpec& spec,
   };
   auto fio_run = [&]() -> Status {
     progress->Update(label + ": fio");
-    STRATA_ASSIGN_OR_RETURN(
-        auto r, WithDevice(disks, [&](const auto&) {
-          return RunFio(
-              FioCommand(o.fio, target.paths, spec, target.direct, fio_opts),
-              spec, target.cancel);
-        }));
-    // fio's ramp cannot be told apart from outside: the disk's counters
-    // would count it.
-    if (spec.ramp > 0) r.device.reset();
+    STRATA_ASSIGN_OR_RETURN(auto r,
+                            FioRun(o.fio, fio_opts, spec, target, disks,
+                                   static_cast<int>(fio_runs.size()) + 1, log));
     row.fio_gbps.push_back(r.gb_per_s());
     fio_runs.push_back(std::move(r));
     return Status::Ok();

@@ -6,12 +6,14 @@
 
 namespace strata::bench {
 
-nlohmann::json LogRecord(const JobSpec& spec, int run, const JobProgress& prev,
+nlohmann::json LogRecord(const std::string& engine, const JobSpec& spec,
+                         int run, const JobProgress& prev,
                          const JobProgress& now) {
   const uint64_t bytes = now.bytes - prev.bytes;
   const uint64_t ios = now.ios - prev.ios;
   const double secs = now.seconds - prev.seconds;
   return {
+      {"engine", engine},
       {"rw", RwName(spec.rw)},
       {"bs", spec.bs},
       {"qd", spec.qd},
@@ -42,16 +44,18 @@ Status RunLog::Open() {
   return Status::Ok();
 }
 
-void RunLog::Start(const JobSpec& spec, int run) {
+void RunLog::Start(const JobSpec& spec, int run, std::string engine) {
   spec_ = spec;
   run_ = run;
+  engine_ = std::move(engine);
   prev_ = JobProgress{};
 }
 
 void RunLog::Add(const JobProgress& now) {
   // Nothing is counted during a ramp.
   if (file_ == nullptr || (now.seconds <= 0 && !now.done)) return;
-  const std::string line = LogRecord(spec_, run_, prev_, now).dump() + "\n";
+  const std::string line =
+      LogRecord(engine_, spec_, run_, prev_, now).dump() + "\n";
   prev_ = now;
   if ((std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0) &&
       status_.ok()) {

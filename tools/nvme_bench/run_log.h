@@ -1,6 +1,8 @@
 // strata-nvme-bench --log FILE: bandwidth, IOPS and mean latency over time,
-// one JSON object per line, every 0.5 s of each strata run and once at its
-// end, so that the bytes of a run's lines add up to its record's bytes.
+// one JSON object per line, every 0.5 s of each run and once at its end, so
+// that the bytes of a run's lines add up to its record's bytes. strata's
+// runs are logged as they go, fio's (--vs-fio) from fio's reports once
+// they end (fio_log.h).
 //
 // Thread safety: none; a log is written from the thread that runs jobs.
 #ifndef STRATA_TOOLS_NVME_BENCH_RUN_LOG_H_
@@ -16,10 +18,11 @@
 namespace strata::bench {
 
 // The line for the interval from `prev` to `now` of the `run`-th (1-based)
-// run of `spec`: {"rw","bs","qd","threads","run","t","bytes","ios",
-// "gb_per_s","iops","lat_mean_us"}, "t" being `now`'s seconds since the
-// start and the rest the interval's.
-nlohmann::json LogRecord(const JobSpec& spec, int run, const JobProgress& prev,
+// run of `spec` by `engine` ("strata" or "fio"): {"engine","rw","bs","qd",
+// "threads","run","t","bytes","ios","gb_per_s","iops","lat_mean_us"}, "t"
+// being `now`'s seconds since the start and the rest the interval's.
+nlohmann::json LogRecord(const std::string& engine, const JobSpec& spec,
+                         int run, const JobProgress& prev,
                          const JobProgress& now);
 
 class RunLog {
@@ -32,8 +35,11 @@ class RunLog {
 
   // Creates or truncates the file; the error names the path and the fix.
   Status Open();
-  // Starts the `run`-th run of `spec`; Add() then logs its reports.
-  void Start(const JobSpec& spec, int run);
+  // Whether a path was given (and opened): lines are written.
+  bool enabled() const { return file_ != nullptr; }
+  // Starts the `run`-th run of `spec` by `engine`; Add() then logs its
+  // reports.
+  void Start(const JobSpec& spec, int run, std::string engine = "strata");
   void Add(const JobProgress& now);
   // The first write that failed, or OK.
   Status status() const { return status_; }
@@ -43,6 +49,7 @@ class RunLog {
   std::FILE* file_ = nullptr;
   JobSpec spec_;
   int run_ = 0;
+  std::string engine_;
   JobProgress prev_;
   Status status_;
 };

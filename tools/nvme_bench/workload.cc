@@ -271,7 +271,7 @@ void Job::WaitForEnd(uint64_t start_ns, const ProgressFn& progress,
       if (on_ramp_end_) on_ramp_end_();
       ramping = false;
     }
-    if (progress && now - last_report > 500'000'000) {
+    if (progress && now - last_report > kProgressPeriodNs) {
       last_report = now;
       progress(Sample(start_ns, now, false));
     }

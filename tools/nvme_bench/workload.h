@@ -192,7 +192,11 @@ struct JobProgress {
   double elapsed = 0;  // seconds since the start
 };
 
-// Called about twice a second while a job runs, and once when it ends.
+// How often a job reports its progress (and fio's runs theirs, with
+// --log: fio_log.h).
+constexpr uint64_t kProgressPeriodNs = 500'000'000;
+
+// Called every kProgressPeriodNs while a job runs, and once when it ends.
 using ProgressFn = std::function<void(const JobProgress&)>;
 
 // The files a job runs on and how the engine should treat them.
