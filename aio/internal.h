@@ -97,6 +97,9 @@ uint32_t NextLength(const Piece& piece);
 // and completes the piece unless its remainder must be resubmitted, in
 // which case it returns true and the backend submits the piece again.
 bool Settle(Piece* piece, uint32_t submitted, int result);
+// Finishes `piece` (0, or the positive errno it failed with) and, with the
+// last piece of its request, the request. Defined in engine.cc.
+void CompletePiece(Piece* piece, int err);
 
 // errno -> Status, for every I/O failure. The one place this happens.
 Status IoStatus(int err, bool write, const std::string& path, uint64_t offset,
