@@ -70,9 +70,23 @@ int FilterResult(const Piece& piece, uint32_t submitted, int result) {
   return result;
 }
 
+// A sync's result (0 or -errno) as the fault injector rewrites it: EINTR
+// and EAGAIN retry within Note [EAGAIN budget], anything else finishes it.
+bool SettleSync(Piece* piece, int result) {
+  FaultInjector* fi = piece->op->injector;
+  if (fi != nullptr) result = fi->SyncResult(result);
+  if ((result == -EINTR || result == -EAGAIN) &&
+      ++piece->retries <= kMaxRetries) {
+    return true;
+  }
+  CompletePiece(piece, result < 0 ? -result : 0);
+  return false;
+}
+
 }  // namespace
 
 bool Settle(Piece* piece, uint32_t submitted, int result) {
+  if (piece->op->sync) return SettleSync(piece, result);
   int err = 0;
   switch (Advance(*piece, FilterResult(*piece, submitted, result), &err)) {
     case Progress::kResubmit:
