@@ -52,11 +52,13 @@
 //   instance from its callback, which no thread waits for:
 //
 //     Callback done = ...;  // the write is durable, or why not
-//     auto w = engine->Write(file, buf, len, offset, [=](const Status& st) {
-//       if (!st.ok()) return done(st);
-//       Result<Handle> sync = engine->Sync(file, done);
-//       if (!sync.ok()) done(sync.status());
-//     });
+//     Result<Handle> w =
+//         engine->Write(file, buf, len, offset, [=](const Status& st) {
+//           if (!st.ok()) return done(st);
+//           Result<Handle> sync = engine->Sync(file, done);
+//           if (!sync.ok()) done(sync.status());
+//         });
+//     if (!w.ok()) done(w.status());
 //
 // - File::Sync() is the blocking fdatasync, for callers that may block;
 //   FileOptions::dsync makes every write durable before it completes.
