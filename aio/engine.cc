@@ -2,7 +2,6 @@
 // spreads the pieces over the rings and tracks their completion. The
 // backends (uring_backend.cc, thread_backend.cc) only move pieces.
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -48,95 +47,13 @@ void UnrefOp(Op* op) {
   if (op->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete op;
 }
 
-namespace {
-
-// What one transfer's result means for its piece.
-enum class Progress { kDone, kResubmit, kFailed };
-
-// Note [EAGAIN budget]
-// EAGAIN and EINTR mean "try again", but a device that answers EAGAIN
-// forever would spin a ring thread at 100%. After this many consecutive
-// retries of one piece we give up and report the errno.
-constexpr uint32_t kMaxRetries = 10000;
-
-// The single place that interprets a transfer result (bytes or -errno):
-// short transfers and EINTR/EAGAIN resubmit the remainder, zero-byte
-// progress and other errors fail. Sets *err to a positive errno on kFailed.
-Progress Advance(Piece& piece, int result, int* err) {
-  if (result == -EINTR || result == -EAGAIN) {
-    if (++piece.retries > kMaxRetries) {
-      *err = -result;
-      return Progress::kFailed;
-    }
-    return Progress::kResubmit;
-  }
-  if (result < 0) {
-    *err = -result;
-    return Progress::kFailed;
-  }
-  if (result == 0) {
-    // No progress: a read at end of file, or a device that wrote nothing.
-    *err = piece.op->write ? EIO : ENODATA;
-    return Progress::kFailed;
-  }
-  piece.retries = 0;
-  piece.done += static_cast<uint32_t>(result);
-  return piece.done >= piece.len ? Progress::kDone : Progress::kResubmit;
-}
-
-}  // namespace
-
-uint32_t NextLength(const Piece& piece) {
-  const uint32_t rest = piece.len - piece.done;
-  FaultInjector* fi = piece.op->injector;
-  if (fi == nullptr) return rest;
-  const uint32_t n =
-      fi->SubmitLength(piece.op->write, piece.offset + piece.done, rest);
-  return n == 0 || n > rest ? rest : n;
-}
-
-namespace {
-
-// The kernel's result as the fault injector rewrites it (and the data, for
-// reads, as it corrupts it).
-int FilterResult(const Piece& piece, uint32_t submitted, int result) {
-  FaultInjector* fi = piece.op->injector;
-  if (fi == nullptr) return result;
-  const uint64_t offset = piece.offset + piece.done;
-  result = fi->CompletionResult(piece.op->write, offset, submitted, result);
-  if (!piece.op->write && result > 0) {
-    fi->AfterRead(offset, piece.buf + piece.done,
-                  static_cast<uint32_t>(result));
-  }
-  return result;
-}
-
-}  // namespace
-
-// Defined below, once Engine::Impl is complete.
-void CompletePiece(Piece* piece, int err);
-
-bool Settle(Piece* piece, uint32_t submitted, int result) {
-  int err = 0;
-  switch (Advance(*piece, FilterResult(*piece, submitted, result), &err)) {
-    case Progress::kResubmit:
-      return true;
-    case Progress::kDone:
-      CompletePiece(piece, 0);
-      return false;
-    case Progress::kFailed:
-      CompletePiece(piece, err);
-      return false;
-  }
-  return false;
-}
-
 void Counters::AddTo(IoStats* s) const {
   s->transfers += transfers.load(std::memory_order_relaxed);
   s->resubmits += resubmits.load(std::memory_order_relaxed);
   s->fixed_buffer += fixed_buffer.load(std::memory_order_relaxed);
   s->fixed_file += fixed_file.load(std::memory_order_relaxed);
   s->batches += batches.load(std::memory_order_relaxed);
+  s->syncs += syncs.load(std::memory_order_relaxed);
 }
 
 }  // namespace internal
@@ -150,6 +67,7 @@ class Engine::Impl {
   Result<File*> OpenFile(const std::string& path, const FileOptions& options);
   Status CloseFile(File* file);
   Result<Handle> Submit(Request request);
+  Result<Handle> Sync(File* file, Callback on_complete, int ring);
   Status WaitAll();
   void Finish(Op* op);
   internal::BufferRegistry& buffers() { return *buffers_; }
@@ -161,8 +79,11 @@ class Engine::Impl {
  private:
   Status Validate(const Request& r, FileImpl* file) const;
   // The passes of Submit() after Validate(): split the request into
-  // `count` pieces, then hand them to the rings.
-  Op* NewOp(Request& r, FileImpl* file, uint32_t count);
+  // `count` pieces, then launch it: count it as outstanding and hand its
+  // pieces to the rings. Sync() launches an op of one empty piece.
+  Op* NewOp(FileImpl* file, Callback on_complete, uint32_t count);
+  Op* NewTransfer(Request& r, FileImpl* file, uint32_t count);
+  Handle Launch(Op* op, uint32_t count, int ring);
   void Spread(Op* op, uint32_t count, int ring);
 
   std::unique_ptr<internal::Backend> backend_;
@@ -359,34 +280,41 @@ Result<Handle> Engine::Impl::Submit(Request r) {
   if (r.write) f->GrowTo(r.offset + r.len);
   const auto count =
       static_cast<uint32_t>((r.len - 1) / options_.block_size + 1);
-  Op* op = NewOp(r, f, count);
-  Handle handle = internal::MakeHandle(op);
-  internal::RefOp(op);  // the handle's reference; the engine holds the first
-  f->inflight.fetch_add(1, std::memory_order_relaxed);
-  outstanding_.fetch_add(1, std::memory_order_relaxed);
-  Spread(op, count, r.ring);
-  return handle;
+  return Launch(NewTransfer(r, f, count), count, r.ring);
 }
 
-// Pieces of block_size bytes (the last one shorter), each with its
-// fixed-buffer slot: a request may straddle registrations.
-Op* Engine::Impl::NewOp(Request& r, FileImpl* f, uint32_t count) {
-  const size_t bs = options_.block_size;
+Result<Handle> Engine::Impl::Sync(File* file, Callback on_complete, int ring) {
+  // No read-only check: fdatasync needs no write access (strata/aio.h).
+  if (file == nullptr) return Status::InvalidArgument("sync: null file");
+  Op* op = NewOp(static_cast<FileImpl*>(file), std::move(on_complete), 1);
+  op->sync = true;
+  return Launch(op, 1, ring);
+}
+
+Op* Engine::Impl::NewOp(FileImpl* f, Callback on_complete, uint32_t count) {
   auto* op = new Op;
   op->engine = this;
   op->file = f;
   op->injector = options_.fault_injector;
+  op->on_complete = std::move(on_complete);
+  op->pieces = std::make_unique<Piece[]>(count);
+  for (uint32_t i = 0; i < count; ++i) op->pieces[i].op = op;
+  op->pending.store(count, std::memory_order_relaxed);
+  return op;
+}
+
+// Pieces of block_size bytes (the last one shorter), each with its
+// fixed-buffer slot: a request may straddle registrations.
+Op* Engine::Impl::NewTransfer(Request& r, FileImpl* f, uint32_t count) {
+  const size_t bs = options_.block_size;
+  Op* op = NewOp(f, std::move(r.on_complete), count);
   op->write = r.write;
   op->len = r.len;
   op->offset = r.offset;
-  op->on_complete = std::move(r.on_complete);
-  op->pieces = std::make_unique<Piece[]>(count);
-  op->pending.store(count, std::memory_order_relaxed);
   char* base = static_cast<char*>(r.buf);
   for (uint32_t i = 0; i < count; ++i) {
     Piece& p = op->pieces[i];
     const size_t at = size_t{i} * bs;
-    p.op = op;
     p.buf = base + at;
     p.offset = r.offset + at;
     p.len = static_cast<uint32_t>(std::min(bs, r.len - at));
@@ -396,6 +324,15 @@ Op* Engine::Impl::NewOp(Request& r, FileImpl* f, uint32_t count) {
         buffers_->Acquire(op->pieces[i].buf, op->pieces[i].len);
   }
   return op;
+}
+
+Handle Engine::Impl::Launch(Op* op, uint32_t count, int ring) {
+  Handle handle = internal::MakeHandle(op);
+  internal::RefOp(op);  // the handle's reference; the engine holds the first
+  op->file->inflight.fetch_add(1, std::memory_order_relaxed);
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  Spread(op, count, ring);
+  return handle;
 }
 
 // All pieces to one ring when the request names one, or when there is one
@@ -452,14 +389,14 @@ Status Engine::Impl::WaitAll() {
   return std::exchange(first_error_, Status::Ok());
 }
 
-// `err` is 0 on success or a positive errno.
 void internal::CompletePiece(Piece* piece, int err) {
   Op* op = piece->op;
   if (piece->buf_index >= 0) op->engine->buffers().Release(piece->buf_index);
   if (err != 0 && !op->failed.exchange(true, std::memory_order_acq_rel)) {
-    op->status =
-        IoStatus(err, op->write, op->file->path(), piece->offset + piece->done,
-                 piece->len - piece->done);
+    op->status = op->sync ? SyncStatus(err, op->file->path())
+                          : IoStatus(err, op->write, op->file->path(),
+                                     piece->offset + piece->done,
+                                     piece->len - piece->done);
   }
   if (op->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     op->engine->Finish(op);
@@ -547,6 +484,10 @@ Result<Handle> Engine::Write(File* file, const void* buf, size_t len,
                              uint64_t offset, Callback on_complete) {
   return impl_->Submit(Request{file, const_cast<void*>(buf), len, offset, true,
                                -1, std::move(on_complete)});
+}
+
+Result<Handle> Engine::Sync(File* file, Callback on_complete, int ring) {
+  return impl_->Sync(file, std::move(on_complete), ring);
 }
 
 Status Engine::WaitAll() { return impl_->WaitAll(); }

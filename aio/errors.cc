@@ -101,4 +101,8 @@ Status IoStatus(int err, bool write, const std::string& path, uint64_t offset,
   return Status(CodeFor(err), std::move(msg));
 }
 
+Status SyncStatus(int err, const std::string& path) {
+  return ErrnoStatus(err, "fdatasync of '" + path + "' failed");
+}
+
 }  // namespace strata::aio::internal

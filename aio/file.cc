@@ -156,7 +156,7 @@ void FileImpl::GrowTo(uint64_t end) {
 
 Status FileImpl::Sync() {
   if (fdatasync(fd_) != 0) {
-    return ErrnoStatus(errno, "fdatasync of '" + path_ + "' failed");
+    return SyncStatus(errno, path_);
   }
   return Status::Ok();
 }

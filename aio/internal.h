@@ -79,6 +79,7 @@ struct Op {
   FileImpl* file = nullptr;
   FaultInjector* injector = nullptr;
   bool write = false;
+  bool sync = false;  // Engine::Sync: one piece of no bytes, an fdatasync
   size_t len = 0;
   uint64_t offset = 0;
   Callback on_complete;
@@ -96,11 +97,18 @@ uint32_t NextLength(const Piece& piece);
 // on the thread that reaped it. Applies the fault injector, then Advance(),
 // and completes the piece unless its remainder must be resubmitted, in
 // which case it returns true and the backend submits the piece again.
+// A sync's piece (`submitted` 0, `result` 0 or -errno) goes through the
+// fault injector's SyncResult and is resubmitted after EINTR or EAGAIN.
 bool Settle(Piece* piece, uint32_t submitted, int result);
+// Finishes `piece` (0, or the positive errno it failed with) and, with the
+// last piece of its request, the request. Defined in engine.cc.
+void CompletePiece(Piece* piece, int err);
 
 // errno -> Status, for every I/O failure. The one place this happens.
 Status IoStatus(int err, bool write, const std::string& path, uint64_t offset,
                 uint64_t len);
+// errno -> Status for an fdatasync of `path`, blocking or not.
+Status SyncStatus(int err, const std::string& path);
 // ErrnoStatus is public (strata/aio.h); ErrnoText and HumanBytes are
 // strata's (common/text.h).
 using aio::ErrnoStatus;
@@ -129,6 +137,7 @@ struct Counters {
   std::atomic<uint64_t> fixed_buffer{0};
   std::atomic<uint64_t> fixed_file{0};
   std::atomic<uint64_t> batches{0};
+  std::atomic<uint64_t> syncs{0};
 
   static void Bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
     c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);

@@ -86,20 +86,33 @@ class ThreadBackend final : public Backend {
     return s;
   }
 
-  // Transfers one piece to completion, resubmitting remainders in place.
+  // Transfers (or syncs) one piece to completion, resubmitting remainders
+  // in place.
   static void Run(Piece* p, Counters& counters) {
-    const int fd = p->op->file->fd();
     for (;;) {
-      Counters::Bump(counters.transfers);
-      Counters::Bump(counters.batches);
-      const uint32_t len = NextLength(*p);
-      char* buf = p->buf + p->done;
-      const auto off = static_cast<off_t>(p->offset + p->done);
-      const ssize_t n =
-          p->op->write ? pwrite(fd, buf, len, off) : pread(fd, buf, len, off);
-      if (!Settle(p, len, n < 0 ? -errno : static_cast<int>(n))) return;
+      uint32_t len = 0;
+      const int result = Transfer(p, counters, &len);
+      if (!Settle(p, len, result)) return;
       Counters::Bump(counters.resubmits);
     }
+  }
+
+  // One pread, pwrite or fdatasync of `p`, with the bytes asked for in
+  // `*len`; returns the kernel's result as io_uring would (bytes or -errno).
+  static int Transfer(Piece* p, Counters& counters, uint32_t* len) {
+    const int fd = p->op->file->fd();
+    Counters::Bump(counters.batches);
+    if (p->op->sync) {
+      Counters::Bump(counters.syncs);
+      return fdatasync(fd) == 0 ? 0 : -errno;
+    }
+    Counters::Bump(counters.transfers);
+    *len = NextLength(*p);
+    char* buf = p->buf + p->done;
+    const auto off = static_cast<off_t>(p->offset + p->done);
+    const ssize_t n =
+        p->op->write ? pwrite(fd, buf, *len, off) : pread(fd, buf, *len, off);
+    return n < 0 ? -errno : static_cast<int>(n);
   }
 
   std::mutex mu_;

@@ -246,14 +246,30 @@ class Ring {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     STRATA_CHECK(sqe != nullptr);
     const FileImpl* f = p->op->file;
+    const int fd = f->fixed ? f->slot : f->fd();
+    if (p->op->sync) {
+      // Not ordered after the ring's other requests (no IOSQE_IO_DRAIN):
+      // Engine::Sync covers the writes that completed before it.
+      Counters::Bump(counters_.syncs);
+      p->submitted = 0;
+      io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+    } else {
+      PrepTransfer(sqe, p, fd);
+    }
+    if (f->fixed) sqe->flags |= IOSQE_FIXED_FILE;
+    io_uring_sqe_set_data(sqe, p);
+  }
+
+  // A read or a write of `p`'s remainder on `fd` (a fixed-file slot for a
+  // registered file).
+  void PrepTransfer(io_uring_sqe* sqe, Piece* p, int fd) {
     const uint32_t len = NextLength(*p);
     p->submitted = len;
     char* buf = p->buf + p->done;
     const uint64_t off = p->offset + p->done;
-    const int fd = f->fixed ? f->slot : f->fd();
     const bool write = p->op->write;
     Counters::Bump(counters_.transfers);
-    if (f->fixed) Counters::Bump(counters_.fixed_file);
+    if (p->op->file->fixed) Counters::Bump(counters_.fixed_file);
     if (p->buf_index >= 0 && fixed_buffers_) {
       Counters::Bump(counters_.fixed_buffer);
       if (write) {
@@ -266,8 +282,6 @@ class Ring {
     } else {
       io_uring_prep_read(sqe, fd, buf, len, off);
     }
-    if (f->fixed) sqe->flags |= IOSQE_FIXED_FILE;
-    io_uring_sqe_set_data(sqe, p);
   }
 
   // Takes what other threads handed over. Returns false once the ring is

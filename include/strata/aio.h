@@ -43,10 +43,31 @@
 // - Closing a file, or unregistering a buffer, while another thread submits
 //   requests on it is a race in the caller, as with close(2).
 //
+// Durability
+// - Engine::Sync() is an asynchronous fdatasync: a request like a read or a
+//   write (a Handle, a callback, counted by WaitAll() and CloseFile()), that
+//   makes durable the file's writes that had completed when it was
+//   submitted. It is not ordered after writes still in flight, as in
+//   io_uring: to sync a write, submit the sync once the write is back, for
+//   instance from its callback, which no thread waits for:
+//
+//     Callback done = ...;  // the write is durable, or why not
+//     Result<Handle> w =
+//         engine->Write(file, buf, len, offset, [=](const Status& st) {
+//           if (!st.ok()) return done(st);
+//           Result<Handle> sync = engine->Sync(file, done);
+//           if (!sync.ok()) done(sync.status());
+//         });
+//     if (!w.ok()) done(w.status());
+//
+// - File::Sync() is the blocking fdatasync, for callers that may block;
+//   FileOptions::dsync makes every write durable before it completes.
+//
 // Failure
 // - Errors are Status values that carry the errno, the file, the offset and
-//   the length. Nothing throws.
-// - ~Engine() waits for every outstanding request before it returns.
+//   the length (a sync's: the file). Nothing throws.
+// - ~Engine() waits for every outstanding request, syncs included, before
+//   it returns.
 #ifndef STRATA_AIO_H_
 #define STRATA_AIO_H_
 
@@ -94,6 +115,9 @@ class STRATA_EXPORT FaultInjector {
   virtual void AfterRead(uint64_t offset, char* data, uint32_t bytes) {
     (void)offset, (void)data, (void)bytes;
   }
+  // Replaces the kernel's result (0 or -errno) of an Engine::Sync, before
+  // its callback runs. Syncs never reach the three hooks above.
+  virtual int SyncResult(int result) { return result; }
 };
 
 struct IoOptions {
@@ -130,12 +154,15 @@ struct IoInfo {
 // Counters since the engine opened, summed over its threads.
 struct IoStats {
   uint64_t transfers = 0;     // reads/writes handed to the kernel
-  uint64_t resubmits = 0;     // of those, remainders after short
-                              // transfers, EINTR or EAGAIN
+  uint64_t resubmits = 0;     // of those and the syncs, remainders after
+                              // short transfers, EINTR or EAGAIN
   uint64_t fixed_buffer = 0;  // transfers that used a registered buffer
   uint64_t fixed_file = 0;    // transfers that used a registered file
   uint64_t batches = 0;       // submissions (io_uring_enter calls that
-                              // submitted; one per transfer for threads)
+                              // submitted; one per transfer or sync for
+                              // threads)
+  uint64_t syncs = 0;         // fdatasyncs of Engine::Sync handed to the
+                              // kernel (not transfers)
 };
 
 // Every open refuses a symbolic link as the file itself (O_NOFOLLOW) and
@@ -163,7 +190,8 @@ class STRATA_EXPORT File {
   virtual bool read_only() const = 0;
   virtual uint32_t mem_align() const = 0;     // 1 for buffered files
   virtual uint32_t offset_align() const = 0;  // 1 for buffered files
-  // fdatasync(): makes completed writes durable.
+  // fdatasync(), blocking the caller: makes completed writes durable.
+  // Engine::Sync() is the asynchronous one.
   virtual Status Sync() = 0;
   // Drops the file's clean pages from the page cache (buffered files only;
   // a no-op for direct files).
@@ -258,8 +286,9 @@ class STRATA_EXPORT Engine {
   // fix: a missing directory, a read-only file system, a full disk.
   Result<File*> OpenFile(const std::string& path,
                          const FileOptions& options = {});
-  // Fails with kFailedPrecondition while requests on the file are in flight
-  // (including while their completion callbacks run).
+  // Fails with kFailedPrecondition while requests on the file, syncs
+  // included, are in flight (including while their completion callbacks
+  // run).
   Status CloseFile(File* file);
 
   // Registers [data, data+bytes) as fixed buffers on every ring, so requests
@@ -275,6 +304,19 @@ class STRATA_EXPORT Engine {
                       Callback on_complete = {});
   Result<Handle> Write(File* file, const void* buf, size_t len, uint64_t offset,
                        Callback on_complete = {});
+
+  // Asynchronous fdatasync of `file` (Durability, above): IORING_OP_FSYNC
+  // with IORING_FSYNC_DATASYNC, or fdatasync() on a pool thread with the
+  // threads backend. Durable when it completes OK: the writes to `file`
+  // that had completed before this call, not those still in flight. It
+  // waits, polls and counts as an outstanding request like a read or a
+  // write, and `ring` pins it as Request::ring does (-1: the next ring in
+  // turn). A failure is "fdatasync of '<path>' failed: <errno>" with the
+  // errno's StatusCode. Read-only files are allowed: fdatasync flushes the
+  // file's data whichever descriptor wrote it, as File::Sync() does.
+  // A method rather than a Request: a Request is a transfer (buffer,
+  // length, offset, direction), and a sync has none of them.
+  Result<Handle> Sync(File* file, Callback on_complete = {}, int ring = -1);
 
   // Waits until no request is outstanding. Returns the first error of the
   // requests that completed since the previous WaitAll(), or OK.

@@ -4,9 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <condition_variable>
+#include <cerrno>
 #include <fstream>
-#include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -46,79 +45,56 @@ TEST(SyncOptionsTest, ParseAndFsyncNeedsAWriteJob) {
   EXPECT_NE(reads.status().message().find("drop --fsync"), std::string::npos);
 }
 
-// A file whose Sync() waits until the test lets it return.
-class HeldFile : public aio::File {
- public:
-  const std::string& path() const override { return path_; }
-  uint64_t size() const override { return 0; }
-  bool direct() const override { return true; }
-  bool read_only() const override { return false; }
-  uint32_t mem_align() const override { return 1; }
-  uint32_t offset_align() const override { return 1; }
-  Status Sync() override {
-    entered.set_value();
-    release.get_future().wait();
-    return Status::Ok();
-  }
-  Status DropCache() override { return Status::Ok(); }
-
-  std::promise<void> entered;
-  std::promise<void> release;
-
- private:
-  std::string path_ = "held";
-};
-
-// The slots a gate hands back, with a wait for a count of them.
-struct Resumed {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<void*> slots;
-  void Add(void* s) {
-    std::lock_guard<std::mutex> lock(mu);
-    slots.push_back(s);
-    cv.notify_all();
-  }
-  void WaitFor(size_t n) {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return slots.size() >= n; });
-  }
-};
-
 TEST(FsyncGateTest, HoldsWritesUntilTheSyncAfterEveryNReturns) {
   using A = FsyncGate::Admission;
-  HeldFile file;
-  Resumed resumed;
+  using P = FsyncGate::Phase;
+  FsyncGate gate(/*every=*/2, /*limit=*/3);
   int a, b, c, d;
-  {
-    FsyncGate gate(
-        {&file}, /*every=*/2, /*limit=*/3, [&](void* s) { resumed.Add(s); },
-        [](const Status&) {});
-    EXPECT_EQ(gate.Admit(&a), A::kGo);
-    EXPECT_EQ(gate.Admit(&b), A::kGo);
-    EXPECT_EQ(gate.Admit(&c), A::kParked);  // the interval's 2 are issued
-    EXPECT_FALSE(gate.Completed(&a));
-    EXPECT_TRUE(gate.Completed(&b));  // both back: the sync is due
-    file.entered.get_future().wait();
-    EXPECT_EQ(gate.Admit(&d), A::kParked);  // while it runs
-    EXPECT_EQ(gate.syncs(), 0u);
-    file.release.set_value();
-    resumed.WaitFor(3);
-    EXPECT_EQ(gate.syncs(), 1u);
-    EXPECT_EQ(gate.Admit(&c), A::kGo);
-    EXPECT_EQ(gate.Admit(&d), A::kDone);  // 3 writes in all
-    EXPECT_FALSE(gate.Completed(&c));     // 3 of 4: no second sync
-    EXPECT_EQ(gate.syncs(), 1u);
-  }
-  std::sort(resumed.slots.begin(), resumed.slots.end());
+  EXPECT_EQ(gate.Admit(&a), A::kGo);
+  EXPECT_EQ(gate.phase(), P::kIssuing);
+  EXPECT_EQ(gate.Admit(&b), A::kGo);
+  EXPECT_EQ(gate.phase(), P::kDraining);  // the interval's 2 are issued
+  EXPECT_EQ(gate.Admit(&c), A::kParked);
+  EXPECT_FALSE(gate.Completed(&a));
+  EXPECT_EQ(gate.phase(), P::kDraining);
+  EXPECT_TRUE(gate.Completed(&b));  // both back: the sync is due
+  EXPECT_EQ(gate.phase(), P::kSyncing);
+  EXPECT_EQ(gate.Admit(&d), A::kParked);  // while it runs
+  EXPECT_EQ(gate.syncs(), 0u);
+  std::vector<void*> resumed = gate.Synced();
+  EXPECT_EQ(gate.syncs(), 1u);
+  EXPECT_EQ(gate.phase(), P::kIssuing);
+  std::sort(resumed.begin(), resumed.end());
   std::vector<void*> want = {&b, &c, &d};
   std::sort(want.begin(), want.end());
-  EXPECT_EQ(resumed.slots, want);
+  EXPECT_EQ(resumed, want);
+  EXPECT_EQ(gate.Admit(&c), A::kGo);
+  EXPECT_EQ(gate.Admit(&d), A::kDone);  // 3 writes in all
+  EXPECT_FALSE(gate.Completed(&c));     // 3 of 4: no second sync
+  EXPECT_EQ(gate.phase(), P::kIssuing);
+  EXPECT_EQ(gate.syncs(), 1u);
 }
 
-// Counts, per thread's slice, the writes submitted and completed, and
-// whether a write was submitted before the previous interval's writes
-// were all back (which a sync between them requires).
+// A limit at an interval's end: its last sync still runs, and the slots
+// parked for it then find the writes all issued.
+TEST(FsyncGateTest, TheLastIntervalsSyncRunsBeforeTheGateIsDone) {
+  using A = FsyncGate::Admission;
+  FsyncGate gate(/*every=*/1, /*limit=*/1);
+  int a, b;
+  EXPECT_EQ(gate.Admit(&a), A::kGo);
+  EXPECT_EQ(gate.Admit(&b), A::kParked);
+  EXPECT_TRUE(gate.Completed(&a));
+  EXPECT_EQ(gate.Synced().size(), 2u);
+  EXPECT_EQ(gate.Admit(&a), A::kDone);
+  EXPECT_EQ(gate.Admit(&b), A::kDone);
+  EXPECT_EQ(gate.syncs(), 1u);
+}
+
+// Counts, per thread's slice, the writes submitted and completed, and the
+// syncs that completed; notes a write submitted before the previous
+// interval's writes were all back and its sync over (the syncs of both
+// threads together are counted, so at least as many as this thread's
+// intervals must have ended).
 class IntervalInjector : public aio::FaultInjector {
  public:
   IntervalInjector(uint64_t slice, uint64_t every)
@@ -126,8 +102,21 @@ class IntervalInjector : public aio::FaultInjector {
   uint32_t SubmitLength(bool write, uint64_t offset, uint32_t len) override {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t k = submitted_[offset / slice_]++;
-    if (write && completed_[offset / slice_] < k / every_ * every_) early_++;
+    const uint64_t intervals = k / every_;
+    if (write && (completed_[offset / slice_] < intervals * every_ ||
+                  syncs_ < intervals)) {
+      early_++;
+    }
     return len;
+  }
+  int SyncResult(int result) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    syncs_++;
+    return result;
+  }
+  uint64_t syncs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return syncs_;
   }
   int CompletionResult(bool, uint64_t offset, uint32_t, int result) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -143,6 +132,7 @@ class IntervalInjector : public aio::FaultInjector {
   std::mutex mu_;
   uint64_t slice_, every_;
   uint64_t submitted_[8] = {}, completed_[8] = {};
+  uint64_t syncs_ = 0;
   int early_ = 0;
 };
 
@@ -178,11 +168,29 @@ TEST_F(SyncJobTest, CountsFloorOfWritesOverNPerThread) {
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       EXPECT_EQ(r->ios, 16u);
       EXPECT_EQ(r->syncs, IsWrite(rw) ? 2 * (8 / n) : 0) << RwName(rw) << n;
+      EXPECT_EQ(check.syncs(), r->syncs) << "the engine ran them all";
       if (IsWrite(rw)) {
         EXPECT_EQ(check.early(), 0) << RwName(rw) << " " << n;
       }
     }
   }
+}
+
+struct SyncEio : aio::FaultInjector {
+  int SyncResult(int) override { return -EIO; }
+};
+
+TEST_F(SyncJobTest, AFailedSyncEndsTheJobWithItsError) {
+  SyncEio eio;
+  JobSpec spec{Rw::kRandWrite, 64 << 10, 4, 2, kSize};
+  spec.fsync = 3;
+  auto r = RunJob(spec, Target{{path_}, direct_, aio::Backend::kAuto, &eio},
+                  pool_.data(), pool_.size(), nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kIoError);
+  EXPECT_NE(r.status().message().find("fdatasync of '" + path_ + "'"),
+            std::string::npos)
+      << r.status().ToString();
 }
 
 TEST_F(SyncJobTest, ATimedJobSyncsAndItsLastReportClosesTheRun) {

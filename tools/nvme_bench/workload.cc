@@ -32,6 +32,7 @@ struct Worker {
   LatencyHistogram lat[2];
   std::vector<std::atomic<uint64_t>> file_ios;  // counted, per file
   std::unique_ptr<FsyncGate> fsync;             // --fsync only
+  std::atomic<int> syncs_left{0};  // of the sync point in flight, per file
 };
 
 class Job;
@@ -93,11 +94,11 @@ class Job {
   // A slot (or the start-up guard) has no more work; the last one to retire
   // stamps the end of the run.
   void Retire();
-  // --fsync: a gate per thread, and the way back for the slots it parked.
-  void AddFsyncGate(Worker* w);
-  void Resume(Slot* slot) {
-    if (!Issue(slot)) Retire();
-  }
+  // --fsync: the syncs (one per file) that a thread's gate made due,
+  // submitted from a completion callback, and their end, which hands the
+  // slots the gate parked back to Issue() (Note [Fsync gate]).
+  void SubmitSync(Worker& w);
+  void Synced(Worker& w, const Status& status);
 
   const JobSpec spec_;
   aio::Engine* engine_;
@@ -157,9 +158,29 @@ bool Job::Issue(Slot* slot) {
   Result<aio::Handle> h = engine_->Submit(std::move(req));
   if (!h.ok()) {
     Fail(h.status());
-    return w.fsync && w.fsync->Completed(slot);
+    if (!w.fsync || !w.fsync->Completed(slot)) return false;
+    SubmitSync(w);  // the gate holds the slot until the sync ends
   }
   return true;
+}
+
+void Job::SubmitSync(Worker& w) {
+  // A sync point syncs every file; the last sync to end hands the slots
+  // back.
+  w.syncs_left.store(static_cast<int>(files_.size()));
+  for (aio::File* file : files_) {
+    Result<aio::Handle> h = engine_->Sync(
+        file, [this, &w](const Status& st) { Synced(w, st); }, w.ring);
+    if (!h.ok()) Synced(w, h.status());
+  }
+}
+
+void Job::Synced(Worker& w, const Status& status) {
+  if (!status.ok()) Fail(status);
+  if (w.syncs_left.fetch_sub(1) != 1) return;
+  for (void* parked : w.fsync->Synced()) {
+    if (!Issue(static_cast<Slot*>(parked))) Retire();
+  }
 }
 
 void Job::Fail(const Status& status) {
@@ -184,7 +205,10 @@ void Job::OnComplete(Slot* slot, const Status& status) {
   } else {
     Fail(status);
   }
-  if (w.fsync && w.fsync->Completed(slot)) return;
+  if (w.fsync && w.fsync->Completed(slot)) {
+    SubmitSync(w);  // the gate holds the slot until the sync ends
+    return;
+  }
   if (!Issue(slot)) Retire();
 }
 
@@ -212,7 +236,10 @@ Status Job::Carve(char* buffers) {
     w->first_block = per_worker * t;
     w->blocks = per_worker;
     w->file_ios = std::vector<std::atomic<uint64_t>>(files);
-    if (spec_.fsync > 0 && OnlyWrites(spec_.rw)) AddFsyncGate(w.get());
+    if (spec_.fsync > 0 && OnlyWrites(spec_.rw)) {
+      const uint64_t limit = spec_.seconds > 0 ? UINT64_MAX : w->blocks;
+      w->fsync = std::make_unique<FsyncGate>(spec_.fsync, limit);
+    }
     workers_.push_back(std::move(w));
   }
   slots_.reserve(static_cast<size_t>(spec_.threads) * spec_.qd);
@@ -223,14 +250,6 @@ Status Job::Carve(char* buffers) {
     }
   }
   return Status::Ok();
-}
-
-void Job::AddFsyncGate(Worker* w) {
-  const uint64_t limit = spec_.seconds > 0 ? UINT64_MAX : w->blocks;
-  w->fsync = std::make_unique<FsyncGate>(
-      files_, spec_.fsync, limit,
-      [this](void* slot) { Resume(static_cast<Slot*>(slot)); },
-      [this](const Status& st) { Fail(st); });
 }
 
 JobProgress Job::Sample(uint64_t start_ns, uint64_t now, bool done) const {

@@ -73,8 +73,9 @@ struct JobSpec {
   uint64_t seed = 1;
   int rwmixread = 50;  // mixed jobs: the percentage of requests that read
   double ramp = 0;     // time based: seconds run first and not counted
-  // Write jobs: each thread fdatasyncs the file after every `fsync` of its
-  // writes and issues no more until it returns; 0: never.
+  // Write jobs: each thread fdatasyncs the file (an asynchronous
+  // Engine::Sync) after every `fsync` of its writes are back, and issues no
+  // more until it returns; 0: never.
   uint64_t fsync = 0;
 };
 
