@@ -171,43 +171,16 @@ int OpenDirectOrBuffered(const std::string& path, int base,
 // (FileOptions::block_device): the optimizer store never does, so a device
 // node planted where it keeps its files is refused. Nothing that makes
 // sense for a file applies: a device is never created, truncated or
-// preallocated, and FileOptions::size must fit in it. A writable device is
-// claimed with O_EXCL, which for a block device asks the kernel for
-// exclusive use: it refuses (EBUSY) one that a mounted file system, md or
-// device mapper holds, in any mount namespace, a check that
-// /proc/self/mountinfo alone cannot make. Whether the path is a device is
-// known only once it is open, so the claim is a second open, which must
-// find the same device.
-Result<int> ClaimDevice(const std::string& path, int fd, int flags,
-                        dev_t rdev) {
-  const int claimed = open(path.c_str(), flags | O_EXCL | O_NOFOLLOW);
-  const int err = errno;
-  close(fd);
-  if (claimed < 0 && err == EBUSY) {
-    return Status::FailedPrecondition(
-        "cannot open block device '" + path +
-        "' for writing: it is in use (a mounted file system, md RAID, "
-        "device mapper or another exclusive user holds it); unmount it or "
-        "stop that user first");
-  }
-  if (claimed < 0) return OpenError(err, path);
-  struct stat st = {};
-  if (fstat(claimed, &st) != 0 || !S_ISBLK(st.st_mode) || st.st_rdev != rdev) {
-    close(claimed);
-    return Status::FailedPrecondition("'" + path +
-                                      "' changed while it was being opened");
-  }
-  return claimed;
-}
-
+// preallocated, and FileOptions::size must fit in it. The device is not
+// claimed (O_EXCL): io_uring drops its registered files only once a ring's
+// teardown has run, later than the engine's destruction, so a claim would
+// outlive the engine and refuse the next engine's open. A caller that
+// writes claims the device itself, once for all its engines.
 // The device's size and logical block size, checked against what the
 // caller asked for (Note [Opening block devices]).
 Result<std::unique_ptr<FileImpl>> OpenBlockDevice(const std::string& path,
-                                                  int fd, int flags, dev_t rdev,
+                                                  int fd, bool direct,
                                                   const FileOptions& options) {
-  if (!options.read_only) {
-    STRATA_ASSIGN_OR_RETURN(fd, ClaimDevice(path, fd, flags, rdev));
-  }
   uint64_t size = 0;
   int sector = 0;
   if (ioctl(fd, BLKGETSIZE64, &size) != 0 ||
@@ -225,7 +198,6 @@ Result<std::unique_ptr<FileImpl>> OpenBlockDevice(const std::string& path,
         HumanBytes(options.size) + " (" + std::to_string(options.size) +
         " bytes) asked for; ask for at most its size");
   }
-  const bool direct = (flags & O_DIRECT) != 0;
   uint32_t mem_align = 1;
   uint32_t offset_align = 1;
   if (direct) {
@@ -290,8 +262,7 @@ Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
     return ErrnoStatus(err, "cannot stat '" + path + "'");
   }
   if (S_ISBLK(st.st_mode) && options.block_device) {
-    return OpenBlockDevice(path, fd, base | (direct ? O_DIRECT : 0), st.st_rdev,
-                           options);
+    return OpenBlockDevice(path, fd, direct, options);
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);

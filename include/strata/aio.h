@@ -153,12 +153,11 @@ struct IoStats {
 //   writes included, are kInvalidArgument.
 // - Direct-I/O alignment comes from statx(STATX_DIOALIGN), else the
 //   device's logical block size (BLKSSZGET).
-// - A writable device is claimed exclusively (O_EXCL): kFailedPrecondition
-//   while a mounted file system, md, device mapper or another exclusive
-//   opener holds it, in any mount namespace. Read-only opens claim nothing.
 // - Deciding that the device may be written (it holds no data anyone
-//   wants) is the caller's job: strata only refuses what the kernel says is
-//   in use.
+//   wants, nothing has it mounted) is the caller's job. The device is not
+//   claimed (O_EXCL): a caller that writes holds the claim itself for as
+//   long as it writes (Note [Opening block devices] in aio/file.cc says
+//   why strata cannot).
 struct FileOptions {
   uint64_t size = 0;   // preallocate (fallocate) to at least this size
   bool create = true;  // create the file if it does not exist
