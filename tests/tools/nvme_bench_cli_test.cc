@@ -1,4 +1,6 @@
 // strata-nvme-bench as a user runs it: the real binary, small files.
+#include "tests/tools/nvme_bench_cli.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -23,46 +25,12 @@
 namespace strata::bench {
 namespace {
 
-struct Outcome {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
-
-Outcome Bench(const std::string& args, const std::string& env = "") {
-  const std::string cmd =
-      env + " " STRATA_BENCH_BIN " " + args + " --quiet 2>&1";
-  Outcome out;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) {
-    out.output.append(buf.data(), n);
-  }
-  const int ws = pclose(p);
-  out.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
-  return out;
-}
-
 nlohmann::json ReadJson(const std::string& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in, nullptr, false);
 }
 
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 bool HaveFio() { return std::system("fio --version >/dev/null 2>&1") == 0; }
-
-std::string FirstLine(const std::string& text) {
-  return text.substr(0, text.find('\n'));
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 TEST(NvmeBenchCliTest, SweepsEveryCombinationAndWritesJson) {
   testutil::ScratchDir dir;
