@@ -555,8 +555,8 @@ TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {
                           "--recommend",  "--verify",
                           "--verify-ops", "--verify-max",
                           "--keep",       "--overwrite",
-                          "--create",     "--seed",
-                          "--quiet"}) {
+                          "--create",     "--destroy-data-on",
+                          "--seed",       "--quiet"}) {
     EXPECT_TRUE(Contains(o.output, opt)) << opt;
   }
 }

@@ -24,6 +24,7 @@
 #include "tools/nvme_bench/interrupt.h"
 #include "tools/nvme_bench/place.h"
 #include "tools/nvme_bench/progress.h"
+#include "tools/nvme_bench/raw_device.h"
 #include "tools/nvme_bench/report.h"
 #include "tools/nvme_bench/run_log.h"
 #include "tools/nvme_bench/verify.h"
@@ -400,6 +401,7 @@ struct Plan {
   Placement place;
   FileSystem fs;
   std::vector<JobSpec> specs;
+  DeviceClaim claim;  // a raw device the run writes, for the whole run
   aio::Backend backend = aio::Backend::kAuto;
   const std::atomic<bool>* cancel = nullptr;
   RunLog* log = nullptr;
@@ -407,30 +409,29 @@ struct Plan {
 
 Status RunOnFile(const BenchOptions& o, const Plan& plan,
                  aio::PinnedBuffer& pool, JsonOut* json, bool* verified) {
-  // Someone else's file is neither grown nor written without --overwrite
-  // (CheckPlacement has refused a run that would).
-  const bool may_write = plan.place.ours || o.overwrite;
-  const std::string& path = plan.place.file;
-  STRATA_ASSIGN_OR_RETURN(
-      auto session,
-      OpenSession(Target{.path = path,
-                         .direct = !o.buffered,
-                         .backend = plan.backend,
-                         .submit_batch = o.submit_batch,
-                         .dsync = o.sync},
-                  1, kPrefillDepth, kPrefillChunk, may_write ? o.size : 0));
+  // Someone else's file is neither grown nor written without --overwrite,
+  // nor a device without --destroy-data-on (CheckPlacement has refused a
+  // run that would). A device is opened with --size, which it must hold.
+  const bool may_write = MayWrite(o, plan.place);
+  const bool device = plan.place.device;
+  Target target{.path = plan.place.file,
+                .direct = !o.buffered,
+                .backend = plan.backend,
+                .submit_batch = o.submit_batch,
+                .dsync = o.sync,
+                .block_device = device,
+                .read_only = device && !may_write};
+  STRATA_ASSIGN_OR_RETURN(auto session,
+                          OpenSession(target, 1, kPrefillDepth, kPrefillChunk,
+                                      may_write || device ? o.size : 0));
   aio::File* file = session.file;
   STRATA_RETURN_IF_ERROR(CheckTimedBuffered(file->direct(), o.seconds));
   std::printf("%s", Describe(o, session.engine->info(), *file, plan.place,
                              plan.fs, pool)
                         .c_str());
   std::fflush(stdout);
-  const Target target{.path = path,
-                      .direct = file->direct(),
-                      .backend = plan.backend,
-                      .cancel = plan.cancel,
-                      .submit_batch = o.submit_batch,
-                      .dsync = o.sync};
+  target.direct = file->direct();
+  target.cancel = plan.cancel;
   Progress progress(!o.quiet);
   if (o.verify) {
     session.engine.reset();
@@ -450,12 +451,12 @@ Status RunOnFile(const BenchOptions& o, const Plan& plan,
     STRATA_RETURN_IF_ERROR(st);
   }
   session.engine.reset();
-  return Sweep(o, plan.specs, target, pool, Disk(path), json, &progress,
+  return Sweep(o, plan.specs, target, pool, Disk(target.path), json, &progress,
                plan.log);
 }
 
-// What can be found before the file is made: the path, the room, the
-// --json file, fio and its options.
+// What can be found before the file is made: the path, the room (or a raw
+// device's rules, and its claim), the --json file, fio and its options.
 Result<Plan> Preflight(const BenchOptions& o, JsonOut* json) {
   Plan plan;
   STRATA_ASSIGN_OR_RETURN(plan.backend, aio::ParseBackend(o.backend));
@@ -465,6 +466,9 @@ Result<Plan> Preflight(const BenchOptions& o, JsonOut* json) {
                              ? plan.place.file
                              : plan.place.dir);
   STRATA_RETURN_IF_ERROR(CheckPlacement(o, plan.place, plan.fs));
+  if (plan.place.device && MayWrite(o, plan.place)) {
+    STRATA_ASSIGN_OR_RETURN(plan.claim, DeviceClaim::Take(plan.place.file));
+  }
   STRATA_RETURN_IF_ERROR(json->Open());
   plan.specs = Specs(o);
   if (o.vs_fio && !o.verify) {

@@ -496,10 +496,12 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
   eo.submit_batch = target.submit_batch;
   STRATA_ASSIGN_OR_RETURN(auto engine, aio::Engine::Open(eo));
   aio::FileOptions fo;
-  fo.create = size != 0;
+  fo.create = size != 0 && !target.block_device;
   fo.size = size;
   fo.direct = target.direct;
   fo.dsync = target.dsync;
+  fo.block_device = target.block_device;
+  fo.read_only = target.read_only;
   STRATA_ASSIGN_OR_RETURN(auto file, engine->OpenFile(target.path, fo));
   return Session{std::move(engine), file};
 }

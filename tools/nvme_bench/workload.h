@@ -181,6 +181,10 @@ struct Target {
   std::function<void()> on_ramp_end = nullptr;
   int submit_batch = aio::IoOptions{}.submit_batch;
   bool dsync = false;  // O_DSYNC (--sync)
+  // `path` is a raw block device: opened as it is, never created
+  // (aio::FileOptions::block_device).
+  bool block_device = false;
+  bool read_only = false;  // opened O_RDONLY: a run that never writes
 };
 
 // An engine shaped for one run, with the target file open on it.
@@ -198,7 +202,7 @@ Status CheckRamp(double ramp, double seconds);
 
 // Opens an engine of `rings` rings of depth `qd` that splits at
 // `block_size`, and opens the target on it, creating and preallocating it to
-// `size` bytes when `size` is not 0.
+// `size` bytes when `size` is not 0 (a block device must hold `size`).
 Result<Session> OpenSession(const Target& target, int rings, int qd,
                             size_t block_size, uint64_t size);
 
