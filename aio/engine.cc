@@ -265,11 +265,11 @@ Status Engine::Impl::Validate(const Request& r, FileImpl* f) const {
         "' runs past the largest file offset (a negative "
         "offset?)");
   }
-  if (!r.write && r.offset + r.len > f->size()) {
-    return Status::InvalidArgument("read of [" + std::to_string(r.offset) +
-                                   ", " + std::to_string(r.offset + r.len) +
-                                   ") past the end of '" + f->path() + "' (" +
-                                   std::to_string(f->size()) + " bytes)");
+  if ((!r.write || f->block_device) && r.offset + r.len > f->size()) {
+    return Status::InvalidArgument(
+        std::string(what) + " of [" + std::to_string(r.offset) + ", " +
+        std::to_string(r.offset + r.len) + ") past the end of '" + f->path() +
+        "' (" + std::to_string(f->size()) + " bytes)");
   }
   return Status::Ok();
 }

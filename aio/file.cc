@@ -1,6 +1,9 @@
 // Opening files for strata_aio: create, O_DIRECT with a buffered fallback,
-// the real direct-I/O alignment, and preallocation.
+// the real direct-I/O alignment, preallocation, and block devices for the
+// callers that ask for them.
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -54,11 +57,12 @@ Status OpenError(int err, const std::string& path) {
   return ErrnoStatus(err, "cannot open '" + path + "'");
 }
 
-// Direct-I/O alignment from statx(STATX_DIOALIGN), 4096 where the kernel
-// or the file system does not report it.
-void DioAlignment(int fd, uint32_t* mem_align, uint32_t* offset_align) {
-  *mem_align = kDefaultDioAlign;
-  *offset_align = kDefaultDioAlign;
+// Direct-I/O alignment from statx(STATX_DIOALIGN), `fallback` where the
+// kernel or the file system does not report it.
+void DioAlignment(int fd, uint32_t fallback, uint32_t* mem_align,
+                  uint32_t* offset_align) {
+  *mem_align = fallback;
+  *offset_align = fallback;
   struct statx stx = {};
   if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) != 0) return;
   if (!(stx.stx_mask & STATX_DIOALIGN)) return;
@@ -134,11 +138,83 @@ int OpenRefusedCreation(const std::string& path, int flags) {
   return -1;
 }
 
+// Opens with O_DIRECT where asked, falling back to buffered I/O (and
+// clearing *direct) where the file system refuses it. -1 with errno set.
+int OpenDirectOrBuffered(const std::string& path, int base,
+                         const FileOptions& options, bool* created,
+                         bool* direct) {
+  if (!*direct) return OpenFd(path, base, options, created);
+  int fd = OpenFd(path, base | O_DIRECT, options, created);
+  if (fd >= 0 || errno != EINVAL) return fd;
+  // The file system refuses O_DIRECT (ramfs, some FUSE and overlay
+  // mounts). Serve the file buffered rather than failing, and say so.
+  *direct = false;
+  bool created_again = false;
+  fd = OpenFd(path, base, options, &created_again);
+  if (fd < 0 && errno == EEXIST && options.exclusive) {
+    fd = OpenRefusedCreation(path, base);
+    created_again = fd >= 0;
+  }
+  *created = *created || created_again;
+  if (fd >= 0) {
+    std::fprintf(stderr,
+                 "strata aio: '%s': file system does not support "
+                 "O_DIRECT; using buffered I/O (results are "
+                 "'buffered')\n",
+                 path.c_str());
+  }
+  return fd;
+}
+
+// Note [Opening block devices]
+// A block device is opened only for a caller that opts in
+// (FileOptions::block_device): the optimizer store never does, so a device
+// node planted where it keeps its files is refused. Nothing that makes
+// sense for a file applies: a device is never created, truncated or
+// preallocated, and FileOptions::size must fit in it. The device is not
+// claimed (O_EXCL): io_uring drops its registered files only once a ring's
+// teardown has run, later than the engine's destruction, so a claim would
+// outlive the engine and refuse the next engine's open. A caller that
+// writes claims the device itself, once for all its engines.
+// The device's size and logical block size, checked against what the
+// caller asked for (Note [Opening block devices]).
+Result<std::unique_ptr<FileImpl>> OpenBlockDevice(const std::string& path,
+                                                  int fd, bool direct,
+                                                  const FileOptions& options) {
+  uint64_t size = 0;
+  int sector = 0;
+  if (ioctl(fd, BLKGETSIZE64, &size) != 0 ||
+      ioctl(fd, BLKSSZGET, &sector) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoStatus(err,
+                       "cannot read the size of block device '" + path + "'");
+  }
+  if (options.size > size) {
+    close(fd);
+    return Status::InvalidArgument(
+        "block device '" + path + "' holds " + HumanBytes(size) + " (" +
+        std::to_string(size) + " bytes), less than the " +
+        HumanBytes(options.size) + " (" + std::to_string(options.size) +
+        " bytes) asked for; ask for at most its size");
+  }
+  uint32_t mem_align = 1;
+  uint32_t offset_align = 1;
+  if (direct) {
+    DioAlignment(fd, static_cast<uint32_t>(sector), &mem_align, &offset_align);
+  }
+  return std::make_unique<FileImpl>(path, fd, size, direct, options.read_only,
+                                    mem_align, offset_align,
+                                    /*block_device=*/true);
+}
+
 }  // namespace
 
 FileImpl::FileImpl(std::string path, int fd, uint64_t size, bool direct,
-                   bool read_only, uint32_t mem_align, uint32_t offset_align)
-    : path_(std::move(path)),
+                   bool read_only, uint32_t mem_align, uint32_t offset_align,
+                   bool block_device)
+    : block_device(block_device),
+      path_(std::move(path)),
       fd_(fd),
       size_(size),
       direct_(direct),
@@ -175,31 +251,7 @@ Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
                    (options.dsync ? O_DSYNC : 0);
   bool created = false;
   bool direct = options.direct;
-  int fd = -1;
-  if (direct) {
-    fd = OpenFd(path, base | O_DIRECT, options, &created);
-    if (fd < 0 && errno == EINVAL) {
-      // The file system refuses O_DIRECT (ramfs, some FUSE and overlay
-      // mounts). Serve the file buffered rather than failing, and say so.
-      direct = false;
-      bool created_again = false;
-      fd = OpenFd(path, base, options, &created_again);
-      if (fd < 0 && errno == EEXIST && options.exclusive) {
-        fd = OpenRefusedCreation(path, base);
-        created_again = fd >= 0;
-      }
-      created = created || created_again;
-      if (fd >= 0) {
-        std::fprintf(stderr,
-                     "strata aio: '%s': file system does not support "
-                     "O_DIRECT; using buffered I/O (results are "
-                     "'buffered')\n",
-                     path.c_str());
-      }
-    }
-  } else {
-    fd = OpenFd(path, base, options, &created);
-  }
+  const int fd = OpenDirectOrBuffered(path, base, options, &created, &direct);
   if (fd < 0) return OpenError(errno, path);
 
   struct stat st = {};
@@ -208,6 +260,9 @@ Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
     close(fd);
     if (created) unlink(path.c_str());
     return ErrnoStatus(err, "cannot stat '" + path + "'");
+  }
+  if (S_ISBLK(st.st_mode) && options.block_device) {
+    return OpenBlockDevice(path, fd, direct, options);
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
@@ -225,9 +280,10 @@ Result<std::unique_ptr<FileImpl>> OpenFileImpl(const std::string& path,
   }
   uint32_t mem_align = 1;
   uint32_t offset_align = 1;
-  if (direct) DioAlignment(fd, &mem_align, &offset_align);
+  if (direct) DioAlignment(fd, kDefaultDioAlign, &mem_align, &offset_align);
   return std::make_unique<FileImpl>(path, fd, size, direct, options.read_only,
-                                    mem_align, offset_align);
+                                    mem_align, offset_align,
+                                    /*block_device=*/false);
 }
 
 }  // namespace strata::aio::internal

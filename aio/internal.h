@@ -18,7 +18,7 @@ namespace strata::aio::internal {
 class FileImpl final : public File {
  public:
   FileImpl(std::string path, int fd, uint64_t size, bool direct, bool read_only,
-           uint32_t mem_align, uint32_t offset_align);
+           uint32_t mem_align, uint32_t offset_align, bool block_device);
   ~FileImpl() override;
 
   const std::string& path() const override { return path_; }
@@ -38,6 +38,9 @@ class FileImpl final : public File {
   int slot = -1;
   bool fixed = false;
   std::atomic<int64_t> inflight{0};
+  // A block device (FileOptions::block_device): its size is fixed, and
+  // writes past it are refused instead of growing the file.
+  const bool block_device;
   void GrowTo(uint64_t end);
 
  private:

@@ -168,6 +168,23 @@ struct IoStats {
 // Every open refuses a symbolic link as the file itself (O_NOFOLLOW) and
 // anything but a regular file, so a link planted in a shared directory
 // cannot send strata's writes elsewhere.
+//
+// Block devices (FileOptions::block_device, for benchmarks of a raw drive):
+// - Without the opt-in a block device is refused like any other non-regular
+//   file. With it, a path that is a block device (itself, not a link to one)
+//   is opened as it is: never created, truncated or preallocated, whatever
+//   `create` and `size` say. A path that is a regular file, or does not
+//   exist, is treated as without the opt-in.
+// - size() is the device's (BLKGETSIZE64); `size` larger than that is
+//   kInvalidArgument naming both, read-only or not. Requests past its end,
+//   writes included, are kInvalidArgument.
+// - Direct-I/O alignment comes from statx(STATX_DIOALIGN), else the
+//   device's logical block size (BLKSSZGET).
+// - Deciding that the device may be written (it holds no data anyone
+//   wants, nothing has it mounted) is the caller's job. The device is not
+//   claimed (O_EXCL): a caller that writes holds the claim itself for as
+//   long as it writes (Note [Opening block devices] in aio/file.cc says
+//   why strata cannot).
 struct FileOptions {
   uint64_t size = 0;   // preallocate (fallocate) to at least this size
   bool create = true;  // create the file if it does not exist
@@ -177,7 +194,8 @@ struct FileOptions {
   // Only a new file: a path that exists already (a link included) is
   // kFailedPrecondition naming it (O_CREAT | O_EXCL).
   bool exclusive = false;
-  uint32_t mode = 0600;  // of a created file, before the umask: private
+  uint32_t mode = 0600;       // of a created file, before the umask: private
+  bool block_device = false;  // also open a block device (above)
 };
 
 // An open file. Obtained from Engine::OpenFile; owned by the Engine.

@@ -4,13 +4,16 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
+#include <vector>
 
 namespace strata::testutil {
 namespace {
@@ -55,6 +58,37 @@ Mount::Mount(const std::string& type, const std::string& options,
 
 Mount::~Mount() {
   if (ok_) umount2(dir_.path().c_str(), MNT_DETACH);
+}
+
+LoopDevice::LoopDevice(uint64_t bytes, uint64_t seed)
+    : backing_(dir_.File("loop.img")) {
+  std::vector<char> data(bytes);
+  FillRandom(data.data(), bytes, seed);
+  std::ofstream(backing_, std::ios::binary).write(data.data(), bytes);
+  const std::string cmd = "losetup -f --show " + backing_ + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 256> buf;
+  for (size_t n; p != nullptr && (n = fread(buf.data(), 1, buf.size(), p));) {
+    out.append(buf.data(), n);
+  }
+  const int status = p != nullptr ? pclose(p) : -1;
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  if (status == 0 && out.rfind("/dev/", 0) == 0) {
+    path_ = out;
+  } else {
+    error_ =
+        "no loop device (losetup -f --show needs root and loop "
+        "devices): " +
+        out;
+  }
+}
+
+LoopDevice::~LoopDevice() {
+  if (ok() && std::system(("losetup -d " + path_).c_str()) != 0) {
+    std::fprintf(stderr, "losetup -d %s failed: detach it by hand\n",
+                 path_.c_str());
+  }
 }
 
 void FillRandom(void* data, size_t bytes, uint64_t seed) {

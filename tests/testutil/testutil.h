@@ -47,6 +47,28 @@ class Mount {
   std::string error_;
 };
 
+// A loop device (losetup -f --show) over a file of `bytes` random bytes
+// (FillRandom with `seed`) in its own scratch directory, detached on
+// destruction. Needs root and loop devices, which CI machines may lack:
+// check ok() and skip visibly when it fails.
+class LoopDevice {
+ public:
+  LoopDevice(uint64_t bytes, uint64_t seed);
+  ~LoopDevice();
+  LoopDevice(const LoopDevice&) = delete;
+  LoopDevice& operator=(const LoopDevice&) = delete;
+  bool ok() const { return !path_.empty(); }
+  const std::string& error() const { return error_; }
+  const std::string& path() const { return path_; }  // "/dev/loop3"
+  const std::string& backing() const { return backing_; }
+
+ private:
+  ScratchDir dir_;
+  std::string backing_;
+  std::string path_;
+  std::string error_;
+};
+
 // Deterministic pseudo-random bytes.
 void FillRandom(void* data, size_t bytes, uint64_t seed);
 

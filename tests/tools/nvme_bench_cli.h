@@ -20,6 +20,7 @@ struct Outcome {
   std::string output;  // stdout and stderr
 };
 
+// Runs the benchmark with `args` (and --quiet) under `env`.
 inline Outcome Bench(const std::string& args, const std::string& env = "") {
   const std::string cmd =
       env + " " STRATA_BENCH_BIN " " + args + " --quiet 2>&1";
@@ -45,6 +46,10 @@ inline bool Contains(const std::string& text, const std::string& part) {
 
 inline bool HaveFio() {
   return std::system("fio --version >/dev/null 2>&1") == 0;
+}
+
+inline std::string FirstLine(const std::string& text) {
+  return text.substr(0, text.find('\n'));
 }
 
 inline std::string ReadText(const std::string& path) {

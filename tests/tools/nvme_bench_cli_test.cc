@@ -22,10 +22,6 @@
 namespace strata::bench {
 namespace {
 
-std::string FirstLine(const std::string& text) {
-  return text.substr(0, text.find('\n'));
-}
-
 TEST(NvmeBenchCliTest, SweepsEveryCombinationAndWritesJson) {
   testutil::ScratchDir dir;
   const std::string json = dir.File("out.json");
@@ -505,8 +501,8 @@ TEST(NvmeBenchCliTest, HelpDocumentsEveryOption) {
                           "--recommend",  "--verify",
                           "--verify-ops", "--verify-max",
                           "--keep",       "--overwrite",
-                          "--create",     "--seed",
-                          "--quiet"}) {
+                          "--create",     "--destroy-data-on",
+                          "--seed",       "--quiet"}) {
     EXPECT_TRUE(Contains(o.output, opt)) << opt;
   }
 }

@@ -24,10 +24,15 @@ requests of bs bytes in flight (fio: numjobs=T, offset_increment=size/T).
 GB/s is 10^9 bytes/s, GiB/s is 2^30 bytes/s; latency is submit to completion;
 CPU % is the whole process, as a percentage of one core.
 
+--path may name a raw block device (or a link to one, /dev/disk/by-id/...):
+it is read as it is, and written (a write job, --verify) only with
+--destroy-data-on naming the same device, while nothing mounts or holds it.
+
 Examples:
   strata-nvme-bench --path /mnt/nvme --rw read,write --bs 1M --qd 32 --size 2G --vs-fio
   strata-nvme-bench --path /mnt/nvme --rw randread --bs 4K,128K --qd 1,32,128 --recommend
-  strata-nvme-bench --path /mnt/nvme --verify --verify-ops 10000)";
+  strata-nvme-bench --path /mnt/nvme --verify --verify-ops 10000
+  strata-nvme-bench --path /dev/nvme1n1 --rw randread --bs 4K --qd 128 --size 8G)";
 
 std::vector<std::string> Split(const std::string& text) {
   std::vector<std::string> out;
@@ -136,10 +141,12 @@ struct Texts {
 void AddJobOptions(CLI::App& app, BenchOptions& o, Texts& text) {
   app.add_option("--path", o.paths,
                  "Directory (a strata-nvme-bench.dat file is created in it and "
-                 "removed afterwards) or existing file to test; a path that "
-                 "does not exist is an error unless --create. Several paths "
-                 "(repeat --path, or separate them with ':' as fio's "
-                 "--filename): the job stripes over them, one --bs block each")
+                 "removed afterwards), existing file, or raw block device "
+                 "(read freely; written only with --destroy-data-on) to "
+                 "test; a path that does not exist is an error unless "
+                 "--create. Several paths (repeat --path, or separate them "
+                 "with ':' as fio's --filename): the job stripes over them, "
+                 "one --bs block each")
       ->required();
   app.add_flag("--create", o.create,
                "Let --path name a new file in an existing directory: created "
@@ -238,15 +245,20 @@ void AddRunOptions(CLI::App& app, BenchOptions& o, Texts& text) {
   app.add_flag("--keep", o.keep, "Keep the file the benchmark created");
   app.add_flag("--overwrite", o.overwrite,
                "Allow writing to an existing file named by --path");
+  app.add_option("--destroy-data-on", o.destroy_data_on,
+                 "Allow jobs that write (and --verify) on the raw block "
+                 "device --path names, destroying the data on it; the value "
+                 "must name the same device (each device, for a job striped "
+                 "over several). Refused while it, a partition of it or what "
+                 "it holds is mounted or in use");
   app.add_option("--seed", o.seed, "Seed for random offsets and data")
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "No progress on stderr");
 }
 
-// fio's --filename separates files with ':'; --path takes that too. The
-// same file twice would stripe a job over itself.
-Result<std::vector<std::string>> SplitPaths(
-    const std::vector<std::string>& given, bool verify) {
+// fio's --filename separates files with ':'; --path (and --destroy-data-on)
+// take that too, besides being repeated.
+std::vector<std::string> SplitColons(const std::vector<std::string>& given) {
   std::vector<std::string> out;
   for (const std::string& path : given) {
     for (size_t at = 0; at <= path.size();) {
@@ -255,6 +267,12 @@ Result<std::vector<std::string>> SplitPaths(
       at = end + 1;
     }
   }
+  return out;
+}
+
+Result<std::vector<std::string>> SplitPaths(
+    const std::vector<std::string>& given, bool verify) {
+  std::vector<std::string> out = SplitColons(given);
   if (out.empty()) return Status::InvalidArgument("--path: empty");
   if (verify && out.size() > 1) {
     return Status::InvalidArgument(
@@ -268,6 +286,7 @@ Result<std::vector<std::string>> SplitPaths(
 // the checks across them.
 Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
   STRATA_ASSIGN_OR_RETURN(o.paths, SplitPaths(o.paths, o.verify));
+  o.destroy_data_on = SplitColons(o.destroy_data_on);
   if (app.count("--repeat") == 0) o.repeat = o.vs_fio || o.recommend ? 3 : 1;
   if (app.count("--fio-buffers") == 0) {
     text.fio_buffers = o.huge_pages ? "huge" : "malloc";
@@ -293,6 +312,10 @@ Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
 }
 
 }  // namespace
+
+bool RunWrites(const BenchOptions& o) {
+  return o.verify || std::any_of(o.rw.begin(), o.rw.end(), IsWrite);
+}
 
 Result<BenchOptions> ParseCommandLine(int argc, char** argv, bool* exit_now) {
   BenchOptions o;

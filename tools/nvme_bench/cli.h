@@ -45,9 +45,17 @@ struct BenchOptions {
   bool keep = false;
   bool overwrite = false;
   bool create = false;  // --path may name a file that does not exist yet
+  // --destroy-data-on DEVICE: jobs may write the raw block devices --path
+  // names, each of which DEVICE (one or more) must name too
+  // (tools/nvme_bench/raw_device.h).
+  std::vector<std::string> destroy_data_on;
   uint64_t seed = 1;
   bool quiet = false;
 };
+
+// Whether the run writes: a job that writes (write, randwrite, rw, randrw)
+// or --verify.
+bool RunWrites(const BenchOptions& o);
 
 // Parses argv. Sets *exit_now (and returns defaults) when --help or
 // --version was printed.

@@ -54,7 +54,9 @@ Result<DiskStat> DiskStat::ForPath(const std::string& path,
   if (stat(path.c_str(), &st) != 0) {
     return aio::ErrnoStatus(errno, "stat '" + path + "'");
   }
-  const unsigned maj = major(st.st_dev), min = minor(st.st_dev);
+  // A raw device is counted on itself, a file on its file system's device.
+  const dev_t dev_id = S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev;
+  const unsigned maj = major(dev_id), min = minor(dev_id);
   const std::string id = std::to_string(maj) + ":" + std::to_string(min);
   std::error_code ec;
   fs::path dev = fs::canonical(fs::path(sys_root) / "dev/block" / id, ec);

@@ -58,10 +58,11 @@ DeviceFigures Delta(const DiskCounters& before, const DiskCounters& after);
 // The disk whose counters cover a path.
 class DiskStat {
  public:
-  // For the file system holding `path` (which must exist): the device of
-  // st_dev under `sys_root`/dev/block, its whole disk when it is a
-  // partition. kNotFound when the file system is on no block device
-  // (tmpfs, overlay, NFS), naming the path.
+  // For the file system holding `path` (which must exist), or for the
+  // block device `path` is: the device of st_dev (st_rdev) under
+  // `sys_root`/dev/block, its whole disk when it is a partition. kNotFound when
+  // the file system is on no block device (tmpfs, overlay, NFS), naming the
+  // path.
   static Result<DiskStat> ForPath(const std::string& path,
                                   const std::string& sys_root = "/sys");
 

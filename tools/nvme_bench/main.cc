@@ -22,6 +22,7 @@
 #include "tools/nvme_bench/json_out.h"
 #include "tools/nvme_bench/place.h"
 #include "tools/nvme_bench/progress.h"
+#include "tools/nvme_bench/raw_device.h"
 #include "tools/nvme_bench/report.h"
 #include "tools/nvme_bench/run_log.h"
 #include "tools/nvme_bench/verify.h"
@@ -39,6 +40,8 @@ struct Plan {
   std::vector<FileSystem> fs;     // under each
   uint64_t file_bytes = 0;        // each file's share of --size
   std::vector<JobSpec> specs;
+  std::vector<DeviceClaim> claims;  // raw devices the run writes, held
+                                    // for the whole run
   aio::Backend backend = aio::Backend::kAuto;
   const std::atomic<bool>* cancel = nullptr;
   RunLog* log = nullptr;
@@ -408,8 +411,9 @@ class RemoveOnExit {
 
 // The prefill's engine with every file open: created and preallocated to
 // its share where the run may write it. Someone else's file is neither
-// grown nor written without --overwrite (CheckPlacement has refused a run
-// that would).
+// grown nor written without --overwrite, nor a device without
+// --destroy-data-on (CheckPlacement has refused a run that would); a
+// device must hold its share.
 Result<Session> OpenFiles(const BenchOptions& o, const Plan& plan) {
   STRATA_ASSIGN_OR_RETURN(Session session,
                           OpenSession(Target{.paths = {},
@@ -417,12 +421,14 @@ Result<Session> OpenFiles(const BenchOptions& o, const Plan& plan) {
                                              .submit_batch = o.submit_batch},
                                       1, kPrefillDepth, kPrefillChunk, 0));
   for (const Placement& place : plan.places) {
-    const bool may_write = place.ours || o.overwrite;
+    const bool may_write = MayWrite(o, place);
     aio::FileOptions fo;
-    fo.create = may_write;
-    fo.size = may_write ? plan.file_bytes : 0;
+    fo.create = may_write && !place.device;
+    fo.size = may_write || place.device ? plan.file_bytes : 0;
     fo.direct = !o.buffered;
     fo.dsync = o.sync;
+    fo.block_device = place.device;
+    fo.read_only = place.device && !may_write;
     STRATA_ASSIGN_OR_RETURN(aio::File * file,
                             session.engine->OpenFile(place.file, fo));
     STRATA_RETURN_IF_ERROR(CheckTimedBuffered(file->direct(), o.seconds));
@@ -436,7 +442,7 @@ Status PrefillAll(const BenchOptions& o, const Plan& plan,
                   const Session& session, aio::PinnedBuffer& pool,
                   Progress* progress) {
   for (size_t i = 0; i < plan.places.size(); ++i) {
-    if (!plan.places[i].ours && !o.overwrite) continue;
+    if (!MayWrite(o, plan.places[i])) continue;
     Status st = Prefill(session.engine.get(), session.files[i],
                         static_cast<char*>(pool.data()), plan.file_bytes,
                         o.seed + i, plan.cancel, progress);
@@ -460,12 +466,16 @@ Status RunOnFiles(const BenchOptions& o, const Plan& plan,
   const bool direct =
       std::all_of(session.files.begin(), session.files.end(),
                   [](const aio::File* f) { return f->direct(); });
+  // PlaceAll has refused a job of devices and files mixed.
+  const bool device = plan.places[0].device;
   const Target target{.paths = plan.files(),
                       .direct = direct,
                       .backend = plan.backend,
                       .cancel = plan.cancel,
                       .submit_batch = o.submit_batch,
-                      .dsync = o.sync};
+                      .dsync = o.sync,
+                      .block_device = device,
+                      .read_only = device && !RunWrites(o)};
   Progress progress(!o.quiet);
   if (o.verify) {
     session.engine.reset();
@@ -480,7 +490,8 @@ Status RunOnFiles(const BenchOptions& o, const Plan& plan,
 }
 
 // Each file's file system, and whether the file may be used: what the run
-// writes on each file system must fit there.
+// writes on each file system must fit there. A raw device the run writes
+// is claimed for the whole run.
 Status PlaceFiles(const BenchOptions& o, Plan* plan) {
   STRATA_ASSIGN_OR_RETURN(plan->places, PlaceAll(o));
   plan->file_bytes = FileShare(o.size, static_cast<int>(o.paths.size()));
@@ -499,11 +510,17 @@ Status PlaceFiles(const BenchOptions& o, Plan* plan) {
         CheckPlacement(o, plan->places[i], fs,
                        Share{plan->file_bytes, plan->file_bytes * same}));
   }
+  STRATA_RETURN_IF_ERROR(CheckDestroyFlags(o, plan->places));
+  for (const Placement& place : plan->places) {
+    if (!place.device || !MayWrite(o, place)) continue;
+    STRATA_ASSIGN_OR_RETURN(DeviceClaim claim, DeviceClaim::Take(place.file));
+    plan->claims.push_back(std::move(claim));
+  }
   return Status::Ok();
 }
 
-// What can be found before the files are made: the paths, the room, the
-// --json file, fio and its options.
+// What can be found before the files are made: the paths, the room (or a
+// raw device's rules, and its claim), the --json file, fio and its options.
 Result<Plan> Preflight(const BenchOptions& o, JsonOut* json) {
   Plan plan;
   STRATA_ASSIGN_OR_RETURN(plan.backend, aio::ParseBackend(o.backend));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/text.h"
+#include "tools/nvme_bench/raw_device.h"
 
 namespace strata::bench {
 namespace {
@@ -48,7 +49,7 @@ std::optional<MountEntry> ParseMountLine(const std::string& line) {
     return std::nullopt;
   }
   return MountEntry{Unescape(fields[4]), Unescape(*(dash + 1)),
-                    Unescape(*(dash + 2))};
+                    Unescape(*(dash + 2)), fields[2]};
 }
 
 bool Contains(const std::string& mount_point, const std::string& path) {
@@ -101,7 +102,7 @@ Status CheckSpace(const BenchOptions& o, const Placement& place,
 // Someone else's file, for a run without --overwrite.
 Status CheckTheirs(const BenchOptions& o, const Placement& place,
                    const Share& share, uint64_t file_size) {
-  if (o.verify || std::any_of(o.rw.begin(), o.rw.end(), IsWrite)) {
+  if (RunWrites(o)) {
     return Status::FailedPrecondition(
         "'" + place.file +
         "' already exists and this run would write to it; pass --overwrite "
@@ -131,10 +132,16 @@ Result<Placement> Place(const BenchOptions& o, const std::string& given) {
   }
   const stdfs::path parent =
       path.has_parent_path() ? path.parent_path() : stdfs::path(".");
+  if (stdfs::is_block_file(path, ec)) {
+    const stdfs::path device = stdfs::canonical(path, ec);
+    return Placement{device.string(), device.parent_path().string(), false,
+                     true};
+  }
   if (stdfs::exists(path, ec)) {
     if (!stdfs::is_regular_file(path, ec)) {
       return Status::InvalidArgument(
-          "--path '" + given + "' is neither a directory nor a regular file");
+          "--path '" + given +
+          "' is neither a directory, a regular file nor a block device");
     }
     return Placement{given, parent.string(), false};
   }
@@ -163,25 +170,49 @@ Result<std::vector<Placement>> PlaceAll(const BenchOptions& o) {
                                      "): give each file or directory once");
     }
     seen.push_back(std::move(real));
+    if (!out.empty() && place.device != out[0].device) {
+      return Status::InvalidArgument(
+          "--path mixes raw block devices and files ('" + out[0].file + "', '" +
+          place.file + "'); stripe a job over devices or over files");
+    }
     out.push_back(std::move(place));
   }
   return out;
 }
 
+std::vector<MountEntry> ParseMountInfo(std::string_view mountinfo) {
+  std::vector<MountEntry> mounts;
+  std::istringstream in{std::string(mountinfo)};
+  for (std::string line; std::getline(in, line);) {
+    if (std::optional<MountEntry> m = ParseMountLine(line)) {
+      mounts.push_back(std::move(*m));
+    }
+  }
+  return mounts;
+}
+
 std::optional<MountEntry> FindMount(std::string_view mountinfo,
                                     const std::string& path) {
   std::optional<MountEntry> best;
-  std::istringstream in{std::string(mountinfo)};
-  for (std::string line; std::getline(in, line);) {
-    std::optional<MountEntry> m = ParseMountLine(line);
-    if (!m || !Contains(m->mount_point, path)) continue;
-    if (!best || m->mount_point.size() >= best->mount_point.size()) best = m;
+  for (MountEntry& m : ParseMountInfo(mountinfo)) {
+    if (!Contains(m.mount_point, path)) continue;
+    if (!best || m.mount_point.size() >= best->mount_point.size()) {
+      best = std::move(m);
+    }
   }
   return best;
 }
 
 FileSystem FileSystemOf(const std::string& path) {
   FileSystem out;
+  struct stat dev = {};
+  if (stat(path.c_str(), &dev) == 0 && S_ISBLK(dev.st_mode)) {
+    out.source = path;
+    out.major = major(dev.st_rdev);
+    out.minor = minor(dev.st_rdev);
+    out.block_device = out.raw = true;
+    return out;
+  }
   std::error_code ec;
   const std::string real = stdfs::canonical(path, ec).string();
   if (std::optional<MountEntry> m =
@@ -207,6 +238,10 @@ FileSystem FileSystemOf(const std::string& path) {
 }
 
 std::string FileSystemText(const FileSystem& fs) {
+  if (fs.raw) {
+    return fmt::format("raw block device {} ({}:{}), no file system", fs.source,
+                       fs.major, fs.minor);
+  }
   const std::string type = fs.type.empty() ? "an unknown file system" : fs.type;
   if (fs.block_device) {
     return fmt::format("{}, {} ({}:{})", type, fs.source, fs.major, fs.minor);
@@ -223,6 +258,15 @@ std::string FileSystemText(const FileSystem& fs) {
 
 Status CheckPlacement(const BenchOptions& o, const Placement& place,
                       const FileSystem& fs, const Share& share) {
+  if (place.device) {
+    return CheckRawDevice(o, place.file, fs.major, fs.minor, share.file_bytes);
+  }
+  if (!o.destroy_data_on.empty()) {
+    return Status::InvalidArgument(
+        "--destroy-data-on is for a raw block device --path, and '" +
+        place.file + "' is a file; drop it (--overwrite lets a run write " +
+        "someone else's file)");
+  }
   struct stat st = {};
   const bool exists = stat(place.file.c_str(), &st) == 0;
   if (exists && !place.ours && !o.overwrite) {
@@ -230,6 +274,34 @@ Status CheckPlacement(const BenchOptions& o, const Placement& place,
   }
   const uint64_t held = exists ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
   return CheckSpace(o, place, fs, share, held);
+}
+
+Status CheckDestroyFlags(const BenchOptions& o,
+                         const std::vector<Placement>& places) {
+  std::vector<dev_t> devices;
+  for (const Placement& place : places) {
+    struct stat st = {};
+    if (place.device && stat(place.file.c_str(), &st) == 0) {
+      devices.push_back(st.st_rdev);
+    }
+  }
+  for (const std::string& flag : o.destroy_data_on) {
+    struct stat st = {};
+    const bool named =
+        stat(flag.c_str(), &st) == 0 && S_ISBLK(st.st_mode) &&
+        std::find(devices.begin(), devices.end(), st.st_rdev) != devices.end();
+    if (!named) {
+      return Status::InvalidArgument(
+          "--destroy-data-on '" + flag +
+          "' is no device that --path names; name only the devices the run "
+          "writes");
+    }
+  }
+  return Status::Ok();
+}
+
+bool MayWrite(const BenchOptions& o, const Placement& place) {
+  return place.device ? RunWrites(o) : place.ours || o.overwrite;
 }
 
 }  // namespace strata::bench

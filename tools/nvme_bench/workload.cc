@@ -541,10 +541,12 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
   eo.submit_batch = target.submit_batch;
   STRATA_ASSIGN_OR_RETURN(auto engine, aio::Engine::Open(eo));
   aio::FileOptions fo;
-  fo.create = file_bytes != 0;
+  fo.create = file_bytes != 0 && !target.block_device;
   fo.size = file_bytes;
   fo.direct = target.direct;
   fo.dsync = target.dsync;
+  fo.block_device = target.block_device;
+  fo.read_only = target.read_only;
   Session session{std::move(engine), {}};
   for (const std::string& path : target.paths) {
     STRATA_ASSIGN_OR_RETURN(aio::File * file,

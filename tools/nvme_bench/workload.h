@@ -214,6 +214,10 @@ struct Target {
   std::function<void()> on_ramp_end = nullptr;
   int submit_batch = aio::IoOptions{}.submit_batch;
   bool dsync = false;  // O_DSYNC (--sync)
+  // `path` is a raw block device: opened as it is, never created
+  // (aio::FileOptions::block_device).
+  bool block_device = false;
+  bool read_only = false;  // opened O_RDONLY: a run that never writes
 };
 
 // An engine shaped for one run, with the target's files open on it.
@@ -231,7 +235,8 @@ Status CheckRamp(double ramp, double seconds);
 
 // Opens an engine of `rings` rings of depth `qd` that splits at
 // `block_size`, and opens the target's files on it, creating and
-// preallocating each to `file_bytes` bytes when that is not 0.
+// preallocating each to `file_bytes` bytes when that is not 0 (a block
+// device must hold `file_bytes`).
 Result<Session> OpenSession(const Target& target, int rings, int qd,
                             size_t block_size, uint64_t file_bytes);
 
