@@ -27,6 +27,12 @@ std::string ParentDir(const std::string& path) {
 
 Status OpenError(int err, const std::string& path) {
   const std::string dir = ParentDir(path);
+  std::error_code ec;
+  if (err == ENOENT && std::filesystem::is_directory(dir, ec)) {
+    return Status::NotFound("cannot open '" + path +
+                            "': no such file (was it removed meanwhile?); "
+                            "check the path, or let strata create it");
+  }
   if (err == ENOENT) {
     return Status::NotFound("cannot open '" + path + "': directory '" + dir +
                             "' does not exist; create it (mkdir -p " + dir +

@@ -54,6 +54,22 @@ TEST(AioEnvTest, MissingDirectoryNamesTheFix) {
   EXPECT_TRUE(Contains(f.status().message(), "mkdir -p"));
 }
 
+// A file that is not there, in a directory that is, is not blamed on the
+// directory.
+TEST(AioEnvTest, MissingFileInAnExistingDirectoryIsNamedAsSuch) {
+  auto e = OpenEngine();
+  ASSERT_NE(e, nullptr);
+  ScratchDir dir;
+  FileOptions no_create;
+  no_create.create = false;
+  auto f = e->OpenFile(dir.path() + "/gone.bin", no_create);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(f.status().message(), "no such file"))
+      << f.status().message();
+  EXPECT_FALSE(Contains(f.status().message(), "mkdir -p"));
+}
+
 TEST(AioEnvTest, PathThatIsADirectoryIsRejected) {
   auto e = OpenEngine();
   ASSERT_NE(e, nullptr);

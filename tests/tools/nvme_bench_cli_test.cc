@@ -321,6 +321,22 @@ TEST(NvmeBenchCliTest, APathThatDoesNotExistIsAnErrorUnlessCreate) {
   EXPECT_EQ(std::filesystem::file_size(typo), 1u << 20);
 }
 
+// The benchmark's file in a directory belongs to one run: one that is
+// there already (another run's, or a killed one's) is neither shared nor
+// overwritten.
+TEST(NvmeBenchCliTest, AnotherRunsFileInTheDirectoryIsLeftAlone) {
+  testutil::ScratchDir dir;
+  const std::string file = dir.File("strata-nvme-bench.dat");
+  std::ofstream(file) << "another run's";
+  const Outcome o =
+      Bench("--path " + dir.path() + " --rw write --bs 64K --size 1M");
+  EXPECT_EQ(o.status, 1) << o.output;
+  EXPECT_TRUE(Contains(o.output, "another strata-nvme-bench may be running"))
+      << o.output;
+  EXPECT_TRUE(Contains(o.output, "rm '" + file + "'")) << o.output;
+  EXPECT_EQ(ReadText(file), "another run's");
+}
+
 // The first line says which file system and device the figures are of.
 TEST(NvmeBenchCliTest, HeaderNamesTheFileSystemAndDevice) {
   testutil::ScratchDir dir;

@@ -424,6 +424,8 @@ Result<Session> OpenFiles(const BenchOptions& o, const Plan& plan) {
     const bool may_write = MayWrite(o, place);
     aio::FileOptions fo;
     fo.create = may_write && !place.device;
+    // Ours is new: a file another run made meanwhile is refused, not shared.
+    fo.exclusive = place.ours;
     fo.size = may_write || place.device ? plan.file_bytes : 0;
     fo.direct = !o.buffered;
     fo.dsync = o.sync;

@@ -74,6 +74,21 @@ Status NotThere(const std::string& path) {
       path + "); to measure a new file at that path, add --create");
 }
 
+// The benchmark's own file in a directory, there before the run: another
+// run's (two would write one file and the first to end remove it), or one
+// a killed run left.
+Status Leftover(const std::string& file) {
+  return Status::FailedPrecondition(
+      "'" + file +
+      "' exists already: another strata-nvme-bench may be running on this "
+      "directory, or one was killed before it removed its file; if none "
+      "runs, remove it (rm '" +
+      file +
+      "'), or measure it as it is with "
+      "--path '" +
+      file + "' (and --overwrite to write it)");
+}
+
 // The files the run creates or grows on a file system must fit beside what
 // it holds already.
 Status CheckSpace(const BenchOptions& o, const Placement& place,
@@ -128,7 +143,9 @@ Result<Placement> Place(const BenchOptions& o, const std::string& given) {
   std::error_code ec;
   const stdfs::path path(given);
   if (stdfs::is_directory(path, ec)) {
-    return Placement{(path / kBenchFileName).string(), given, true};
+    const std::string file = (path / kBenchFileName).string();
+    if (stdfs::exists(stdfs::symlink_status(file, ec))) return Leftover(file);
+    return Placement{file, given, true};
   }
   const stdfs::path parent =
       path.has_parent_path() ? path.parent_path() : stdfs::path(".");
