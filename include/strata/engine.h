@@ -210,14 +210,16 @@ struct EngineOptions {
   uint64_t device_budget = 0;  // bytes; > 0
   uint64_t host_budget = 0;    // bytes of pinned host memory; > 0
   uint64_t nvme_budget = 0;    // bytes of swap space; 0 = no NVMe tier
-  std::string swap_dir;        // required when nvme_budget > 0
-  int swap_files = 4;
-  Placement placement;     // default homes
-  int io_threads = 4;      // transfer workers for prefetch and write-behind
-  bool prefetch = true;    // follow the trace (off: demand fetches only)
-  bool lock_host = false;  // kRequired mlock of the host tier (else best
-                           // effort, with advice printed once)
-  int numa_node = -1;      // host tier node; -1: the GPU's, else caller's
+  std::string swap_dir;        // required when nvme_budget > 0; several
+                               // directories (one per drive) separated
+                               // by ':' spread the swap files over them
+  int swap_files = 4;          // rounded up to a multiple of the dirs
+  Placement placement;         // default homes
+  int io_threads = 4;          // transfer workers for prefetch and write-behind
+  bool prefetch = true;        // follow the trace (off: demand fetches only)
+  bool lock_host = false;      // kRequired mlock of the host tier (else best
+                               // effort, with advice printed once)
+  int numa_node = -1;          // host tier node; -1: the GPU's, else caller's
   Bandwidths bandwidths;
   // How every group's kState1 and kState2 are stored: kF32, kBF16 (2 bytes
   // an element, as the optimizer rounds them) or kQ8 (a byte an element

@@ -185,7 +185,9 @@ typedef struct strata_engine_options {
   uint64_t device_budget; /* bytes; must be > 0 */
   uint64_t host_budget;   /* bytes of pinned host memory; must be > 0 */
   uint64_t nvme_budget;   /* bytes of swap space; 0 = no NVMe tier */
-  const char* swap_dir;   /* required when nvme_budget > 0, else NULL */
+  const char* swap_dir;   /* required when nvme_budget > 0, else NULL;
+                             several directories, one per drive, are
+                             separated by ':' */
   int32_t home[STRATA_NUM_ROLES]; /* default home tier of every role:
                                      STRATA_TIER_HOST */
   int32_t io_threads;             /* default 4 */

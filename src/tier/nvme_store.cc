@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -47,6 +48,64 @@ Status ValidateOptions(const NvmeStoreOptions& options) {
   return Status::Ok();
 }
 
+// Note [Several swap directories]
+// NvmeStoreOptions::dir may name several directories, separated by ':', one
+// per drive, as DeepSpeed's DeepNVMe stripes over drives: swap file i lives
+// in directory i mod D, so the allocations that rotate over the files
+// rotate over the drives too. Each directory is checked and locked as a
+// lone one is; the file count rounds up to a multiple of D (at most
+// kMaxFiles), so every drive holds as many files.
+Result<std::vector<std::string>> SwapDirectories(const std::string& given) {
+  std::vector<std::string> dirs;
+  for (size_t at = 0; at <= given.size();) {
+    const size_t end = std::min(given.find(':', at), given.size());
+    if (end > at) dirs.push_back(given.substr(at, end - at));
+    at = end + 1;
+  }
+  if (dirs.empty() || dirs.size() > kMaxFiles) {
+    return Status::InvalidArgument("NVMe tier: swap directory list '" + given +
+                                   "' names no directory, or more than " +
+                                   std::to_string(kMaxFiles));
+  }
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    std::error_code ec;
+    const auto same = [&](const std::string& other) {
+      return std::filesystem::equivalent(dirs[i], other, ec);
+    };
+    if (std::any_of(dirs.begin(), dirs.begin() + i, same)) {
+      return Status::InvalidArgument("NVMe tier: swap directory '" + dirs[i] +
+                                     "' is named twice in '" + given +
+                                     "'; name each directory once");
+    }
+  }
+  return dirs;
+}
+
+// Checks and locks every directory, or none: on a failure the locks
+// already taken are released.
+Result<std::vector<int>> LockAll(const std::vector<std::string>& dirs) {
+  std::vector<int> fds;
+  Status st;
+  for (const std::string& dir : dirs) {
+    st = CheckSwapDirectory(dir);
+    if (!st.ok()) break;
+    Result<int> fd = LockSwapDirectory(dir);
+    if (!fd.ok()) {
+      st = fd.status();
+      break;
+    }
+    fds.push_back(*fd);
+  }
+  if (st.ok()) return fds;
+  for (size_t d = 0; d < fds.size(); ++d) UnlockSwapDirectory(dirs[d], fds[d]);
+  return st;
+}
+
+int FileCount(int asked, int dirs) {
+  const int per_dir = (asked + dirs - 1) / dirs;
+  return std::min(per_dir * dirs, kMaxFiles / dirs * dirs);
+}
+
 struct ExtentMeta {
   uint64_t bytes = 0;
   bool has_data = false;  // the last write succeeded; `digest` holds
@@ -65,10 +124,16 @@ struct SwapFile {
 
 class NvmeStore::Impl {
  public:
-  Impl(aio::Engine* engine, std::string dir, int lock_fd, int files)
-      : engine_(engine), dir_(std::move(dir)), lock_fd_(lock_fd) {
+  // Swap file i lives in dirs[i % dirs.size()] (Note [Several swap
+  // directories]); `lock_fds` holds each directory's lock.
+  Impl(aio::Engine* engine, std::string dir, std::vector<std::string> dirs,
+       std::vector<int> lock_fds, int files)
+      : engine_(engine),
+        dir_(std::move(dir)),
+        dirs_(std::move(dirs)),
+        lock_fds_(std::move(lock_fds)) {
     for (int i = 0; i < files; ++i) {
-      paths_.push_back(SwapFilePath(dir_, i));
+      paths_.push_back(SwapFilePath(dirs_[i % dirs_.size()], i));
     }
   }
   ~Impl();
@@ -87,7 +152,8 @@ class NvmeStore::Impl {
 
   // Fixed after Open (ProbeAlignment and CreateFiles run before any use).
   aio::Engine* const engine_;
-  const std::string dir_;
+  const std::string dir_;  // as given: one directory, or several with ':'
+  const std::vector<std::string> dirs_;
   std::vector<std::string> paths_;  // by file index
   size_t created_ = 0;  // paths_[0, created_) are files this store created
   uint64_t alignment_ = kMinAlignment;
@@ -106,7 +172,7 @@ class NvmeStore::Impl {
   Status FinishRead(PendingIo& io, const Status& done);
   Status NoValidData(const Extent& extent) const;
 
-  const int lock_fd_;
+  const std::vector<int> lock_fds_;  // by directory
 };
 
 NvmeStore::Impl::~Impl() {
@@ -116,32 +182,37 @@ NvmeStore::Impl::~Impl() {
     STRATA_CHECK(engine_->CloseFile(f.file).ok());
   }
   for (size_t i = 0; i < created_; ++i) unlink(paths_[i].c_str());
-  UnlockSwapDirectory(dir_, lock_fd_);
+  for (size_t d = 0; d < dirs_.size(); ++d) {
+    UnlockSwapDirectory(dirs_[d], lock_fds_[d]);
+  }
 }
 
 // The alignment has to be known before the files are sized, and only an
-// open file can tell it, so file 0 is opened once empty to ask.
+// open file can tell it, so the first file of each directory is opened
+// once empty to ask; the largest alignment serves them all.
 Status NvmeStore::Impl::ProbeAlignment() {
-  // Note [Files strata creates]: every swap file is new (the stale ones
-  // are gone), private, and not a link.
-  Result<aio::File*> probe =
-      engine_->OpenFile(paths_[0], {.size = 0, .exclusive = true});
-  if (!probe.ok()) {
-    return Status(probe.status().code(),
-                  "NVMe tier: " + probe.status().message());
+  for (size_t d = 0; d < dirs_.size(); ++d) {
+    // Note [Files strata creates]: every swap file is new (the stale ones
+    // are gone), private, and not a link.
+    Result<aio::File*> probe =
+        engine_->OpenFile(paths_[d], {.size = 0, .exclusive = true});
+    if (!probe.ok()) {
+      return Status(probe.status().code(),
+                    "NVMe tier: " + probe.status().message());
+    }
+    created_ = d + 1;
+    const uint64_t dio =
+        std::max((*probe)->mem_align(), (*probe)->offset_align());
+    STRATA_CHECK(engine_->CloseFile(*probe).ok());
+    if ((dio & (dio - 1)) != 0) {
+      return Status::Unavailable(
+          "NVMe tier: '" + dirs_[d] + "' reports a direct-I/O alignment of " +
+          std::to_string(dio) +
+          " bytes, which is not a power of two; choose a swap "
+          "directory on another file system");
+    }
+    alignment_ = std::max(alignment_, dio);
   }
-  created_ = 1;
-  const uint64_t dio =
-      std::max((*probe)->mem_align(), (*probe)->offset_align());
-  STRATA_CHECK(engine_->CloseFile(*probe).ok());
-  if ((dio & (dio - 1)) != 0) {
-    return Status::Unavailable(
-        "NVMe tier: '" + dir_ + "' reports a direct-I/O alignment of " +
-        std::to_string(dio) +
-        " bytes, which is not a power of two; choose a swap "
-        "directory on another file system");
-  }
-  alignment_ = std::max(kMinAlignment, dio);
   return Status::Ok();
 }
 
@@ -150,10 +221,11 @@ Status NvmeStore::Impl::CreateFiles(uint64_t capacity) {
   const uint64_t per_file =
       ((capacity + n - 1) / n + alignment_ - 1) / alignment_ * alignment_;
   files_.reserve(n);
-  for (const std::string& path : paths_) {
-    // File 0 is the one ProbeAlignment created.
+  for (size_t i = 0; i < n; ++i) {
+    // The first of each directory's files are the ones ProbeAlignment
+    // created.
     Result<aio::File*> file = engine_->OpenFile(
-        path, {.size = per_file, .exclusive = path != paths_[0]});
+        paths_[i], {.size = per_file, .exclusive = i >= dirs_.size()});
     if (!file.ok()) {
       const Status& st = file.status();
       std::string msg = "NVMe tier: cannot create " + std::to_string(n) +
@@ -389,13 +461,15 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(
     aio::Engine* engine, const NvmeStoreOptions& options) {
   STRATA_CHECK(engine != nullptr);
   STRATA_RETURN_IF_ERROR(ValidateOptions(options));
-  STRATA_RETURN_IF_ERROR(CheckSwapDirectory(options.dir));
-  STRATA_ASSIGN_OR_RETURN(int lock_fd, LockSwapDirectory(options.dir));
-  ReclaimStaleSwapFiles(options.dir);
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> dirs,
+                          SwapDirectories(options.dir));
+  STRATA_ASSIGN_OR_RETURN(std::vector<int> lock_fds, LockAll(dirs));
+  for (const std::string& dir : dirs) ReclaimStaleSwapFiles(dir);
   // From here on, Impl's destructor undoes whatever was set up when a step
-  // fails: it closes and deletes the swap files and releases the lock.
-  auto impl =
-      std::make_unique<Impl>(engine, options.dir, lock_fd, options.files);
+  // fails: it closes and deletes the swap files and releases the locks.
+  const int files = FileCount(options.files, static_cast<int>(dirs.size()));
+  auto impl = std::make_unique<Impl>(engine, options.dir, std::move(dirs),
+                                     std::move(lock_fds), files);
   STRATA_RETURN_IF_ERROR(impl->ProbeAlignment());
   STRATA_RETURN_IF_ERROR(impl->CreateFiles(options.capacity));
   return std::unique_ptr<NvmeStore>(new NvmeStore(std::move(impl)));

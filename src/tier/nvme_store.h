@@ -1,5 +1,6 @@
 // The NVMe tier: an extent store over a few preallocated swap files in one
-// directory. Never one file per tensor.
+// directory, or spread over several (one per drive). Never one file per
+// tensor.
 //
 // Layout
 // - Open() creates `files` swap files, strata-swap-<i>.bin, of
@@ -8,6 +9,11 @@
 // - An extent is an aligned range of one file, allocated best-fit from that
 //   file's free list (RangeAllocator) and coalesced on Free(). Allocations
 //   rotate over the files so concurrent transfers spread over them.
+// - Several directories (`dir` = "/nvme0/swap:/nvme1/swap"): swap file i
+//   lives in directory i mod D, and the file count rounds up to a multiple
+//   of D, so the rotation spreads transfers over the drives too; each
+//   directory is checked, locked and cleaned as a lone one (Note [Several
+//   swap directories] in nvme_store.cc).
 //
 // Integrity
 // - Every successful write records a digest of the extent's bytes
@@ -67,7 +73,7 @@
 namespace strata::tier {
 
 struct NvmeStoreOptions {
-  std::string dir;        // must exist
+  std::string dir;        // must exist; several are separated by ":"
   uint64_t capacity = 0;  // total bytes over all swap files; > 0
   int files = 4;          // swap files, 1..64
 };
