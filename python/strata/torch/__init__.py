@@ -220,7 +220,10 @@ def _backend(cfg: Config) -> str:
 
 def _check_nvme(cfg: Config, ranks: Ranks) -> None:
     """A clear error for a missing or unwritable nvme_path; across ranks
-    each swaps in its own subdirectory rank-<r> of it."""
+    each swaps in its own subdirectory rank-<r> of it. Several directories,
+    one per drive, separated by ':' (or given as a list), get the swap
+    files spread over them (Note [Several swap directories] in
+    src/tier/nvme_store.cc)."""
     if "nvme" not in (cfg.param_tier, cfg.state_tier):
         return
     if not cfg.nvme_path:
@@ -228,7 +231,17 @@ def _check_nvme(cfg: Config, ranks: Ranks) -> None:
             "offload to nvme needs zero_optimization.offload_optimizer."
             "nvme_path (or offload_param.nvme_path): a directory on the "
             "NVMe drive for strata's swap file")
-    path = Path(cfg.nvme_path)
+    paths = [Path(p) for p in cfg.nvme_path.split(":") if p]
+    for path in paths:
+        _check_swap_dir(path)
+    if ranks.sharded():
+        own = [path / f"rank-{ranks.rank}" for path in paths]
+        for path in own:
+            path.mkdir(exist_ok=True)
+        cfg.nvme_path = ":".join(str(path) for path in own)
+
+
+def _check_swap_dir(path: Path) -> None:
     if not path.is_dir():
         raise ConfigError(
             f"nvme_path {path} is not a directory; create it (mkdir -p "
@@ -240,10 +253,6 @@ def _check_nvme(cfg: Config, ranks: Ranks) -> None:
         raise ConfigError(
             f"nvme_path {path} is not writable ({e.strerror}); fix its "
             f"permissions or mount, or point nvme_path elsewhere") from e
-    if ranks.sharded():
-        own = path / f"rank-{ranks.rank}"
-        own.mkdir(exist_ok=True)
-        cfg.nvme_path = str(own)
 
 
 def _roles(cfg: Config, trainable: bool) -> list[str]:

@@ -12,7 +12,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Optional, Union
 
 from strata.torch.schedule import ScheduleError, Scheduler
@@ -264,14 +264,27 @@ def _zero(zero: Optional[dict[str, Any]], out: Config) -> None:
             raise ConfigError(f"zero_optimization.{key}.device {device!r}: "
                               f"use cpu or nvme")
         setattr(out, attr, "nvme" if device == "nvme" else "host")
-        path = section.get("nvme_path")
+        path = _nvme_path(section.get("nvme_path"), key)
         if path and out.nvme_path and str(path) != out.nvme_path:
             raise ConfigError(
                 f"offload_param.nvme_path {out.nvme_path} and "
                 f"offload_optimizer.nvme_path {path} differ: strata keeps "
-                f"one swap directory; give both the same path")
+                f"one set of swap directories; give both the same")
         if path:
             out.nvme_path = str(path)
+
+
+def _nvme_path(path: Any, key: str) -> Optional[str]:
+    """One directory, or several (one per drive) as a list or joined with
+    ':', as one ':'-joined string: the engine spreads its swap files over
+    them."""
+    if isinstance(path, (list, tuple)):
+        if not all(isinstance(p, (str, PurePath)) and str(p) for p in path):
+            raise ConfigError(
+                f"zero_optimization.{key}.nvme_path {path!r}: give a "
+                f"directory, or a list of directories (one per drive)")
+        return ":".join(str(p) for p in path)
+    return str(path) if path else None
 
 
 def _optimizer(opt: Optional[dict[str, Any]], out: Config) -> None:

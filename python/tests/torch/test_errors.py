@@ -108,6 +108,13 @@ def test_a_missing_or_unwritable_nvme_path(scratch: Path) -> None:
         st.initialize(model(), offload(scratch / "missing"))
     with pytest.raises(st.ConfigError, match="not writable"):
         st.initialize(model(), offload("/proc"))
+    # Several directories: each is checked, and the bad one named.
+    with pytest.raises(st.ConfigError,
+                       match=f"nvme_path {scratch / 'gone'} is not a dir"):
+        st.initialize(model(), offload(f"{scratch}:{scratch / 'gone'}"))
+    with pytest.raises(st.ConfigError, match="a list of directories"):
+        st.initialize(model(), config(zero_optimization={"offload_optimizer": {
+            "device": "nvme", "nvme_path": [str(scratch), 3]}}))
 
 
 class Peeking(nn.Module):

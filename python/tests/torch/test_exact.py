@@ -68,6 +68,26 @@ def test_placements_are_bit_identical(nvme: Path, accumulation: int) -> None:
         assert_identical(run, reference, name)
 
 
+def test_two_swap_directories_train_bit_identically(scratch: Path) -> None:
+    """nvme_path as a list of directories, one per drive: the swap files
+    spread over both (Note [Several swap directories] in
+    src/tier/nvme_store.cc), and training is exactly as on one."""
+    drives = [scratch / "nvme0", scratch / "nvme1"]
+    for d in drives:
+        d.mkdir()
+    where = {"device": "nvme", "nvme_path": [str(d) for d in drives]}
+    cfg = config(zero_optimization={"stage": 3, "offload_optimizer": where,
+                                    "offload_param": where})
+    steps = data(4)
+    engine = st.initialize(model(), cfg)
+    for d in drives:
+        assert (d / "strata.lock").exists(), d
+        assert any(p.name.startswith("strata-swap-") for p in d.iterdir()), d
+    run = train_strata(engine.module, cfg, steps, engine=engine)
+    assert_identical(run, train_strata(model(), config(), steps), "2 drives")
+    assert not any(any(d.iterdir()) for d in drives), "swap files left"
+
+
 WIDE = GPTConfig(width=256, layers=8, heads=4, seq=16)
 
 
