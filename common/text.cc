@@ -1,5 +1,6 @@
 #include "common/text.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
@@ -79,6 +80,16 @@ Result<uint64_t> ParseSize(const std::string& text) {
   const uint64_t unit = UnitOf(text.substr(used));
   if (unit == 0 || text[0] == '-') return invalid;
   return static_cast<uint64_t>(v) * unit;
+}
+
+std::vector<std::string> SplitList(const std::string& text, char separator) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t end = std::min(text.find(separator, at), text.size());
+    if (end > at) out.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
 }
 
 std::string ErrnoText(int err) {

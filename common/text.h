@@ -6,11 +6,13 @@
 //   SizeText(1 << 20)       -> "1M"      (SizeText(1000) -> "1000")
 //   ParseSize("128K")       -> 131072    (ParseSize("1.5G") -> an error)
 //   ErrnoText(ENOSPC)       -> "ENOSPC (No space left on device)"
+//   SplitList("a:b", ':')   -> {"a", "b"}
 #ifndef STRATA_COMMON_TEXT_H_
 #define STRATA_COMMON_TEXT_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "strata/status.h"
 
@@ -32,6 +34,10 @@ Result<uint64_t> ParseSize(const std::string& text);
 
 // "ENOSPC (No space left on device)"; "errno 4242 (Unknown error 4242)".
 std::string ErrnoText(int err);
+
+// The non-empty pieces of `text` between `separator`s, in order:
+// SplitList("a,,b", ',') -> {"a", "b"}; SplitList("", ',') -> {}.
+std::vector<std::string> SplitList(const std::string& text, char separator);
 
 }  // namespace strata
 

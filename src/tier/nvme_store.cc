@@ -56,12 +56,7 @@ Status ValidateOptions(const NvmeStoreOptions& options) {
 // lone one is; the file count rounds up to a multiple of D (at most
 // kMaxFiles), so every drive holds as many files.
 Result<std::vector<std::string>> SwapDirectories(const std::string& given) {
-  std::vector<std::string> dirs;
-  for (size_t at = 0; at <= given.size();) {
-    const size_t end = std::min(given.find(':', at), given.size());
-    if (end > at) dirs.push_back(given.substr(at, end - at));
-    at = end + 1;
-  }
+  const std::vector<std::string> dirs = SplitList(given, ':');
   if (dirs.empty() || dirs.size() > kMaxFiles) {
     return Status::InvalidArgument("NVMe tier: swap directory list '" + given +
                                    "' names no directory, or more than " +

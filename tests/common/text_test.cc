@@ -1,10 +1,12 @@
 // The shared text helpers (common/text.h): sizes both ways, byte counts for
-// people, errno names.
+// people, errno names, lists split.
 #include "common/text.h"
 
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <string>
+#include <vector>
 
 namespace strata {
 namespace {
@@ -34,6 +36,14 @@ TEST(SizeTextTest, WholeUnitsElseBytesAndParseSizeReadsItBack) {
   for (uint64_t n : {uint64_t{1000}, uint64_t{4096}, uint64_t{3} << 20}) {
     EXPECT_EQ(*ParseSize(SizeText(n)), n);
   }
+}
+
+TEST(SplitListTest, NonEmptyPiecesInOrder) {
+  EXPECT_EQ(SplitList("a:b", ':'), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(SplitList(":a::b:", ':'), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(SplitList("4K,1M", ','), (std::vector<std::string>{"4K", "1M"}));
+  EXPECT_TRUE(SplitList("", ',').empty());
+  EXPECT_TRUE(SplitList(":::", ':').empty());
 }
 
 TEST(HumanBytesTest, OneDecimalInTheLargestUnit) {

@@ -35,16 +35,7 @@ Examples:
   strata-nvme-bench --path /dev/nvme1n1 --rw randread --bs 4K --qd 128 --size 8G)";
 
 std::vector<std::string> Split(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const size_t end = comma == std::string::npos ? text.size() : comma;
-    if (end > start) out.push_back(text.substr(start, end - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
+  return SplitList(text, ',');
 }
 
 Result<std::vector<int>> ParseInts(const std::string& flag,
@@ -261,10 +252,8 @@ void AddRunOptions(CLI::App& app, BenchOptions& o, Texts& text) {
 std::vector<std::string> SplitColons(const std::vector<std::string>& given) {
   std::vector<std::string> out;
   for (const std::string& path : given) {
-    for (size_t at = 0; at <= path.size();) {
-      const size_t end = std::min(path.find(':', at), path.size());
-      if (end > at) out.push_back(path.substr(at, end - at));
-      at = end + 1;
+    for (std::string& piece : SplitList(path, ':')) {
+      out.push_back(std::move(piece));
     }
   }
   return out;

@@ -465,13 +465,10 @@ Status RunOnFiles(const BenchOptions& o, const Plan& plan,
       "%s",
       Describe(o, session.engine->info(), session.files, plan, pool).c_str());
   std::fflush(stdout);
-  const bool direct =
-      std::all_of(session.files.begin(), session.files.end(),
-                  [](const aio::File* f) { return f->direct(); });
   // PlaceAll has refused a job of devices and files mixed.
   const bool device = plan.places[0].device;
   const Target target{.paths = plan.files(),
-                      .direct = direct,
+                      .direct = AllDirect(session.files),
                       .backend = plan.backend,
                       .cancel = plan.cancel,
                       .submit_batch = o.submit_batch,

@@ -334,12 +334,6 @@ Result<Session> OpenJob(const JobSpec& spec, const Target& target,
   return session;
 }
 
-// Whether every file of the session is open with O_DIRECT.
-bool AllDirect(const Session& session) {
-  return std::all_of(session.files.begin(), session.files.end(),
-                     [](const aio::File* f) { return f->direct(); });
-}
-
 // The run's wall time and the process's CPU time over it.
 struct Timed {
   double seconds = 0;
@@ -355,7 +349,7 @@ Result<Timed> TimeJob(Job& job, const JobSpec& spec, const Session& session,
   double seconds = 0;
   Status st = job.Run(static_cast<char*>(buffers), progress, &seconds, &start);
   // Buffered writes only count once they are on the device.
-  if (st.ok() && IsWrite(spec.rw) && !AllDirect(session)) {
+  if (st.ok() && IsWrite(spec.rw) && !AllDirect(session.files)) {
     const auto t0 = std::chrono::steady_clock::now();
     for (aio::File* file : session.files) {
       if (st.ok()) st = file->Sync();
@@ -419,7 +413,7 @@ JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
     r.spec.qd = std::max(1, info.threads / spec.threads);
     r.qd_requested = spec.qd;
   }
-  r.direct = AllDirect(session);
+  r.direct = AllDirect(session.files);
   r.backend = std::string(aio::BackendName(info.backend));
   r.submit_batch = info.submit_batch;
   r.seconds = t.seconds;
@@ -468,6 +462,11 @@ Result<Rw> ParseRw(std::string_view name) {
 uint64_t BlocksPerThread(const JobSpec& spec, int files) {
   const uint64_t per_file = FileShare(spec.size, files) / spec.bs;
   return per_file / spec.threads * files;
+}
+
+bool AllDirect(const std::vector<aio::File*>& files) {
+  return std::all_of(files.begin(), files.end(),
+                     [](const aio::File* f) { return f->direct(); });
 }
 
 bool WritesRequest(const JobSpec& spec, int ring, uint64_t i) {

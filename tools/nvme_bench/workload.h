@@ -226,6 +226,9 @@ struct Session {
   std::vector<aio::File*> files;  // as Target::paths
 };
 
+// Whether every one of `files` is open with O_DIRECT.
+bool AllDirect(const std::vector<aio::File*>& files);
+
 // Refuses a time-based job on a file without O_DIRECT, which would measure
 // the page cache; names the fix.
 Status CheckTimedBuffered(bool direct, double seconds);
