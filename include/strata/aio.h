@@ -126,10 +126,11 @@ struct IoOptions {
   int queue_depth = 32;          // pieces in flight per ring, 1..4096
   size_t block_size = 1u << 20;  // split size; multiple of 4096, <= 1 GiB
   // Most pieces a ring hands the kernel in one io_uring_enter, 0..4096; 0:
-  // every piece that is ready. Batches of more than two are plugged and
-  // their contiguous pieces merged into larger requests, which devices may
-  // serve slower (Note [Submission batches] in aio/uring_backend.cc).
-  int submit_batch = 2;
+  // every piece that is ready. The default, one, is fio's. Batches of more
+  // than two are plugged and their contiguous pieces merged into larger
+  // requests, which devices may serve slower (Note [Submission batches] in
+  // aio/uring_backend.cc).
+  int submit_batch = 1;
   bool use_fixed_buffers = true;            // register buffers given to
                                             // RegisterBuffer() with every ring
   bool use_fixed_files = true;              // register files with every ring
