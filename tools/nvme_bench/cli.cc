@@ -34,14 +34,10 @@ Examples:
   strata-nvme-bench --path /mnt/nvme --verify --verify-ops 10000
   strata-nvme-bench --path /dev/nvme1n1 --rw randread --bs 4K --qd 128 --size 8G)";
 
-std::vector<std::string> Split(const std::string& text) {
-  return SplitList(text, ',');
-}
-
 Result<std::vector<int>> ParseInts(const std::string& flag,
                                    const std::string& text, int lo, int hi) {
   std::vector<int> out;
-  for (const std::string& item : Split(text)) {
+  for (const std::string& item : SplitList(text, ',')) {
     size_t used = 0;
     long v = 0;
     try {
@@ -62,7 +58,7 @@ Result<std::vector<int>> ParseInts(const std::string& flag,
 
 Result<std::vector<Rw>> ParseRws(const std::string& text) {
   std::vector<Rw> out;
-  for (const std::string& item : Split(text)) {
+  for (const std::string& item : SplitList(text, ',')) {
     STRATA_ASSIGN_OR_RETURN(Rw rw, ParseRw(item));
     out.push_back(rw);
   }
@@ -72,7 +68,7 @@ Result<std::vector<Rw>> ParseRws(const std::string& text) {
 
 Result<std::vector<size_t>> ParseBlockSizes(const std::string& text) {
   std::vector<size_t> out;
-  for (const std::string& item : Split(text)) {
+  for (const std::string& item : SplitList(text, ',')) {
     STRATA_ASSIGN_OR_RETURN(uint64_t bs, ForFlag("--bs", ParseSize(item)));
     if (bs < 4096 || bs % 4096 != 0 || bs > (1ull << 30)) {
       return Status::InvalidArgument(
