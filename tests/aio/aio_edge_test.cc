@@ -1,20 +1,23 @@
 // strata_aio edge cases: what happens to a request after it fails (its
 // callback, its file, its buffer slot), zero-byte and kernel-reported
 // results, the queue-depth bound, how requests are spread over the rings,
-// lengths that cannot be split and ranges that wrap around, and requests
-// that run past a file's preallocated size or past a registered buffer. Every
-// test runs on both backends, and again under STRATA_AIO_BACKEND=threads via
-// CTest.
+// when what a callback submits reaches the kernel, lengths that cannot be
+// split and ranges that wrap around, and requests that run past a file's
+// preallocated size or past a registered buffer. Every test runs on both
+// backends, and again under STRATA_AIO_BACKEND=threads via CTest.
 #include <gtest/gtest.h>
 #include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "strata/aio.h"
@@ -284,6 +287,87 @@ TEST_P(AioEdgeTest, SpreadsLargeAndSmallRequestsOverEveryRing) {
   }
   EXPECT_EQ(large.names().size(), 4u);
   EXPECT_EQ(small.names().size(), 4u);
+}
+
+// Records in order each transfer's submission ('P') and each first-wave
+// callback's run ('C'), with the offset.
+class OrderInjector : public FaultInjector {
+ public:
+  uint32_t SubmitLength(bool, uint64_t offset, uint32_t len) override {
+    Log('P', offset);
+    return len;
+  }
+  void Log(char what, uint64_t offset) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.emplace_back(what, offset);
+  }
+  std::vector<std::pair<char, uint64_t>> events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<char, uint64_t>> events_;
+};
+
+// Note [Submission batches]: what a completion callback submits goes to
+// the kernel before the next callback of the same reaped burst runs, not
+// after the whole burst.
+TEST_P(AioEdgeTest, CallbackSubmissionsReachTheKernelBetweenCallbacks) {
+  OrderInjector order;
+  IoOptions o;
+  o.queue_depth = 32;
+  o.submit_batch = 1;
+  o.fault_injector = &order;
+  OPEN_OR_SKIP(e, o);
+  if (e->info().backend != Backend::kIoUring) {
+    GTEST_SKIP() << "reaped bursts are an io_uring property (running "
+                 << BackendName(e->info().backend) << ")";
+  }
+  constexpr uint64_t kBlock = 4096;
+  constexpr int kWave = 8;
+  File* f = OpenFile(*e, (2 * kWave + 1) * kBlock);
+  ASSERT_NE(f, nullptr);
+  PinnedBuffer buf = Buffer(kBlock);
+  std::atomic<bool> slept{false};
+  // The wave is submitted from the ring thread, all at once. Its first
+  // callback holds the ring thread while the rest of the wave completes,
+  // so that they are reaped together; each submits one follow-up.
+  auto wave = [&](const Status& st) {
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    for (int i = 0; i < kWave; ++i) {
+      const uint64_t at = i * kBlock;
+      auto h = e->Write(f, buf.data(), kBlock, at, [&, at](const Status& s) {
+        EXPECT_TRUE(s.ok()) << s.ToString();
+        order.Log('C', at);
+        if (!slept.exchange(true)) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        EXPECT_TRUE(e->Write(f, buf.data(), kBlock, at + kWave * kBlock).ok());
+      });
+      EXPECT_TRUE(h.ok()) << h.status().ToString();
+    }
+  };
+  ASSERT_TRUE(e->Write(f, buf.data(), kBlock, 2 * kWave * kBlock, wave).ok());
+  ASSERT_TRUE(e->WaitAll().ok());
+  const auto events = order.events();
+  int callbacks = 0;
+  for (size_t k = 0; k < events.size(); ++k) {
+    if (events[k].first != 'C') continue;
+    ++callbacks;
+    const uint64_t follow_up = events[k].second + kWave * kBlock;
+    size_t next = k + 1;
+    while (next < events.size() && events[next] != std::pair{'P', follow_up} &&
+           events[next].first != 'C') {
+      ++next;
+    }
+    ASSERT_LT(next, events.size());
+    EXPECT_EQ(events[next].first, 'P')
+        << "the follow-up of the write at " << events[k].second
+        << " was handed to the kernel after the next callback ran";
+  }
+  EXPECT_EQ(callbacks, kWave);
 }
 
 TEST_P(AioEdgeTest, LengthThatWrapsAroundIsRejected) {
