@@ -39,7 +39,8 @@
 // a virtio disk completes 4 KiB random requests about 32 at a time, and the
 // first replacements then reach it a burst's callbacks sooner. That took
 // random reads from 0.97 to 1.01 of fio and random writes from 0.98 to
-// 1.00 (docs/PERF.md, "Callbacks' submissions between callbacks").
+// 1.00 there, and from 0.90 and 0.94 to 1.00 and 1.03 on a loop device in
+// RAM (docs/PERF.md, "Callbacks' submissions between callbacks").
 #include <liburing.h>
 #include <poll.h>
 #include <sys/eventfd.h>
