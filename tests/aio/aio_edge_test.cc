@@ -311,9 +311,9 @@ class OrderInjector : public FaultInjector {
   std::vector<std::pair<char, uint64_t>> events_;
 };
 
-// Note [Submission batches]: what a completion callback submits goes to
-// the kernel before the next callback of the same reaped burst runs, not
-// after the whole burst.
+// Note [Submission batches]: what a completion callback submits is prepped
+// before the next callback of the same reaped burst runs, and so reaches the
+// kernel between callbacks (with the next batch), not after the whole burst.
 TEST_P(AioEdgeTest, CallbackSubmissionsReachTheKernelBetweenCallbacks) {
   OrderInjector order;
   IoOptions o;
@@ -365,7 +365,7 @@ TEST_P(AioEdgeTest, CallbackSubmissionsReachTheKernelBetweenCallbacks) {
     ASSERT_LT(next, events.size());
     EXPECT_EQ(events[next].first, 'P')
         << "the follow-up of the write at " << events[k].second
-        << " was handed to the kernel after the next callback ran";
+        << " was prepped only after the next callback ran";
   }
   EXPECT_EQ(callbacks, kWave);
 }
