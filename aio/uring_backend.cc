@@ -4,12 +4,16 @@
 // Note [Ring ownership]
 // Each ring is created, registered, submitted to and reaped by its own
 // thread. That is what lets the kernel accept SINGLE_ISSUER and
-// COOP_TASKRUN (completions are posted when the ring thread next enters the
-// kernel, without interrupting it), and it means the hot path takes no lock
-// on the ring. DEFER_TASKRUN, which defers completions further, to the ring
-// thread's waits, was 5-10% slower at 4 KiB random I/O on a virtio disk
-// (0.89-0.95 of fio against 0.97-1.04; docs/PERF.md, "Submission
-// batches").
+// DEFER_TASKRUN (completions are posted only when the ring thread enters
+// the kernel to reap, GETEVENTS, which every Enter() does; nothing
+// interrupts it), fio's own setup, and it means the hot path takes no lock
+// on the ring. Kernels without DEFER_TASKRUN (before 6.1) get COOP_TASKRUN.
+// DEFER_TASKRUN was 5-10% slower than COOP_TASKRUN at 4 KiB random I/O on a
+// virtio disk while a reaped burst's callbacks all ran before any
+// replacement was prepped; since they are prepped between callbacks (Note
+// [Submission batches]) it is ahead there, random reads 1.026 of fio
+// against 0.987 (docs/PERF.md, "Callbacks' submissions between
+// callbacks").
 //
 // Other threads hand work over through `incoming_` under a mutex and
 // wake the ring thread through an eventfd that the ring itself polls; the
@@ -71,6 +75,8 @@ struct SetupFlags {
 
 // Tried in order; the kernel answers EINVAL to flags it does not know.
 constexpr SetupFlags kSetupFlags[] = {
+    {IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+     "single_issuer,defer_taskrun"},
     {IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN,
      "single_issuer,coop_taskrun"},
     {IORING_SETUP_COOP_TASKRUN, "coop_taskrun"},

@@ -146,7 +146,7 @@ struct IoInfo {
   int submit_batch = 0;         // 0: every piece that is ready
   int threads = 0;              // engine threads (ring threads or pool size)
   std::string ring_setup;       // accepted io_uring setup flags, e.g.
-                                // "single_issuer,coop_taskrun"
+                                // "single_issuer,defer_taskrun"
   bool fixed_files = false;     // files are registered with the rings
   bool fixed_buffers = false;   // RegisterBuffer() registers with the rings
   std::string fallback_reason;  // why io_uring is not in use; empty if it is
