@@ -514,6 +514,26 @@ TEST(InterruptTest, SigintSetsTheFlagAndReservedPagesGoBackOnce) {
               "at the end 10");
 }
 
+// A closed output (SIGPIPE) stops the run and stays caught, since every
+// later write raises it again; a SIGHUP that nohup ignores stays ignored.
+TEST(InterruptTest, SigpipeStopsTheRunAndNohupsSighupStaysIgnored) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        signal(SIGHUP, SIG_IGN);
+        signal(SIGPIPE, SIG_DFL);
+        const std::atomic<bool>* flag = InstallInterruptHandler();
+        raise(SIGHUP);
+        if (flag->load()) std::exit(3);
+        raise(SIGPIPE);
+        raise(SIGPIPE);
+        std::fprintf(stderr, "flag %d by signal %d", flag->load() ? 1 : 0,
+                     InterruptSignal());
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "closed; stopping\nflag 1 by signal 13");
+}
+
 // The first SIGINT asks the run to stop; a second one, for a stop that
 // takes too long, ends the process.
 TEST(InterruptTest, ASecondSigintEndsTheProcess) {

@@ -1,14 +1,18 @@
-// Ctrl-C for strata-nvme-bench: SIGINT and SIGTERM set a flag that the
-// running job, the verifier and a running fio poll, so that the benchmark
-// stops early, reports what finished, writes its JSON, removes its file and
-// exits with 128 + the signal. The same signal a second time ends the
-// process at once (the default action), leaving the data file.
+// Stopping strata-nvme-bench early: SIGINT, SIGTERM, SIGHUP (the terminal
+// went away) and SIGPIPE (the reader of its output went away, as in
+// `strata-nvme-bench ... | head`) set a flag that the running job, the
+// verifier and a running fio poll, so that the benchmark stops early,
+// reports what finished, writes its JSON, removes its file and exits with
+// 128 + the first signal. SIGINT, SIGTERM or SIGHUP a second time ends the
+// process at once (the default action), leaving the data file; SIGPIPE
+// stays caught, since every later write to the closed output raises it.
 //
-// The handler is installed with sigaction, so it replaces a SIG_IGN the
-// process inherited (a shell starts a background job without job control
-// with SIGINT ignored). It only stores to lock-free atomics, which is
-// async-signal-safe, and uses SA_RESTART so that no other system call of
-// the process fails with EINTR on its account.
+// The handler is installed with sigaction, so for SIGINT and SIGTERM it
+// replaces a SIG_IGN the process inherited (a shell starts a background job
+// without job control with SIGINT ignored); an inherited SIG_IGN of SIGHUP
+// or SIGPIPE stays (nohup ignores SIGHUP on purpose). It only stores to
+// lock-free atomics, which is async-signal-safe, and uses SA_RESTART so that no
+// other system call of the process fails with EINTR on its account.
 //
 // Thread safety: the flag may be read from any thread.
 #ifndef STRATA_TOOLS_NVME_BENCH_INTERRUPT_H_
@@ -18,7 +22,7 @@
 
 namespace strata::bench {
 
-// Installs the handler for SIGINT and SIGTERM (again: idempotent) and
+// Installs the handler for the signals above (again: idempotent) and
 // returns the flag it sets.
 const std::atomic<bool>* InstallInterruptHandler();
 
