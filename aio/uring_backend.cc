@@ -11,9 +11,10 @@
 // DEFER_TASKRUN was 5-10% slower than COOP_TASKRUN at 4 KiB random I/O on a
 // virtio disk while a reaped burst's callbacks all ran before any
 // replacement was prepped; since they are prepped between callbacks (Note
-// [Submission batches]) it is ahead there, random reads 1.026 of fio
-// against 0.987 (docs/PERF.md, "Callbacks' submissions between
-// callbacks").
+// [Submission batches]) the two are level there: alternating runs of each
+// gave DEFER 1.003 of COOP's IOPS on 4 KiB random reads, 1.023 on random
+// writes, 0.998 on 1 MiB writes and 0.994 and 1.014 in two sets of 128 KiB
+// writes (docs/PERF.md, "Callbacks' submissions between callbacks").
 //
 // Other threads hand work over through `incoming_` under a mutex and
 // wake the ring thread through an eventfd that the ring itself polls; the
