@@ -367,9 +367,8 @@ TEST(NvmeBenchCliTest, HeaderSaysTmpfsIsNoBlockDevice) {
       << o.output;
 }
 
-// The bench started with its output to `log`; returns its pid.
-// Starts the bench with its output in `log`, or only its stderr there when
-// `out` (the write end of a pipe, closed in the child) is given.
+// The bench started with its output to `log`, or only its stderr there
+// when `out` (the write end of a pipe) is given; returns its pid.
 pid_t Start(const std::string& args, const std::string& log, int out = -1) {
   const std::string cmd = "exec " STRATA_BENCH_BIN " " + args;
   const pid_t pid = fork();
@@ -377,7 +376,6 @@ pid_t Start(const std::string& args, const std::string& log, int out = -1) {
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(out >= 0 ? out : fd, STDOUT_FILENO);
     dup2(fd, STDERR_FILENO);
-    if (out >= 0) close(out);
     signal(SIGPIPE, SIG_DFL);  // as a shell's pipeline starts it
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
