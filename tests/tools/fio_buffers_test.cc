@@ -79,7 +79,8 @@ TEST(FioBuffersTest, MismatchNamesWhichSideTheRatioFlattersAndTheFix) {
   auto malloc = FioBuffers::Prepare(FioBufferKind::kMalloc,
                                     {Job(1 << 20, 32, 1)}, {}, kernel.files);
   EXPECT_EQ(malloc->kind(), "malloc");
-  EXPECT_TRUE(Contains(malloc->description(), "as asked"));
+  EXPECT_TRUE(
+      Contains(malloc->description(), "fio's default (--fio-buffers malloc)"));
   EXPECT_TRUE(Contains(malloc->Mismatch(true, true),
                        "overstates strata; --fio-buffers huge"));
   EXPECT_EQ(malloc->Mismatch(false, false), "");

@@ -214,5 +214,17 @@ TEST(ReportTest, TableMarksRunsTheDeviceSawDifferently) {
   EXPECT_EQ(TableNotes({row}), "");
 }
 
+// --vs-fio with --submit-batch other than 1: the header says that fio
+// submits one request an enter, so that the ratio is read as what it is.
+TEST(ReportTest, SaysWhenStrataBatchesAndFioDoesNot) {
+  EXPECT_EQ(SubmitBatchNote(1), "");
+  EXPECT_NE(SubmitBatchNote(0).find("strata submits every ready request(s)"),
+            std::string::npos);
+  EXPECT_NE(SubmitBatchNote(8).find("up to 8 request(s) an enter"),
+            std::string::npos);
+  EXPECT_NE(SubmitBatchNote(8).find("the ratio compares different jobs"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace strata::bench

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -24,7 +23,6 @@
 #include "tools/nvme_bench/cli.h"
 #include "tools/nvme_bench/device_stat.h"
 #include "tools/nvme_bench/fio.h"
-#include "tools/nvme_bench/interrupt.h"
 #include "tools/nvme_bench/latency.h"
 #include "tools/nvme_bench/place.h"
 #include "tools/nvme_bench/progress.h"
@@ -72,12 +70,13 @@ TEST(CommandLineTest, FioBuffersFollowStrataUnlessGiven) {
   EXPECT_EQ(
       ParseCommandLine(4, const_cast<char**>(plain), &exit_now)->fio_buffers,
       FioBufferKind::kMalloc);
-  const char* given[] = {"b", "--path", "/x", "--fio-buffers", "malloc"};
+  const char* given[] = {"b",        "--path",        "/x",
+                         "--vs-fio", "--fio-buffers", "malloc"};
   EXPECT_EQ(
-      ParseCommandLine(5, const_cast<char**>(given), &exit_now)->fio_buffers,
+      ParseCommandLine(6, const_cast<char**>(given), &exit_now)->fio_buffers,
       FioBufferKind::kMalloc);
-  const char* bad[] = {"b", "--path", "/x", "--fio-buffers", "thp"};
-  auto o = ParseCommandLine(5, const_cast<char**>(bad), &exit_now);
+  const char* bad[] = {"b", "--path", "/x", "--vs-fio", "--fio-buffers", "thp"};
+  auto o = ParseCommandLine(6, const_cast<char**>(bad), &exit_now);
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("--fio-buffers: 'thp'"),
             std::string::npos);
@@ -96,6 +95,60 @@ TEST(CommandLineTest, RejectsBadValuesWithTheirName) {
   const char* no_path[] = {"b"};
   EXPECT_FALSE(
       ParseCommandLine(1, const_cast<char**>(no_path), &exit_now).ok());
+}
+
+// An option the run would ignore is refused, naming it and the fix.
+TEST(CommandLineTest, OptionsTheRunWouldIgnoreAreRefused) {
+  auto refusal = [](std::vector<std::string> args) {
+    args.insert(args.begin(), {"b", "--path", "/x"});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    bool exit_now = false;
+    auto o =
+        ParseCommandLine(static_cast<int>(argv.size()), argv.data(), &exit_now);
+    return o.ok() ? std::string("accepted") : o.status().message();
+  };
+  for (const char* flag : {"--json", "--log"}) {
+    EXPECT_NE(refusal({"--verify", flag, "/tmp/f"})
+                  .find(std::string("does not take ") + flag),
+              std::string::npos);
+  }
+  EXPECT_NE(refusal({"--verify", "--vs-fio"}).find("does not take --vs-fio"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--verify", "--bs", "4K,8K"}).find("one --bs"),
+            std::string::npos);
+  EXPECT_EQ(refusal({"--verify", "--bs", "64K", "--qd", "8"}), "accepted");
+  EXPECT_NE(refusal({"--fio-opt=--bogus"}).find("add --vs-fio, or drop"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--fio-buffers", "malloc"}).find("--fio-buffers"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--rw", "read", "--rwmixread", "30"}).find("add rw or"),
+            std::string::npos);
+  EXPECT_EQ(refusal({"--rw", "randrw", "--rwmixread", "30"}), "accepted");
+  EXPECT_NE(refusal({"--json", "/tmp/o", "--log", "/tmp/../tmp/o"})
+                .find("give each its own file"),
+            std::string::npos);
+}
+
+// A job asking more of the thread backend's pool (64 threads) than it
+// holds runs at what it holds, for strata and fio alike.
+TEST(DepthTest, TheThreadPoolsDepthIsTheOneThatRuns) {
+  JobSpec spec;
+  spec.qd = 100;
+  spec.threads = 2;
+  auto capped = DepthThatRuns(spec, aio::Backend::kThreads);
+  ASSERT_TRUE(capped.ok()) << capped.status().ToString();
+  EXPECT_EQ(capped->qd, 32);
+  EXPECT_EQ(capped->qd_requested, 100);
+  spec.qd = 16;
+  auto fits = DepthThatRuns(spec, aio::Backend::kThreads);
+  ASSERT_TRUE(fits.ok());
+  EXPECT_EQ(fits->qd, 16);
+  EXPECT_EQ(fits->qd_requested, 0);
+  spec.qd = 100;
+  auto uring = DepthThatRuns(spec, aio::Backend::kIoUring);
+  ASSERT_TRUE(uring.ok());
+  EXPECT_EQ(uring->qd, 100);
 }
 
 TEST(CommandLineTest, SizeMustHoldABlockPerThreadInWhole4KUnits) {
@@ -480,73 +533,6 @@ TEST(ProgressTest, VerifyProgressSaysWhatItCounts) {
             "verify: 1234 of 10000 random ops");
   EXPECT_EQ(VerifyProgressText(VerifyPhase::kReadBack, 64 << 20, 64 << 20),
             "verify: reading back 64M of 64M");
-}
-
-// In a child, as strata-nvme-bench runs: its Ctrl-C handler, a huge page
-// reservation over it, then SIGINT. The reservation's handler gives the
-// pages back and passes the signal on to the bench's, which sets the flag;
-// the reservation's end then gives back nothing more.
-void InterruptWhileReserved(const HugePageFiles& files) {
-  const std::atomic<bool>* interrupted = InstallInterruptHandler();
-  auto nr = [&] {
-    const std::string text = ReadText(files.nr_hugepages);
-    return text.substr(0, text.find('\n'));
-  };
-  std::string pool;
-  {
-    auto reservation = HugePageReservation::Reserve(19, files);
-    pool = "raised to " + nr();
-    raise(SIGINT);
-    pool += ", after SIGINT " + nr();
-  }
-  pool += ", at the end " + nr();
-  std::fprintf(stderr, "interrupted %d by signal %d; pool %s",
-               interrupted->load() ? 1 : 0, InterruptSignal(), pool.c_str());
-  _exit(0);
-}
-
-TEST(InterruptTest, SigintSetsTheFlagAndReservedPagesGoBackOnce) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  FakeKernel kernel(0, 0, 10);
-  EXPECT_EXIT(InterruptWhileReserved(kernel.files),
-              ::testing::ExitedWithCode(0),
-              "interrupted 1 by signal 2; pool raised to 29, after SIGINT 10, "
-              "at the end 10");
-}
-
-// A closed output (SIGPIPE) stops the run and stays caught, since every
-// later write raises it again; a SIGHUP that nohup ignores stays ignored.
-TEST(InterruptTest, SigpipeStopsTheRunAndNohupsSighupStaysIgnored) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        signal(SIGHUP, SIG_IGN);
-        signal(SIGPIPE, SIG_DFL);
-        const std::atomic<bool>* flag = InstallInterruptHandler();
-        raise(SIGHUP);
-        if (flag->load()) std::exit(3);
-        raise(SIGPIPE);
-        raise(SIGPIPE);
-        std::fprintf(stderr, "flag %d by signal %d", flag->load() ? 1 : 0,
-                     InterruptSignal());
-        std::exit(0);
-      },
-      ::testing::ExitedWithCode(0), "closed; stopping\nflag 1 by signal 13");
-}
-
-// The first SIGINT asks the run to stop; a second one, for a stop that
-// takes too long, ends the process.
-TEST(InterruptTest, ASecondSigintEndsTheProcess) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        const std::atomic<bool>* flag = InstallInterruptHandler();
-        raise(SIGINT);
-        if (!flag->load()) std::exit(3);
-        raise(SIGINT);
-        std::exit(0);
-      },
-      ::testing::KilledBySignal(SIGINT), "quits at once");
 }
 
 }  // namespace

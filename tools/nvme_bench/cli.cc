@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <filesystem>
 #include <string_view>
 
 #include "common/cli.h"
@@ -267,6 +268,55 @@ Result<std::vector<std::string>> SplitPaths(
   return out;
 }
 
+// Options given that the run would ignore: an error, so that a script
+// never reads success for what it asked and did not get.
+Status CheckUnused(const BenchOptions& o, const CLI::App& app) {
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
+  if (o.verify) {
+    for (const char* flag :
+         {"--rw", "--json", "--log", "--vs-fio", "--recommend", "--time",
+          "--fsync", "--rwmixread", "--repeat"}) {
+      if (given(flag)) {
+        return Status::InvalidArgument(
+            std::string("--verify checks data and measures nothing, so it "
+                        "does not take ") +
+            flag + ": drop it, or run the sweep without --verify");
+      }
+    }
+    if (o.bs.size() > 1 || o.qd.size() > 1 || o.threads.size() > 1) {
+      return Status::InvalidArgument(
+          "--verify runs one configuration: give one --bs, --qd and "
+          "--threads each");
+    }
+  }
+  for (const char* flag : {"--fio", "--fio-opt", "--fio-buffers"}) {
+    if (given(flag) && !o.vs_fio) {
+      return Status::InvalidArgument(std::string(flag) +
+                                     " configures the fio of --vs-fio: add "
+                                     "--vs-fio, or drop " +
+                                     flag);
+    }
+  }
+  if (given("--rwmixread") && std::none_of(o.rw.begin(), o.rw.end(), IsMixed)) {
+    return Status::InvalidArgument(
+        "--rwmixread sets the read share of a mixed job, and --rw has "
+        "none: add rw or randrw to --rw, or drop --rwmixread");
+  }
+  return Status::Ok();
+}
+
+// --json and --log each write their file from the start: one file for
+// both would keep only the last.
+Status CheckOutputs(const BenchOptions& o) {
+  if (o.json.empty() || o.log.empty()) return Status::Ok();
+  std::error_code json_ec, log_ec;
+  const auto json = std::filesystem::weakly_canonical(o.json, json_ec);
+  const auto log = std::filesystem::weakly_canonical(o.log, log_ec);
+  if (json_ec || log_ec || json != log) return Status::Ok();
+  return Status::InvalidArgument("--json and --log both name '" + o.json +
+                                 "': give each its own file");
+}
+
 // The options parsed from text, their defaults that depend on others, and
 // the checks across them.
 Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
@@ -288,6 +338,8 @@ Result<BenchOptions> Finish(BenchOptions o, Texts text, const CLI::App& app) {
   if (o.seconds < 0) return Status::InvalidArgument("--time must be >= 0");
   STRATA_RETURN_IF_ERROR(CheckMixAndRamp(o));
   STRATA_RETURN_IF_ERROR(CheckTimedBuffered(!o.buffered, o.seconds));
+  STRATA_RETURN_IF_ERROR(CheckUnused(o, app));
+  STRATA_RETURN_IF_ERROR(CheckOutputs(o));
   if (o.fsync > 0 && std::none_of(o.rw.begin(), o.rw.end(), OnlyWrites)) {
     return Status::InvalidArgument(
         "--fsync syncs writes, and --rw has no write job: add write or "

@@ -65,8 +65,8 @@ std::unique_ptr<FioBuffers> FioBuffers::Prepare(
   }
   b->kind_ = "malloc";
   b->description_ =
-      "fio: buffers from malloc on 4 KiB pages, as asked (--fio-buffers "
-      "malloc)";
+      "fio: buffers from malloc on 4 KiB pages, fio's default "
+      "(--fio-buffers malloc)";
   if (wanted == FioBufferKind::kMalloc) return b;
   Result<HugePagePool> pool = ReadHugePagePool(files);
   const uint64_t pages =

@@ -3,9 +3,11 @@
 // `strata-nvme-bench ... | head`) set a flag that the running job, the
 // verifier and a running fio poll, so that the benchmark stops early,
 // reports what finished, writes its JSON, removes its file and exits with
-// 128 + the first signal. SIGINT, SIGTERM or SIGHUP a second time ends the
-// process at once (the default action), leaving the data file; SIGPIPE
-// stays caught, since every later write to the closed output raises it.
+// 128 + the first signal. A second SIGINT, SIGTERM or SIGHUP a second or
+// more after the first ends the process at once (the default action),
+// leaving the data file; one sooner is the same event (timeout(1) signals
+// its child and then the child's process group). SIGPIPE stays caught,
+// since every later write to the closed output raises it.
 //
 // The handler is installed with sigaction, so for SIGINT and SIGTERM it
 // replaces a SIG_IGN the process inherited (a shell starts a background job

@@ -105,7 +105,8 @@ std::string DepthCapNote(const BenchOptions& o, const aio::IoInfo& info) {
   if (pool >= eo.rings * eo.queue_depth) return "";
   return fmt::format(
       "  qd capped: the thread backend runs at most {} requests at once (one "
-      "per pool thread); the qd column says what was in flight\n",
+      "per pool thread); a job asking more runs (and fio beside it) at the "
+      "qd the table shows\n",
       pool);
 }
 
@@ -310,13 +311,15 @@ Status Sweep(const BenchOptions& o, const std::vector<JobSpec>& specs,
   if (o.vs_fio) {
     fio_buffers = FioBuffers::Prepare(o.fio_buffers, specs, o.fio_opts);
     std::printf("  %s\n", fio_buffers->description().c_str());
+    std::printf("%s", SubmitBatchNote(o.submit_batch).c_str());
   }
   std::printf("%s\n", TableHeader().c_str());
   std::fflush(stdout);
   std::vector<Row> rows;
   nlohmann::json records = nlohmann::json::array();
   for (size_t i = 0; i < specs.size() && !target.cancel->load(); ++i) {
-    const JobSpec& s = specs[i];
+    STRATA_ASSIGN_OR_RETURN(const JobSpec s,
+                            DepthThatRuns(specs[i], target.backend));
     const std::string label =
         fmt::format("[{}/{}] {} bs={} qd={} threads={}", i + 1, specs.size(),
                     RwName(s.rw), SizeText(s.bs), s.qd, s.threads);
@@ -482,7 +485,12 @@ Status RunOnFiles(const BenchOptions& o, const Plan& plan,
     *verified = ok;
     return Status::Ok();
   }
-  STRATA_RETURN_IF_ERROR(PrefillAll(o, plan, session, pool, &progress));
+  const Status prefilled = PrefillAll(o, plan, session, pool, &progress);
+  if (prefilled.code() == StatusCode::kCancelled) {
+    // As a stop during a run does: no configuration finished.
+    STRATA_RETURN_IF_ERROR(json->Write(nlohmann::json::array()));
+  }
+  STRATA_RETURN_IF_ERROR(prefilled);
   session.engine.reset();
   return Sweep(o, plan.specs, target, pool, Disks(target.paths), json,
                &progress, plan.log);

@@ -210,7 +210,7 @@ nlohmann::json RowJson(const Row& row) {
   if (r.spec.ramp > 0) j["ramp_seconds"] = r.spec.ramp;
   j["bs"] = r.spec.bs;
   j["qd"] = r.spec.qd;
-  if (r.qd_requested != 0) j["qd_requested"] = r.qd_requested;
+  if (r.spec.qd_requested != 0) j["qd_requested"] = r.spec.qd_requested;
   j["threads"] = r.spec.threads;
   j["direct"] = r.direct;
   j["sync"] = r.dsync;
@@ -227,6 +227,18 @@ nlohmann::json RowJson(const Row& row) {
     j["strata_over_fio"] = row.strata_over_fio();
   }
   return j;
+}
+
+std::string SubmitBatchNote(int submit_batch) {
+  if (submit_batch == 1) return "";
+  const std::string how = submit_batch > 0
+                              ? fmt::format("up to {}", submit_batch)
+                              : std::string("every ready");
+  return fmt::format(
+      "  strata submits {} request(s) an enter (--submit-batch), fio one "
+      "(its default):\n  the ratio compares different jobs; dev KiB shows "
+      "what merged\n",
+      how);
 }
 
 std::string Recommend(const std::vector<Row>& rows) {

@@ -42,6 +42,10 @@ std::string TableRow(const Row& row);
 // Explains the marks TableRow put in `rows`; empty when there are none.
 std::string TableNotes(const std::vector<Row>& rows);
 
+// With --vs-fio, a header note when strata submits more than one request
+// an io_uring_enter and fio (its default) one; empty for one.
+std::string SubmitBatchNote(int submit_batch);
+
 // One record per row, in the documented schema (docs/cli.md).
 nlohmann::json RowJson(const Row& row);
 

@@ -405,14 +405,7 @@ JobResult ResultOf(const JobSpec& spec, const Session& session, const Job& job,
                    const Timed& t) {
   JobResult r;
   r.spec = spec;
-  // The thread backend's pool holds at most info.threads requests at once,
-  // shared by the job's rings.
   const aio::IoInfo& info = session.engine->info();
-  if (info.backend == aio::Backend::kThreads &&
-      info.threads < spec.qd * spec.threads) {
-    r.spec.qd = std::max(1, info.threads / spec.threads);
-    r.qd_requested = spec.qd;
-  }
   r.direct = AllDirect(session.files);
   r.backend = std::string(aio::BackendName(info.backend));
   r.submit_batch = info.submit_batch;
@@ -553,6 +546,24 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
     session.files.push_back(file);
   }
   return session;
+}
+
+Result<JobSpec> DepthThatRuns(JobSpec spec, aio::Backend backend) {
+  if (backend == aio::Backend::kIoUring) return spec;
+  aio::IoOptions eo;  // kAuto may choose the threads (STRATA_AIO_BACKEND)
+  eo.backend = backend;
+  eo.rings = spec.threads;
+  eo.queue_depth = spec.qd;
+  STRATA_ASSIGN_OR_RETURN(auto probe, aio::Engine::Open(eo));
+  const aio::IoInfo& info = probe->info();
+  const int pool = info.threads;  // shared by the job's rings
+  if (info.backend != aio::Backend::kThreads ||
+      pool >= spec.qd * spec.threads) {
+    return spec;
+  }
+  spec.qd_requested = spec.qd;
+  spec.qd = std::max(1, pool / spec.threads);
+  return spec;
 }
 
 Result<JobResult> RunJob(const JobSpec& spec, const Target& target,

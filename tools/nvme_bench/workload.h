@@ -77,6 +77,7 @@ struct JobSpec {
   // Engine::Sync) after every `fsync` of its writes are back, and issues no
   // more until it returns; 0: never.
   uint64_t fsync = 0;
+  int qd_requested = 0;  // the --qd asked for when `qd` is less, else 0
 };
 
 // The blocks of each thread's slice when `spec` runs on `files` files
@@ -118,9 +119,7 @@ struct FileResult {
 };
 
 struct JobResult {
-  JobSpec spec;  // as run: spec.qd is the depth in flight per thread, which
-                 // the thread backend's pool can hold below the one asked
-  int qd_requested = 0;  // the --qd asked for when spec.qd is less, else 0
+  JobSpec spec;  // as run
   bool direct = true;
   bool dsync = false;  // the file was opened with O_DSYNC
   std::string backend;
@@ -249,6 +248,12 @@ Result<Session> OpenSession(const Target& target, int rings, int qd,
 // kCancelled, with no result, when target.cancel stopped it. With
 // spec.ramp, only the requests that complete after the ramp count, and the
 // CPU time from then on.
+// `spec` at the depth it can run at: the thread backend's pool runs at
+// most one request per pool thread, so a job asking more of it runs at
+// what the pool holds (qd_requested then keeps the --qd asked for), and so
+// does fio beside it; the latency is then the device's, not a queue's.
+Result<JobSpec> DepthThatRuns(JobSpec spec, aio::Backend backend);
+
 Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
                          void* buffers, size_t buffer_bytes,
                          const ProgressFn& progress);
