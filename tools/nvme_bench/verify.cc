@@ -220,26 +220,24 @@ Status Verifier::Sequential(bool write, const VerifyProgressFn& progress) {
 Status Verifier::Random(const VerifyProgressFn& progress) {
   const uint64_t max_units = std::max<uint64_t>(
       1, std::min<uint64_t>(o_.max_bytes / unit_, gens_.size()));
-  for (uint64_t issued = 0; issued < o_.ops;) {
-    if (Cancelled()) return Status::Cancelled("interrupted");
-    Slot* s = FreeSlot();
-    if (s == nullptr) {
-      STRATA_RETURN_IF_ERROR(WaitOne());
-      continue;
-    }
+  for (uint64_t issued = 0; issued < o_.ops; ++issued) {
+    // Drawn before anything waits, so that the operations are the seed's
+    // alone, whatever completes when.
     Span span;
     span.units = 1 + rng_() % max_units;
     span.first = rng_() % (gens_.size() - span.units + 1);
-    if (Collides(span)) {
+    const bool write = rng_() % 2 == 0;
+    Slot* s = nullptr;
+    while ((s = FreeSlot()) == nullptr || Collides(span)) {
+      if (Cancelled()) return Status::Cancelled("interrupted");
       STRATA_RETURN_IF_ERROR(WaitOne());
-      continue;
     }
+    if (Cancelled()) return Status::Cancelled("interrupted");
     s->span = span;
-    s->write = rng_() % 2 == 0;
+    s->write = write;
     if (s->write) s->gen = ++next_gen_;
     STRATA_RETURN_IF_ERROR(Submit(*s));
-    ++issued;
-    Report(progress, VerifyPhase::kRandom, issued, o_.ops);
+    Report(progress, VerifyPhase::kRandom, issued + 1, o_.ops);
   }
   return Drain();
 }
