@@ -333,13 +333,19 @@ TEST_F(WorkloadTest, ReportsIoErrors) {
   EXPECT_NE(r.status().message().find("EIO"), std::string::npos);
 }
 
-TEST_F(WorkloadTest, VerifyPassesOnAHealthyFile) {
+// A --verify of `ops` requests of up to 256 KiB, 8 in flight per thread.
+VerifyOptions SmallVerify(uint64_t ops, int threads) {
   VerifyOptions vo;
-  vo.ops = 400;
+  vo.ops = ops;
   vo.max_bytes = 256 << 10;
   vo.block_size = 64 << 10;
   vo.qd = 8;
-  vo.threads = 2;
+  vo.threads = threads;
+  return vo;
+}
+
+TEST_F(WorkloadTest, VerifyPassesOnAHealthyFile) {
+  const VerifyOptions vo = SmallVerify(400, 2);
   auto r = RunVerify(Target{{path_}, direct_}, kSize, vo, pool_.data(),
                      pool_.size(), nullptr);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -360,11 +366,7 @@ class LateCompletions : public aio::FaultInjector {
 // The operations of --verify are its seed's alone: the same with
 // completions late, though which requests collide in flight then differs.
 TEST_F(WorkloadTest, VerifyRunsTheSameOperationsWhateverCompletesWhen) {
-  VerifyOptions vo;
-  vo.ops = 300;
-  vo.max_bytes = 256 << 10;
-  vo.block_size = 64 << 10;
-  vo.qd = 8;
+  VerifyOptions vo = SmallVerify(300, 1);
   vo.seed = 5;
   auto plain = RunVerify(Target{{path_}, direct_}, kSize, vo, pool_.data(),
                          pool_.size(), nullptr);
