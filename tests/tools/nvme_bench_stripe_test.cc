@@ -125,6 +125,9 @@ TEST(StripeFioTest, FioStripesAsStrataDoes) {
   EXPECT_TRUE(has("--filename=/a/f:/b/f"));
   EXPECT_TRUE(has("--size=" + std::to_string(84 * (64 << 10))));
   EXPECT_TRUE(has("--offset_increment=" + std::to_string(42 * (64 << 10))));
+  const auto colon = FioCommand("fio", {"/a:b/f", "/c"}, spec, true, {});
+  EXPECT_NE(std::find(colon.begin(), colon.end(), "--filename=/a\\:b/f:/c"),
+            colon.end());  // a ':' in a name, escaped as fio reads it
 }
 
 Result<BenchOptions> Parse(std::vector<const char*> args) {
@@ -138,6 +141,9 @@ TEST(StripeCliTest, PathsSplitOnColonsAndRepeat) {
   auto o = Parse({"--path", "/a:/b", "--path", "/c", "--size", "3M"});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->paths, (std::vector<std::string>{"/a", "/b", "/c"}));
+  auto escaped = Parse({"--path", "/d/a\\:b:/c", "--size", "2M"});
+  ASSERT_TRUE(escaped.ok()) << escaped.status().ToString();
+  EXPECT_EQ(escaped->paths, (std::vector<std::string>{"/d/a:b", "/c"}));
 
   auto verify = Parse({"--path", "/a:/b", "--verify"});
   ASSERT_FALSE(verify.ok());

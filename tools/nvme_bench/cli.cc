@@ -134,7 +134,7 @@ void AddJobOptions(CLI::App& app, BenchOptions& o, Texts& text) {
                  "test; a path that does not exist is an error unless "
                  "--create. Several paths (repeat --path, or separate them "
                  "with ':' as fio's --filename): the job stripes over them, "
-                 "one --bs block each")
+                 "one --bs block each; '\\:' is a ':' inside a name")
       ->required();
   app.add_flag("--create", o.create,
                "Let --path name a new file in an existing directory: created "
@@ -244,13 +244,23 @@ void AddRunOptions(CLI::App& app, BenchOptions& o, Texts& text) {
   app.add_flag("--quiet", o.quiet, "No progress on stderr");
 }
 
-// fio's --filename separates files with ':'; --path (and --destroy-data-on)
-// take that too, besides being repeated.
+// fio's --filename separates files with ':', and '\:' is a ':' inside a
+// name; --path (and --destroy-data-on) take that too, besides being
+// repeated. Empty names are dropped.
 std::vector<std::string> SplitColons(const std::vector<std::string>& given) {
   std::vector<std::string> out;
   for (const std::string& path : given) {
-    for (std::string& piece : SplitList(path, ':')) {
-      out.push_back(std::move(piece));
+    std::string name;
+    for (size_t i = 0; i <= path.size(); ++i) {
+      if (i + 1 < path.size() && path[i] == '\\' && path[i + 1] == ':') {
+        name += ':';
+        ++i;
+      } else if (i == path.size() || path[i] == ':') {
+        if (!name.empty()) out.push_back(std::move(name));
+        name.clear();
+      } else {
+        name += path[i];
+      }
     }
   }
   return out;

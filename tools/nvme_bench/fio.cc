@@ -206,11 +206,17 @@ Status ParseDirections(const nlohmann::json& job, const JobSpec& spec,
   return Status::Ok();
 }
 
-// fio's --filename: the files separated by ':' (--path splits on ':', so
-// no name holds one).
+// fio's --filename: the files separated by ':', a ':' inside a name
+// escaped as '\:' (as --path takes it).
 std::string FioFileNames(const std::vector<std::string>& paths) {
   std::string out;
-  for (const std::string& path : paths) out += (out.empty() ? "" : ":") + path;
+  for (const std::string& path : paths) {
+    if (!out.empty()) out += ':';
+    for (char c : path) {
+      if (c == ':') out += '\\';
+      out += c;
+    }
+  }
   return out;
 }
 
