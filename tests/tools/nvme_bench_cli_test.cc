@@ -76,7 +76,7 @@ TEST(NvmeBenchCliTest, ComparesWithFioInTheSameRun) {
 // `run`, with figures after it.
 bool HasRunLine(const std::string& text, const std::string& run) {
   return std::regex_search(
-      text, std::regex("\n {22}  " + run + " +[0-9]+\\.[0-9]{3} +[0-9]+ "));
+      text, std::regex("\n {23}  " + run + " +[0-9]+\\.[0-9]{3} +[0-9]+ "));
 }
 
 // Runs `args` with a --json file in `dir`; its records (discarded when the

@@ -282,8 +282,8 @@ TEST(MixReportTest, MixedRowsHaveALinePerDirectionWithin100Columns) {
   }
   // header; strata, its read and write; fio, its read and write; the ratio
   ASSERT_EQ(all.size(), 8u) << table;
-  EXPECT_EQ(all[2].find("    read "), 22u) << all[2];
-  EXPECT_EQ(all[3].find("    write"), 22u) << all[3];
+  EXPECT_EQ(all[2].find("    read "), 23u) << all[2];
+  EXPECT_EQ(all[3].find("    write"), 23u) << all[3];
   EXPECT_NE(all[2].find(" 0.700 "), std::string::npos) << all[2];  // GB/s
   EXPECT_NE(all[3].find(" 160 "), std::string::npos) << all[3];    // p50
   EXPECT_NE(all[5].find("    read "), std::string::npos) << all[5];

@@ -22,9 +22,9 @@ constexpr double kNoise = 0.02;
 constexpr double kDeviceTolerance = 0.05;
 
 // The job's columns, then a run's.
-constexpr char kJob[] = "{:<9}{:>5}{:>4}{:>4}";
+constexpr char kJob[] = "{:<9}{:>5}{:>5}{:>4}";
 constexpr char kRun[] = "  {:<7}{:>7}{:>9}{:>8}{:>8}{:>9}{:>6}{:>11}{:>8}";
-constexpr int kJobWidth = 22;
+constexpr int kJobWidth = 23;
 
 double DeviceIops(const JobResult& r) {
   return r.seconds > 0 ? r.device->requests / r.seconds : 0;
