@@ -75,17 +75,19 @@ TEST(NvmeBenchCliTest, LogHasTheRunOverTimeAndAddsUpToItsRecord) {
   EXPECT_EQ(by_rw.size(), 2u);
 }
 
-// The lines of one run: bytes summed, the last "t", how many.
+// The lines of one run: bytes summed, the first and last "t", how many.
 struct RunLines {
   uint64_t bytes = 0;
+  double first_t = 0;
   double t = 0;
   int count = 0;
 };
 
 // With --vs-fio each fio run (a mixed job of two threads, and a read, with
 // a ramp) is logged from fio's reports beside strata's: lines for every
-// run of each, times in order, and the bytes of one of fio's runs (the
-// median's) exactly those of its record, each run's matching its GB/s.
+// run of each, times in order, strata's first interval after the ramp a
+// whole period, and the bytes of one of fio's runs (the median's) exactly
+// those of its record, each run's matching its GB/s.
 // fio's buffers are malloc'd: huge pages would be taken from the whole
 // machine, where another bench's run may give them back under fio.
 TEST(NvmeBenchCliTest, LogHasFiosRunsBesideStratas) {
@@ -106,14 +108,17 @@ TEST(NvmeBenchCliTest, LogHasFiosRunsBesideStratas) {
     EXPECT_GE(l["t"].get<double>(), r.t) << "times go back: " << l;
     r.bytes += l["bytes"].get<uint64_t>();
     r.t = l["t"].get<double>();
-    ++r.count;
+    if (r.count++ == 0) r.first_t = r.t;
   }
   for (const nlohmann::json& rec : ReadJson(dir.File("out.json"))) {
     const std::string rw = rec["rw"];
     const nlohmann::json& fio = rec["fio"];
     bool median_found = false;
     for (int run = 1; run <= 2; ++run) {
-      EXPECT_GE(runs[Key("strata", rw, run)].count, 1) << rw << " " << run;
+      const RunLines& s = runs[Key("strata", rw, run)];
+      EXPECT_GE(s.count, 1) << rw << " " << run;
+      // The first interval after the ramp is a whole period, no sliver.
+      EXPECT_GE(s.first_t, 0.5) << rw << " " << run;
       const RunLines& f = runs[Key("fio", rw, run)];
       ASSERT_GE(f.count, 1) << rw << " run " << run;
       median_found |= f.bytes == fio["bytes"].get<uint64_t>();

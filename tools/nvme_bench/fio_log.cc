@@ -57,6 +57,14 @@ std::vector<JobProgress> FioProgress(const std::vector<nlohmann::json>& reports,
     // next is behind it.
     if (spec.ramp > 0 && lat_samples == 0 && !p.done) continue;
     while (!out.empty() && Behind(p, out.back())) out.pop_back();
+    // A report within a tenth of a period of the one before (fio's final
+    // one comes a few ms after its last interval's) leaves a sliver whose
+    // rates mean nothing: the later one stands for both.
+    const double since = p.seconds - (out.empty() ? 0 : out.back().seconds);
+    if (since < kProgressPeriodNs / 10 / 1e9) {
+      if (!p.done) continue;
+      if (!out.empty()) out.pop_back();
+    }
     out.push_back(p);
   }
   return out;

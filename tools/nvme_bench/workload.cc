@@ -289,6 +289,7 @@ void Job::WaitForEnd(uint64_t start_ns, const ProgressFn& progress,
       *cpu = MarkCpu();
       if (on_ramp_end_) on_ramp_end_();
       ramping = false;
+      last_report = now;  // the first counted interval is a whole period
     }
     if (progress && now - last_report > kProgressPeriodNs) {
       last_report = now;
