@@ -258,6 +258,13 @@ TEST(NvmeBenchCliTest, BadInputGetsAClearError) {
   std::string content((std::istreambuf_iterator<char>(in)), {});
   EXPECT_EQ(content, std::string(1 << 20, 'x'));
   EXPECT_TRUE(std::filesystem::exists(theirs));
+
+  const Outcome proc = Bench("--path /proc --rw read --size 1M");
+  EXPECT_EQ(proc.status, 1);
+  EXPECT_TRUE(Contains(proc.output,
+                       "/proc is on proc, a file system that "
+                       "holds no data"))
+      << proc.output;
 }
 
 // An oversized --size is refused before anything is made, with the true
@@ -344,6 +351,15 @@ TEST(NvmeBenchCliTest, HeaderNamesTheFileSystemAndDevice) {
   EXPECT_TRUE(std::regex_search(first, std::regex(R"(, \S+ \(\d+:\d+\)$)")) ||
               Contains(first, "(not a block device: "))
       << first;
+  // An existing file larger than --size: the header says what is measured.
+  const std::string big = dir.File("big");
+  std::ofstream(big).close();
+  std::filesystem::resize_file(big, 4 << 20);
+  const Outcome part = Bench("--path " + big + " --rw read --bs 64K --size 1M");
+  ASSERT_EQ(part.status, 0) << part.output;
+  EXPECT_TRUE(Contains(FirstLine(part.output),
+                       big + " (4M, the jobs cover its first 1M) on "))
+      << part.output;
 }
 
 // tmpfs takes O_DIRECT since Linux 6.6: the run says its figures are

@@ -114,8 +114,13 @@ std::string DepthCapNote(const BenchOptions& o, const aio::IoInfo& info) {
 // for a striped job a line per file.
 std::string Where(const std::vector<aio::File*>& files, const Plan& plan) {
   if (files.size() == 1) {
-    return fmt::format("{} ({}) on {}", plan.places[0].file,
-                       SizeText(files[0]->size()), FileSystemText(plan.fs[0]));
+    const uint64_t size = files[0]->size();
+    const std::string part = size > plan.file_bytes
+                                 ? fmt::format(", the jobs cover its first {}",
+                                               SizeText(plan.file_bytes))
+                                 : "";
+    return fmt::format("{} ({}{}) on {}", plan.places[0].file, SizeText(size),
+                       part, FileSystemText(plan.fs[0]));
   }
   std::string out = fmt::format(
       "{} files, striped one block at a time (their share of --size each)",

@@ -98,6 +98,12 @@ Status CheckSpace(const BenchOptions& o, const Placement& place,
   const uint64_t free = uint64_t{vfs.f_bavail} * vfs.f_frsize;
   if (share.fs_bytes <= free + held) return Status::Ok();
   const std::string type = fs.type.empty() ? "?" : fs.type;
+  if (vfs.f_blocks == 0) {  // proc, sysfs and the like hold no data
+    return Status::InvalidArgument(fmt::format(
+        "{} is on {}, a file system that holds no data; pass a --path on "
+        "the drive to measure",
+        place.dir, type));
+  }
   std::string msg =
       o.paths.size() == 1
           ? fmt::format("--size {} does not fit: {} has {} free ({})",
