@@ -322,5 +322,24 @@ TEST(MixReportTest, MixedJsonRecordHasEachDirection) {
   EXPECT_FALSE(plain.contains("ramp_seconds"));
 }
 
+// --rwmixread 100: the write direction has no request, and so no latency:
+// "-" in the table and null in the JSON, not 0 us.
+TEST(MixReportTest, ADirectionWithoutRequestsHasNoLatency) {
+  Row row;
+  row.strata = FakeMixed(1.0);
+  row.strata.read.ios += row.strata.write.ios;
+  row.strata.read.bytes += row.strata.write.bytes;
+  row.strata.write = DirectionResult{};
+  row.strata_gbps = {1.0};
+  const std::string table = TableRow(row);
+  const std::string write = table.substr(table.rfind('\n') + 1);
+  EXPECT_NE(write.find("write  0.000        0       -       -        -"),
+            std::string::npos)
+      << write;
+  const nlohmann::json j = RowJson(row);
+  EXPECT_TRUE(j["write"]["lat_us"].is_null()) << j["write"];
+  EXPECT_EQ(j["read"]["lat_us"]["p50"], 90);
+}
+
 }  // namespace
 }  // namespace strata::bench

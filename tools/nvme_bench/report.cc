@@ -53,11 +53,14 @@ double PerSecond(double count, double seconds) {
 // device's figures are the run's, not split.
 std::string DirectionColumns(const std::string& who, const DirectionResult& d,
                              double seconds) {
+  // A direction with no request has no latency (--rwmixread 0 or 100).
+  const auto lat = [&](double us) {
+    return d.ios > 0 ? fmt::format("{:.0f}", us) : std::string("-");
+  };
   return fmt::format(
       kRun, who, fmt::format("{:.3f}", PerSecond(d.bytes / 1e9, seconds)),
-      fmt::format("{:.0f}", PerSecond(d.ios, seconds)),
-      fmt::format("{:.0f}", d.lat.p50), fmt::format("{:.0f}", d.lat.p99),
-      fmt::format("{:.0f}", d.lat.p999), "-", "-", "-");
+      fmt::format("{:.0f}", PerSecond(d.ios, seconds)), lat(d.lat.p50),
+      lat(d.lat.p99), lat(d.lat.p999), "-", "-", "-");
 }
 
 // A run's line and, for a mixed job, a line per direction under it.
@@ -89,7 +92,7 @@ nlohmann::json DirectionJson(const DirectionResult& d, double seconds) {
   return {{"bytes", d.bytes},
           {"iops", PerSecond(d.ios, seconds)},
           {"gb_per_s", PerSecond(d.bytes / 1e9, seconds)},
-          {"lat_us", LatencyJson(d.lat)}};
+          {"lat_us", d.ios > 0 ? LatencyJson(d.lat) : nlohmann::json()}};
 }
 
 nlohmann::json ResultJson(const JobResult& r, const std::string& disk) {
