@@ -143,7 +143,9 @@ TEST_F(RawDeviceCliTest, ReadsNeedNoFlagAndReportTheDevicesOwnCounters) {
   ASSERT_EQ(o.status, 0) << o.output;
   const std::string name = stdfs::path(dev()).filename().string();
   EXPECT_TRUE(Contains(FirstLine(o.output),
-                       "(16M) on raw block device " + dev() + " (7:"))
+                       "(16M, the jobs cover its first 8M) on raw block "
+                       "device " +
+                           dev() + " (7:"))
       << o.output;
   EXPECT_TRUE(Contains(FirstLine(o.output), "), no file system")) << o.output;
   std::ifstream in(json);
@@ -180,7 +182,8 @@ TEST_F(RawDeviceCliTest, WithTheFlagAWriteRunsOnTheDeviceALinkNames) {
   const Outcome o = Bench("--path " + link +
                           " --rw write --size 8M --destroy-data-on " + dev());
   ASSERT_EQ(o.status, 0) << o.output;
-  EXPECT_TRUE(Contains(FirstLine(o.output), dev() + " (16M) on raw block"))
+  EXPECT_TRUE(Contains(FirstLine(o.output),
+                       dev() + " (16M, the jobs cover its first 8M) on raw"))
       << o.output;
   const std::string after = Data();
   ASSERT_EQ(after.size(), kBytes) << "the device's file was resized";
