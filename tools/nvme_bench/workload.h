@@ -242,18 +242,18 @@ Status CheckRamp(double ramp, double seconds);
 Result<Session> OpenSession(const Target& target, int rings, int qd,
                             size_t block_size, uint64_t file_bytes);
 
-// Runs `spec` on `target` with buffers carved from `buffers` (at least
-// threads * qd * bs bytes, aligned for O_DIRECT). Opens its own engine so
-// that rings and queue depth match the spec, and registers the buffers.
-// kCancelled, with no result, when target.cancel stopped it. With
-// spec.ramp, only the requests that complete after the ramp count, and the
-// CPU time from then on.
 // `spec` at the depth it can run at: the thread backend's pool runs at
 // most one request per pool thread, so a job asking more of it runs at
 // what the pool holds (qd_requested then keeps the --qd asked for), and so
 // does fio beside it; the latency is then the device's, not a queue's.
 Result<JobSpec> DepthThatRuns(JobSpec spec, aio::Backend backend);
 
+// Runs `spec` on `target` with buffers carved from `buffers` (at least
+// threads * qd * bs bytes, aligned for O_DIRECT). Opens its own engine so
+// that rings and queue depth match the spec, and registers the buffers.
+// kCancelled, with no result, when target.cancel stopped it. With
+// spec.ramp, only the requests that complete after the ramp count, and the
+// CPU time from then on.
 Result<JobResult> RunJob(const JobSpec& spec, const Target& target,
                          void* buffers, size_t buffer_bytes,
                          const ProgressFn& progress);
