@@ -180,8 +180,19 @@ struct GroupHyper {
   StepHyper hyper;
 };
 
-// A device buffer for one group's gradients of one micro-batch: zeroed,
-// in the group's compute dtype, each tensor at its compute-chunk offset.
+// What AcquireGradients leaves in a buffer's tensors.
+enum class GradientFill : int {
+  kZeros = 0,  // zeroed: the caller's kernels may accumulate into them
+  // Whatever the buffer's last user left there: the caller writes every
+  // element of every tensor before HandOff, or the step reads another
+  // group's gradients. The bytes between the tensors are still zeroed.
+  // Saves a pass over the buffer where the first write is a copy.
+  kUnwritten = 1,
+};
+
+// A device buffer for one group's gradients of one micro-batch (filled as
+// AcquireGradients was asked), in the group's compute dtype, each tensor at
+// its compute-chunk offset.
 struct GradientBuffer {
   int group = -1;
   void* data = nullptr;  // CUDA memory when on_cuda
@@ -262,11 +273,13 @@ class STRATA_EXPORT OffloadOptimizer {
   // once, with the same loss_scale).
   Status BeginStep(const StepHyper& hyper,
                    const std::vector<GroupHyper>& groups = {});
-  // A zeroed gradient buffer for `group`; blocks while every buffer is
-  // still being copied to the host. When every buffer is acquired by this
-  // thread and not handed off, only this thread could free one: that is
-  // kFailedPrecondition naming the groups that hold them, not a wait.
-  Result<GradientBuffer> AcquireGradients(int group);
+  // A gradient buffer for `group`, its tensors filled as `fill` says;
+  // blocks while every buffer is still being copied to the host. When
+  // every buffer is acquired by this thread and not handed off, only this
+  // thread could free one: that is kFailedPrecondition naming the groups
+  // that hold them, not a wait.
+  Result<GradientBuffer> AcquireGradients(
+      int group, GradientFill fill = GradientFill::kZeros);
   // Hands the buffer back with this micro-batch's gradients in it. On the
   // group's micro_batches-th hand-off its gradients are final. Kernels that
   // still write them are named by `after` (strata/engine.h Fence): the copy

@@ -34,8 +34,9 @@
  * - A strata_optimizer borrows its engine: strata_engine_close fails with
  *   STRATA_FAILED_PRECONDITION while an optimizer of it is open.
  * - A strata_gradients handle is one acquired gradient buffer (device
- *   memory in the group's compute dtype, zeroed, each tensor at its
- *   compute-chunk offset). It and everything read from it are valid until
+ *   memory in the group's compute dtype, zeroed unless acquired
+ *   STRATA_GRADIENTS_UNWRITTEN, each tensor at its compute-chunk offset).
+ *   It and everything read from it are valid until
  *   strata_optimizer_hand_off(it), which ends the handle whether or not it
  *   succeeds; DLPack tensors exported from it must not be used after that.
  *   Handles are numbers, never reused (Note [View handles] in
@@ -75,6 +76,14 @@ typedef enum strata_optim_mode {
                                     final, under the rest of backward */
   STRATA_MODE_AFTER_BACKWARD = 1 /* every step waits for finish_step */
 } strata_optim_mode;
+
+/* What strata_optimizer_acquire_gradients_filled leaves in the tensors;
+ * see strata::GradientFill. */
+typedef enum strata_gradient_fill {
+  STRATA_GRADIENTS_ZEROED = 0,   /* accumulate into them */
+  STRATA_GRADIENTS_UNWRITTEN = 1 /* the caller writes every element of
+                                    every tensor before hand_off */
+} strata_gradient_fill;
 
 /* The index of the whole buffer, for strata_gradients_export_dlpack. */
 #define STRATA_WHOLE_BUFFER (-1)
@@ -184,6 +193,14 @@ STRATA_EXPORT strata_status strata_optimizer_begin_step_groups(
  * not handed off (it would wait for itself). */
 STRATA_EXPORT strata_status strata_optimizer_acquire_gradients(
     strata_optimizer* optimizer, int32_t group, strata_gradients** gradients);
+/* strata_optimizer_acquire_gradients with the tensors filled as `fill` (a
+ * strata_gradient_fill) says: with STRATA_GRADIENTS_UNWRITTEN they hold what
+ * the buffer's last user left, and the caller must overwrite every element
+ * (a first gradient copied in rather than added saves a pass); the bytes
+ * between the tensors are zeroed either way. */
+STRATA_EXPORT strata_status strata_optimizer_acquire_gradients_filled(
+    strata_optimizer* optimizer, int32_t group, int32_t fill,
+    strata_gradients** gradients);
 /* Hands the buffer back with this micro-batch's gradients in it, and ends
  * the handle. Kernels still writing them were queued on `stream` (a
  * cudaStream_t; a strata::HostStream* on the host-emulated device) or, when

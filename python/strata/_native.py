@@ -20,6 +20,8 @@ from strata._cint import IntRange, Struct, c_int, int_range
 NUM_TIERS = 3
 NUM_ROLES = 5
 WHOLE_BUFFER = -1
+GRADIENTS_ZEROED = 0  # strata_gradient_fill
+GRADIENTS_UNWRITTEN = 1
 
 
 CANCELLED = 11  # STRATA_CANCELLED: the interrupt check stopped a wait
@@ -216,6 +218,8 @@ _PROTOTYPES: dict[str, list[Any]] = {
         _P, C.POINTER(StepHyper), C.POINTER(C.c_int32), C.POINTER(StepHyper),
         C.c_int32],
     "strata_optimizer_acquire_gradients": [_P, C.c_int32, C.POINTER(_P)],
+    "strata_optimizer_acquire_gradients_filled": [_P, C.c_int32, C.c_int32,
+                                                  C.POINTER(_P)],
     "strata_optimizer_hand_off": [_P, _P, _P, _P],
     "strata_optimizer_finish_step": [_P, C.POINTER(StepReport)],
     "strata_optimizer_local_checks": [_P, C.POINTER(StepChecks)],
@@ -266,7 +270,8 @@ def _candidates() -> list[Path]:
 BLOCKING = frozenset({
     "strata_group_fetch_on", "strata_group_evict", "strata_engine_drain",
     "strata_engine_save", "strata_engine_load", "strata_checkpoint_verify",
-    "strata_optimizer_acquire_gradients", "strata_optimizer_finish_step",
+    "strata_optimizer_acquire_gradients",
+    "strata_optimizer_acquire_gradients_filled", "strata_optimizer_finish_step",
     "strata_optimizer_local_checks", "strata_optimizer_finish_step_global",
     "strata_optimizer_abort_step", "strata_optimizer_begin_step",
     "strata_optimizer_begin_step_groups",

@@ -248,11 +248,17 @@ class Optimizer(Tracked):
         lib().call("strata_optimizer_begin_step_groups", self.handle,
                    C.byref(hyper), ids, hypers, len(groups))
 
-    def acquire_gradients(self, group: int) -> Gradients:
-        """A zeroed gradient buffer for `group`."""
+    def acquire_gradients(self, group: int, zeroed: bool = True
+                          ) -> Gradients:
+        """A gradient buffer for `group`: zeroed, or with `zeroed` False
+        holding what its last user left (then write every element of every
+        tensor before hand_off: a first gradient copied in, not added,
+        saves a pass over the buffer; the bytes between tensors are
+        zeroed)."""
         handle = C.c_void_p()
-        lib().call("strata_optimizer_acquire_gradients", self.handle, group,
-                   C.byref(handle))
+        lib().call("strata_optimizer_acquire_gradients_filled", self.handle,
+                   group, _native.GRADIENTS_ZEROED if zeroed
+                   else _native.GRADIENTS_UNWRITTEN, C.byref(handle))
         return Gradients(handle.value, self)
 
     def hand_off(self, gradients: Gradients, stream: Any = None) -> None:

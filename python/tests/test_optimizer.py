@@ -71,6 +71,27 @@ def test_clipping_is_reported(engine: strata.Engine) -> None:
         assert report.grad_norm == pytest.approx(np.sqrt(2 * (N + 7)))
 
 
+def test_an_unzeroed_buffer_holds_the_last_gradients_and_zero_gaps(
+        engine: strata.Engine) -> None:
+    """zeroed=False: the tensors keep what the last hand-off left (the
+    caller overwrites them), the bytes between them are zeros."""
+    model(engine, groups=1)
+    with strata.Optimizer(engine, threads=1, grad_buffers=1) as opt:
+        step(opt, groups=1, value=1.0)
+        opt.begin_step(lr=1e-3)
+        grads = opt.acquire_gradients(0, zeroed=False)
+        whole = np.from_dlpack(grads.export()).view(np.uint8)
+        covered = np.zeros(grads.bytes, dtype=bool)
+        for t in grads.tensors:
+            begin = t.data - grads.data
+            covered[begin:begin + t.bytes] = True
+            assert np.all(whole[begin:begin + t.bytes].view(np.float32) == 1)
+        assert not covered.all() and np.all(whole[~covered] == 0)
+        del whole
+        opt.hand_off(grads)
+        assert opt.finish_step().step == 2
+
+
 def test_misuse_is_an_exception(engine: strata.Engine) -> None:
     model(engine)
     with pytest.raises(ValueError, match="unknown optimizer"):

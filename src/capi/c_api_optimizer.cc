@@ -22,6 +22,10 @@ static_assert(STRATA_MODE_OVERLAP ==
                   static_cast<int>(strata::OptimMode::kOverlap) &&
               STRATA_MODE_AFTER_BACKWARD ==
                   static_cast<int>(strata::OptimMode::kAfterBackward));
+static_assert(STRATA_GRADIENTS_ZEROED ==
+                  static_cast<int>(strata::GradientFill::kZeros) &&
+              STRATA_GRADIENTS_UNWRITTEN ==
+                  static_cast<int>(strata::GradientFill::kUnwritten));
 
 using strata::Status;
 using strata::capi::CopyText;
@@ -77,6 +81,24 @@ Status CheckChecks(const strata_step_checks& checks) {
       "strata_step_checks.struct_size is " +
       std::to_string(checks.struct_size) +
       "; set it to sizeof(strata_step_checks) before the call");
+}
+
+// strata_optimizer_acquire_gradients{,_filled} inside their Guard.
+Status Acquire(strata_optimizer* optimizer, int32_t group,
+               strata::GradientFill fill, strata_gradients** gradients) {
+  STRATA_RETURN_IF_ERROR(
+      NonNull({{optimizer, "optimizer"}, {gradients, "gradients"}}));
+  STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
+  STRATA_RETURN_IF_ERROR(strata::capi::ValidGroup(*o->engine->engine, group));
+  // Allocated first: once the buffer is acquired nothing may fail before
+  // the caller holds the handle that hands it off.
+  auto acquired = std::make_shared<Gradients>();
+  acquired->owner = optimizer;
+  acquired->optimizer = o;
+  STRATA_ASSIGN_OR_RETURN(acquired->buffer,
+                          o->optimizer->AcquireGradients(group, fill));
+  *gradients = GradientsTable::Get().Add(std::move(acquired));
+  return Status::Ok();
 }
 
 }  // namespace
@@ -180,19 +202,21 @@ strata_status strata_optimizer_acquire_gradients(strata_optimizer* optimizer,
                                                  int32_t group,
                                                  strata_gradients** gradients) {
   return Guard(__func__, [&]() -> Status {
-    STRATA_RETURN_IF_ERROR(
-        NonNull({{optimizer, "optimizer"}, {gradients, "gradients"}}));
-    STRATA_ASSIGN_OR_RETURN(auto o, OptimizerTable::Get().Find(optimizer));
-    STRATA_RETURN_IF_ERROR(strata::capi::ValidGroup(*o->engine->engine, group));
-    // Allocated first: once the buffer is acquired nothing may fail before
-    // the caller holds the handle that hands it off.
-    auto acquired = std::make_shared<Gradients>();
-    acquired->owner = optimizer;
-    acquired->optimizer = o;
-    STRATA_ASSIGN_OR_RETURN(acquired->buffer,
-                            o->optimizer->AcquireGradients(group));
-    *gradients = GradientsTable::Get().Add(std::move(acquired));
-    return Status::Ok();
+    return Acquire(optimizer, group, strata::GradientFill::kZeros, gradients);
+  });
+}
+
+strata_status strata_optimizer_acquire_gradients_filled(
+    strata_optimizer* optimizer, int32_t group, int32_t fill,
+    strata_gradients** gradients) {
+  return Guard(__func__, [&]() -> Status {
+    if (fill != STRATA_GRADIENTS_ZEROED && fill != STRATA_GRADIENTS_UNWRITTEN) {
+      return Status::InvalidArgument(
+          "fill is " + std::to_string(fill) +
+          "; use STRATA_GRADIENTS_ZEROED or STRATA_GRADIENTS_UNWRITTEN");
+    }
+    return Acquire(optimizer, group, static_cast<strata::GradientFill>(fill),
+                   gradients);
   });
 }
 

@@ -103,8 +103,9 @@ Status OffloadOptimizer::BeginStep(const StepHyper& hyper,
   return impl_->BeginStep(hyper, groups);
 }
 
-Result<GradientBuffer> OffloadOptimizer::AcquireGradients(int group) {
-  return impl_->Acquire(group);
+Result<GradientBuffer> OffloadOptimizer::AcquireGradients(int group,
+                                                          GradientFill fill) {
+  return impl_->Acquire(group, fill);
 }
 
 Status OffloadOptimizer::HandOff(const GradientBuffer& buffer,

@@ -377,7 +377,8 @@ Status OffloadOptimizer::Impl::BeginStep(
   return Status();
 }
 
-Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
+Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group,
+                                                       GradientFill fill) {
   if (!in_step_) {
     return Status::FailedPrecondition(
         "AcquireGradients outside a step; call BeginStep first");
@@ -414,29 +415,52 @@ Result<GradientBuffer> OffloadOptimizer::Impl::Acquire(int group) {
     slots_[index].group = group;
   }
   Slot& s = slots_[index];
-  const Group& g = groups_[group];
-  if (Status st = parts_.mover->Zero(
-          transport::Place::Memory(Tier::kDevice, s.device), g.compute_bytes);
-      !st.ok()) {
+  GradientBuffer buffer = BufferOf(group, s.device);
+  if (Status st = Fill(buffer, fill); !st.ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     s.acquired = false;
     if (error_.ok()) error_ = st;  // FinishStep ends the step with it
     changed_.notify_all();
     return st;
   }
+  return buffer;
+}
+
+GradientBuffer OffloadOptimizer::Impl::BufferOf(int group, void* device) const {
   GradientBuffer buffer;
   buffer.group = group;
-  buffer.data = s.device;
-  buffer.bytes = g.compute_bytes;
+  buffer.data = device;
+  buffer.bytes = groups_[group].compute_bytes;
   buffer.on_cuda = parts_.device->info().kind == tier::DeviceKind::kCuda;
   for (const store::TensorLayout& t : parts_.residency->layout(group).tensors) {
     const uint64_t offset = t.offset[Role::kCompute];
     buffer.tensors.push_back({t.name, Role::kCompute, t.dtype, t.shape,
-                              static_cast<char*>(s.device) + offset,
+                              static_cast<char*>(device) + offset,
                               t.elements * DTypeSize(t.dtype), Tier::kDevice,
                               buffer.on_cuda});
   }
   return buffer;
+}
+
+// kZeros: the whole buffer. kUnwritten: only the bytes between the tensors
+// and after the last, which the step reads as gradients of no parameter.
+Status OffloadOptimizer::Impl::Fill(const GradientBuffer& buffer,
+                                    GradientFill fill) {
+  const auto zero = [&](char* from, char* to) {
+    STRATA_CHECK(from <= to);
+    return from == to
+               ? Status()
+               : parts_.mover->Zero(
+                     transport::Place::Memory(Tier::kDevice, from), to - from);
+  };
+  char* begin = static_cast<char*>(buffer.data);
+  if (fill == GradientFill::kZeros) return zero(begin, begin + buffer.bytes);
+  char* covered = begin;
+  for (const TensorView& t : buffer.tensors) {
+    STRATA_RETURN_IF_ERROR(zero(covered, static_cast<char*>(t.data)));
+    covered = static_cast<char*>(t.data) + t.bytes;
+  }
+  return zero(covered, begin + buffer.bytes);
 }
 
 Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer,

@@ -122,7 +122,7 @@ class OffloadOptimizer::Impl {
 
   Status BeginStep(const StepHyper& hyper,
                    const std::vector<GroupHyper>& groups);
-  Result<GradientBuffer> Acquire(int group);
+  Result<GradientBuffer> Acquire(int group, GradientFill fill);
   Status HandOff(const GradientBuffer& buffer, const Fence& after);
   // `global`: every rank's checks (FinishStep(global)); null: this one's.
   Result<OptimStepReport> Finish(const StepChecks* global);
@@ -232,6 +232,9 @@ class OffloadOptimizer::Impl {
   Status MakeHostRoom(uint64_t bytes);
   Status AllocateSlots();
   Status CheckSelfWait(int group) const;  // under mu_
+  // The buffer of `group` in the slot at `device`, and its fill.
+  GradientBuffer BufferOf(int group, void* device) const;
+  Status Fill(const GradientBuffer& buffer, GradientFill fill);
   Status CheckGroupHyper(const StepHyper& hyper,
                          const std::vector<GroupHyper>& groups) const;
   // `base` with the hyperparameters of `group` this step.

@@ -232,6 +232,11 @@ static void CheckBadCalls(strata_optimizer* opt, strata_optimizer* other,
   CHECK_FAILS(STRATA_INVALID_ARGUMENT,
               strata_optimizer_acquire_gradients(opt, 0, NULL));
   CHECK_FAILS(STRATA_INVALID_ARGUMENT,
+              strata_optimizer_acquire_gradients_filled(opt, 0, 2, &grads));
+  CHECK(strstr(strata_last_error(),
+               "fill is 2; use STRATA_GRADIENTS_ZEROED "
+               "or STRATA_GRADIENTS_UNWRITTEN") != NULL);
+  CHECK_FAILS(STRATA_INVALID_ARGUMENT,
               strata_optimizer_hand_off(
                   opt, (strata_gradients*)(uintptr_t)0x7fffffffff, NULL, NULL));
   CHECK(strstr(strata_last_error(), "is no gradient buffer handle") != NULL);

@@ -24,6 +24,22 @@ groups accumulate. At the end of backward what was not handed off goes
 in the groups' order across ranks; on one rank the groups holding a
 buffer go first, so that a group that got no gradient can take one.
 
+Note [Gradients copied in]
+On one rank a parameter's gradient reaches strata's buffer as a copy:
+its .grad is None when autograd's AccumulateGrad runs, so autograd keeps
+the tensor it computed, and the post-accumulate-grad hook copies that
+into the parameter's slice and points .grad at the slice, so that a
+later accumulation in the same micro-batch (a second backward through
+the parameter) adds there. So the buffer is taken unzeroed
+(acquire_gradients(zeroed=False)): pointing .grad at a zeroed slice
+before AccumulateGrad, as strata did before, costs a pass over the
+buffer to zero it (on the caller's thread, inside backward) and an add
+where a copy does, the same bytes again. A parameter that got no
+gradient gets zeros at the hand-off. Across ranks the gradients
+accumulate into the zeroed flat torch buffer of Note [Partitions] (it is
+reduced whole), and this rank's part of the reduction is copied into an
+unzeroed strata buffer.
+
 Note [The order of the reductions]
 The ranks must issue their reductions in the same order, and at the
 same places among their other collectives (stage 3's gathers in
@@ -99,22 +115,24 @@ class HandOffs:
         def hook(grad: torch.Tensor) -> None:
             if not group.grad_targets and not group.handed:
                 with self.rt.inside():
-                    self._start(group, point=True)
+                    self._start(group, coming=True)
         return hook
 
-    def _start(self, group: "Group", point: bool) -> None:
+    def _start(self, group: "Group", coming: bool) -> None:
         """Gives the group's gradients their buffer (Note [When gradients
-        get a buffer]); `point`: the parameters' .grad are its views."""
+        get a buffer]); `coming`: autograd is about to accumulate them
+        (Note [Gradients copied in])."""
         if group.flat is None:
             assert self.rt.optimizer is not None
-            group.grads = self.rt.optimizer.acquire_gradients(group.id)
+            group.grads = self.rt.optimizer.acquire_gradients(
+                group.id, zeroed=not coming)
             group.grad_targets = [torch.from_dlpack(group.grads.export(name))
                                   for name, _ in group.plan.params]
         else:
             group.grad_targets = group.flat.gradients(group.placeholders[0])
-        for (_, p), target in zip(group.plan.params, group.grad_targets):
-            if point:
-                p.grad = target
+            for (_, p), target in zip(group.plan.params, group.grad_targets):
+                if coming:
+                    p.grad = target
 
     def _accumulated(self, p: nn.Parameter) -> None:
         with self.rt.inside():
@@ -132,6 +150,7 @@ class HandOffs:
         target = group.grad_targets[self.rt.index_of[id(p)]]
         if p.grad is not None and p.grad.data_ptr() != target.data_ptr():
             target.copy_(p.grad)
+            p.grad = target  # what autograd adds to it from now on
         group.final.add(id(p))
         if group.flat is None and len(group.final) == len(group.plan.params):
             self.hand_off(group)
@@ -153,7 +172,7 @@ class HandOffs:
             if group.plan.trainable and not group.handed and \
                     self._due(group):
                 if not group.grad_targets:
-                    self._start(group, point=False)
+                    self._start(group, coming=False)
                 self.hand_off(group)
 
     def _due(self, group: "Group") -> bool:
@@ -167,8 +186,10 @@ class HandOffs:
         ranks, reduced first: Note [Reducing behind]); then the views
         its parameters kept for accumulating go."""
         assert self.rt.optimizer is not None and group.grad_targets
-        for _, p in group.plan.params:
+        for (_, p), target in zip(group.plan.params, group.grad_targets):
             p.grad = None
+            if group.flat is None and id(p) not in group.final:
+                target.zero_()  # no gradient: zeros, not what was there
         group.grad_targets = []
         group.handed = True
         if group.flat is None:
@@ -197,7 +218,8 @@ class HandOffs:
             assert self.rt.optimizer is not None
             group, mine, pending = reducing
             self.rt.ranks.finish(pending)
-            grads = self.rt.optimizer.acquire_gradients(group.id)
+            grads = self.rt.optimizer.acquire_gradients(group.id,
+                                                        zeroed=False)
             torch.from_dlpack(grads.export(SHARD)).copy_(mine)
             self.rt.optimizer.hand_off(grads, self.rt.stream())
 
@@ -211,7 +233,7 @@ class HandOffs:
         for group in order:
             if not group.handed:
                 if not group.grad_targets:
-                    self._start(group, point=False)
+                    self._start(group, coming=False)
                 self.hand_off(group)
         self.land()
         for group in trained:

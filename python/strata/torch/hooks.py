@@ -25,9 +25,9 @@ The forward post-hook wraps the unit's outputs in a BackwardFetch
 before the unit's own backward, and fetches the unit's groups again. A
 parameter's gradient hook (a pre-hook of its AccumulateGrad) gives its
 group's gradients a buffer when the first of them is complete (Note
-[When gradients get a buffer] in handoff.py), and points every
-parameter's .grad at its tensor slice, so AccumulateGrad adds into the
-buffer in place. A parameter's post-accumulate-grad hook marks it final;
+[When gradients get a buffer] in handoff.py). A parameter's
+post-accumulate-grad hook copies its gradient into its slice of the
+buffer (Note [Gradients copied in] there) and marks it final;
 when every trainable parameter of a group is final the buffer is handed
 off (across ranks, Note [The order of the reductions] in handoff.py),
 fenced on the current stream, and the CPU steps the group under the

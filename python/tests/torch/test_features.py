@@ -232,6 +232,63 @@ def test_in_place_changes_of_a_modules_output_work() -> None:
     agree(train_strata(m, config(), steps), ref)
 
 
+class Branch(nn.Module):
+    """Two layers, one group; the second runs when `use_b` is true."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
+        x = torch.tanh(self.a(x))
+        return self.b(x) if use_b else x
+
+
+class Branches(nn.Module):
+    """Three Branch blocks; the second layers run on the steps `use_b`
+    says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Branch() for _ in range(3))
+        self.use_b = True
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        for block in self.blocks:
+            x = block(x, self.use_b)
+        return ((x - y) ** 2).mean(), x
+
+
+def test_a_parameter_without_a_gradient_steps_on_zeros() -> None:
+    """Note [Gradients copied in] in handoff.py: gradient buffers come
+    unzeroed, and the layers that got no gradient in a step get zeros at
+    the hand-off, not what the buffer held before; AdamW then decays them
+    (torch's reference is given zeros too: it skips a .grad of None)."""
+    torch.manual_seed(0)
+    m = Branches().to(TORCH_DEVICE)
+    ref = twin(m)
+    opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, betas=(0.9, 0.95),
+                            eps=1e-8, weight_decay=0.1)
+    engine = st.initialize(m, config())
+    for step in range(6):
+        x, y = (torch.randn(4, 16, device=TORCH_DEVICE) for _ in range(2))
+        m.use_b = ref.use_b = step % 2 == 0
+        engine.backward(engine(x, y)[0])
+        engine.step()
+        ref(x, y)[0].backward()
+        for p in ref.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad()
+    state = engine.state_dict()
+    engine.close()
+    for key, value in ref.state_dict().items():
+        assert torch.allclose(state[key].to(value.device), value,
+                              rtol=0, atol=PARAM_ATOL), key
+
+
 def test_close_puts_the_trained_weights_back() -> None:
     m = model()
     engine = st.initialize(m, config())
