@@ -58,7 +58,9 @@
 //   AdamW) and writes them back, and writes the new parameters, rounded to
 //   the compute dtype, into the group's kCompute chunk, all in one fused
 //   pass (an fp32 group without kMaster: its kCompute chunk is the
-//   master, updated in place). Each role stays at its home tier: state
+//   master, updated in place; an fp32 group's speculative step, below,
+//   reads its kCompute chunk, then equal to the master, and leaves the
+//   master's old bytes unread). Each role stays at its home tier: state
 //   homed on NVMe is read ahead (the next groups' state is fetched to the
 //   host while this one is updated) and written behind (the previous
 //   group's state goes back to NVMe while the next is updated), inside the

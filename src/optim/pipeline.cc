@@ -194,6 +194,7 @@ void OffloadOptimizer::Impl::ReadHomes(const store::GroupLayout& layout,
       g.host_working += tier::PinnedPool::SizeClass(c.bytes);
     }
   }
+  g.master_unread = g.speculative && g.compute == FloatType::kF32;
 }
 
 Status OffloadOptimizer::Impl::AddSpares() {

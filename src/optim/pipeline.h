@@ -113,6 +113,13 @@
 
 namespace strata {
 
+// The roles of an optimizer pass's params (read and written) and of the
+// copy it writes beside them (OptimBuffers::params_out).
+struct PassRoles {
+  Role params = Role::kMaster;
+  Role out = Role::kCompute;
+};
+
 class OffloadOptimizer::Impl {
  public:
   using Clock = std::chrono::steady_clock;
@@ -157,6 +164,9 @@ class OffloadOptimizer::Impl {
     bool in_place = false;      // fp32, no master: steps its compute copy
     bool write_behind = false;  // has roles homed on NVMe
     bool speculative = false;   // ... state ones, and steps speculatively
+    // fp32 and speculative: its speculative steps read the compute copy,
+    // not the master (Note [The master a speculative step does not read]).
+    bool master_unread = false;
     uint64_t host_working = 0;  // its step's roles homed off the host
     // The chunk the step updates as its fp32 params.
     Role params() const { return in_place ? Role::kCompute : Role::kMaster; }
@@ -260,16 +270,17 @@ class OffloadOptimizer::Impl {
       int group, const store::Residency::Access& access,
       bool speculative = false);
   // A step's hold on its chunks, when it began (the step's seconds),
-  // whether its writes are speculative, and what it must verify of what
-  // it read (null: nothing).
+  // whether its writes are speculative, what it must verify of what it
+  // read (null: nothing), and its pass's roles.
   struct StepHold {
     store::Residency::Fetched fetched;
     Clock::time_point start;
     bool speculative = false;
     std::unique_ptr<optim::StepCheck> check;
+    PassRoles roles;
     static Result<StepHold> Of(Result<store::Residency::Fetched> f) {
       if (!f.ok()) return f.status();
-      return StepHold{std::move(*f), Clock::now(), false, nullptr};
+      return StepHold{std::move(*f), Clock::now(), false, nullptr, {}};
     }
   };
   Result<StepHold> HoldForStep(int group, store::Residency::Access extra,
@@ -282,14 +293,15 @@ class OffloadOptimizer::Impl {
   // optimizer's pass] in src/optim/step_digest.h), `check` verifies what
   // it reads (src/optim/step_check.h).
   Result<StepReport> Step(int group, const StepOptions& step,
-                          const OptimBuffers& whole, optim::StepDigest* digest,
-                          optim::StepCheck* check);
+                          const OptimBuffers& whole, PassRoles roles,
+                          optim::StepDigest* digest, optim::StepCheck* check);
   // What the step's pass verifies of `fetched`, the hold of its chunks.
   std::unique_ptr<optim::StepCheck> CheckOf(
       int group, const store::Residency::Fetched& fetched) const;
   // The chunks of `b` that the step writes and that are homed on NVMe.
-  std::vector<optim::StepDigest::Chunk> DigestedChunks(
-      int group, const OptimBuffers& b) const;
+  std::vector<optim::StepDigest::Chunk> DigestedChunks(int group,
+                                                       const OptimBuffers& b,
+                                                       PassRoles roles) const;
   Status StepGroup(int group, StepHold& hold, const void* grads,
                    FloatType grad_type, const StepParams& params);
   // Prefetches the state of the groups that step after `group` (-1: the

@@ -60,19 +60,19 @@ std::vector<Call> CallsOf(const store::GroupLayout& layout,
 }
 
 // Calls f(role, offset, bytes) for each chunk range that elements
-// [begin, end) of `call` occupy: the params (`params`' chunk), the
-// compute copy written beside them, m and v (in 8-bit state, a tensor's
-// codes and its scales are two ranges: Note [8-bit state] in
+// [begin, end) of `call` occupy: the params (roles.params' chunk), the
+// copy written beside them (roles.out's), m and v (in 8-bit state, a
+// tensor's codes and its scales are two ranges: Note [8-bit state] in
 // strata/cpu_adam.h).
 template <class F>
-void ForEachRange(const Call& call, Role params, size_t begin, size_t end,
+void ForEachRange(const Call& call, PassRoles roles, size_t begin, size_t end,
                   F&& f) {
   const OptimBuffers& b = call.b;
   const uint64_t first = call.t == nullptr ? 0 : call.t->element;
-  f(params, (first + begin) * 4, (end - begin) * 4);
+  f(roles.params, (first + begin) * 4, (end - begin) * 4);
   if (b.params_out != nullptr) {
     const uint64_t width = FloatTypeSize(b.out_type);
-    f(Role::kCompute, (first + begin) * width, (end - begin) * width);
+    f(roles.out, (first + begin) * width, (end - begin) * width);
   }
   for (Role r : {Role::kState1, Role::kState2}) {
     const uint64_t at = call.t == nullptr ? 0 : call.t->offset[r];
@@ -92,14 +92,14 @@ void ForEachRange(const Call& call, Role params, size_t begin, size_t end,
 
 // What the pass shows each piece of `call`: its old bytes to `check`
 // before the step, its new ones to `digest` after.
-CpuOptimizer::StepHooks HooksOf(const Call& call, Role params,
+CpuOptimizer::StepHooks HooksOf(const Call& call, PassRoles roles,
                                 optim::StepDigest* digest,
                                 optim::StepCheck* check) {
   CpuOptimizer::StepHooks hooks;
   if (check != nullptr && !check->empty()) {
     hooks.check = [=](size_t begin, size_t end) {
       bool ok = true;
-      ForEachRange(call, params, begin, end,
+      ForEachRange(call, roles, begin, end,
                    [&](Role r, uint64_t at, uint64_t n) {
                      ok = ok && check->Check(r, at, n);
                    });
@@ -107,22 +107,22 @@ CpuOptimizer::StepHooks HooksOf(const Call& call, Role params,
     };
   }
   hooks.observer = [=](size_t begin, size_t end) {
-    ForEachRange(
-        call, params, begin, end,
-        [&](Role r, uint64_t at, uint64_t n) { digest->Add(r, at, n); });
+    ForEachRange(call, roles, begin, end, [&](Role r, uint64_t at, uint64_t n) {
+      digest->Add(r, at, n);
+    });
   };
   return hooks;
 }
 
 // The ranges the pieces of `calls` will show `check` (CpuOptimizer::Step's
 // pieces depend on n alone).
-void ExpectPieces(const std::vector<Call>& calls, Role params,
+void ExpectPieces(const std::vector<Call>& calls, PassRoles roles,
                   optim::StepCheck& check) {
   for (const Call& call : calls) {
     for (size_t begin = 0; begin < call.b.n; begin += kStepPiece) {
       const size_t end = std::min(call.b.n, begin + kStepPiece);
       ForEachRange(
-          call, params, begin, end,
+          call, roles, begin, end,
           [&](Role r, uint64_t at, uint64_t n) { check.Expect(r, at, n); });
     }
   }
@@ -131,19 +131,18 @@ void ExpectPieces(const std::vector<Call>& calls, Role params,
 }  // namespace
 
 std::vector<optim::StepDigest::Chunk> OffloadOptimizer::Impl::DigestedChunks(
-    int group, const OptimBuffers& b) const {
+    int group, const OptimBuffers& b, PassRoles roles) const {
   const store::GroupLayout& layout = parts_.residency->layout(group);
-  const Role params = groups_[group].params();
   std::vector<optim::StepDigest::Chunk> chunks;
   auto add = [&](Role role, const void* base) {
     const store::ChunkLayout& c = layout.chunks[layout.chunk_of_role[role]];
     if (base == nullptr || c.home != Tier::kNvme) return;
     chunks.push_back({role, static_cast<const char*>(base), c.bytes});
   };
-  add(params, b.params);
+  add(roles.params, b.params);
   add(Role::kState1, b.state1);
   add(Role::kState2, b.state2);
-  add(Role::kCompute, b.params_out);
+  add(roles.out, b.params_out);
   return chunks;
 }
 
@@ -165,22 +164,19 @@ std::unique_ptr<optim::StepCheck> OffloadOptimizer::Impl::CheckOf(
 
 // Steps the group's buffers `whole`, call by call, stopping at the first
 // that does not apply; the bytes no piece will verify are verified first.
-Result<StepReport> OffloadOptimizer::Impl::Step(int group,
-                                                const StepOptions& step,
-                                                const OptimBuffers& whole,
-                                                optim::StepDigest* digest,
-                                                optim::StepCheck* check) {
-  const Role params = groups_[group].params();
+Result<StepReport> OffloadOptimizer::Impl::Step(
+    int group, const StepOptions& step, const OptimBuffers& whole,
+    PassRoles roles, optim::StepDigest* digest, optim::StepCheck* check) {
   const std::vector<Call> calls =
       CallsOf(parts_.residency->layout(group), whole);
   if (check != nullptr && !check->empty()) {
-    ExpectPieces(calls, params, *check);
+    ExpectPieces(calls, roles, *check);
     STRATA_RETURN_IF_ERROR(check->VerifyUnexpected());
   }
   StepReport report;
   for (const Call& call : calls) {
     STRATA_ASSIGN_OR_RETURN(
-        report, cpu_->Step(step, call.b, HooksOf(call, params, digest, check)));
+        report, cpu_->Step(step, call.b, HooksOf(call, roles, digest, check)));
     if (report.overflow()) break;
   }
   return report;

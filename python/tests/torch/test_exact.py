@@ -68,6 +68,32 @@ def test_placements_are_bit_identical(nvme: Path, accumulation: int) -> None:
         assert_identical(run, reference, name)
 
 
+def test_speculative_steps_leave_the_master_unread(nvme: Path) -> None:
+    """Note [The master a speculative step does not read] in
+    src/optim/pipeline_worker.cc: with the state on NVMe an fp32 group's
+    steps speculate, and each reads its compute copy, not its master. From
+    the second step on (the first does not speculate) no master byte comes
+    from NVMe, while m's do; the run stays bit-identical to one with the
+    state on the host."""
+    cfg = config(zero_optimization={"offload_optimizer": {
+        "device": "nvme", "nvme_path": str(nvme)}})
+    steps = data(6)
+    engine = st.initialize(model(), cfg)
+
+    def read(role: str) -> int:
+        engine.store.drain()
+        return engine.store.stats()["role_bytes"][role]["nvme"]["host"]
+    for i, (x, y) in enumerate(steps):
+        if i == 1:
+            master, state1 = read("master"), read("state1")
+        engine.backward(engine(x, y).loss)
+        engine.step()
+    assert read("master") == master and read("state1") > state1
+    run = train_strata(engine.module, cfg, [], engine=engine)
+    reference = train_strata(model(), config(), steps)
+    assert_identical(run, type(run)([], [], reference.state))
+
+
 def test_two_swap_directories_train_bit_identically(scratch: Path) -> None:
     """nvme_path as a list of directories, one per drive: the swap files
     spread over both (Note [Several swap directories] in
