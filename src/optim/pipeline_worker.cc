@@ -315,6 +315,7 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
 
 void OffloadOptimizer::Impl::ReadAhead(int group) {
   std::vector<int> next;
+  bool deferred = false;  // `next` are deferred steps, which never speculate
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (const Task& t : tasks_) {
@@ -322,6 +323,7 @@ void OffloadOptimizer::Impl::ReadAhead(int group) {
         next.push_back(t.group);
       }
     }
+    deferred = !next.empty();
     // Deferred steps run in another order than order_, and are all queued
     // before the first runs: none queued, none is due before a backward,
     // where groups step in order_ unless all of them are deferred.
@@ -344,9 +346,11 @@ void OffloadOptimizer::Impl::ReadAhead(int group) {
     // late) would only read it again once it is written back: it is
     // skipped.
     const uint64_t seen = held_for_step_->Count(n);
-    const RoleMask roles =
-        groups_[n].step_roles &
-        ~(groups_[n].master_unread ? RoleBit(Role::kMaster) : RoleMask{0});
+    // A step under backward of a group that speculates reads no master
+    // (Note [The master a speculative step does not read]).
+    const bool unread = groups_[n].master_unread && !deferred;
+    const RoleMask roles = groups_[n].step_roles &
+                           ~(unread ? RoleBit(Role::kMaster) : RoleMask{0});
     static_cast<void>(internal::EngineAccess::PrefetchWhile(
         *engine_, n, Tier::kHost, roles, [counts = held_for_step_, n, seen] {
           return counts->Count(n) == seen;

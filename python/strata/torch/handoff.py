@@ -148,8 +148,12 @@ class HandOffs:
                 f"and do not use a parameter outside the modules that hold "
                 f"it"))
         target = group.grad_targets[self.rt.index_of[id(p)]]
-        if p.grad is not None and p.grad.data_ptr() != target.data_ptr():
-            target.copy_(p.grad)
+        grad = p.grad
+        if grad is not None and grad.is_sparse:  # nn.Embedding(sparse=True)
+            target.zero_().add_(grad)
+            p.grad = target
+        elif grad is not None and grad.data_ptr() != target.data_ptr():
+            target.copy_(grad)
             p.grad = target  # what autograd adds to it from now on
         group.final.add(id(p))
         if group.flat is None and len(group.final) == len(group.plan.params):

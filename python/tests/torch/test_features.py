@@ -297,6 +297,43 @@ def test_a_parameter_without_a_gradient_steps_on_zeros() -> None:
                               rtol=0, atol=PARAM_ATOL), key
 
 
+class SparseBag(nn.Module):
+    """A sparse embedding (its gradient a sparse tensor) and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(256, 16, sparse=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        return nn.functional.cross_entropy(self.head(self.emb(x)), y), None
+
+
+def test_a_sparse_gradient_is_copied_in_dense() -> None:
+    """Note [Gradients copied in]: a sparse gradient lands in the buffer
+    densified, as torch.optim.AdamW sees it once made dense."""
+    torch.manual_seed(0)
+    m = SparseBag().to(TORCH_DEVICE)
+    ref = twin(m)
+    opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, betas=(0.9, 0.95),
+                            eps=1e-8, weight_decay=0.1)
+    engine = st.initialize(m, config())
+    for _ in range(4):
+        x = torch.randint(0, 256, (8,), device=TORCH_DEVICE)
+        y = torch.randint(0, 4, (8,), device=TORCH_DEVICE)
+        engine.backward(engine(x, y)[0])
+        engine.step()
+        ref(x, y)[0].backward()
+        ref.emb.weight.grad = ref.emb.weight.grad.to_dense()
+        opt.step()
+        opt.zero_grad()
+    state = engine.state_dict()
+    engine.close()
+    for key, value in ref.state_dict().items():
+        assert torch.allclose(state[key].to(value.device), value,
+                              rtol=0, atol=PARAM_ATOL), key
+
+
 def test_close_puts_the_trained_weights_back() -> None:
     m = model()
     engine = st.initialize(m, config())
