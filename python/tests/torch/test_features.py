@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -268,26 +268,26 @@ class Branches(nn.Module):
         return ((x - y) ** 2).mean(), x
 
 
-def test_a_parameter_without_a_gradient_steps_on_zeros() -> None:
-    """Note [Gradients copied in] in handoff.py: gradient buffers come
-    unzeroed, and the layers that got no gradient in a step get zeros at
-    the hand-off, not what the buffer held before; AdamW then decays them
-    (torch's reference is given zeros too: it skips a .grad of None)."""
-    torch.manual_seed(0)
-    m = Branches().to(TORCH_DEVICE)
+def beside_torch(m: nn.Module, batches: list[tuple[torch.Tensor, ...]],
+                 dense: Callable[[nn.Parameter], torch.Tensor],
+                 each: Callable[[int, nn.Module], None] = lambda i, n: None
+                 ) -> None:
+    """Trains `m` through strata and its twin through torch.optim.AdamW
+    on `batches`, with `each(step, model)` before each forward and the
+    twin's gradients replaced by `dense(parameter)` before its step, and
+    asserts the weights agree."""
     ref = twin(m)
     opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, betas=(0.9, 0.95),
                             eps=1e-8, weight_decay=0.1)
     engine = st.initialize(m, config())
-    for step in range(6):
-        x, y = (torch.randn(4, 16, device=TORCH_DEVICE) for _ in range(2))
-        m.use_b = ref.use_b = step % 2 == 0
+    for step, (x, y) in enumerate(batches):
+        each(step, m)
         engine.backward(engine(x, y)[0])
         engine.step()
+        each(step, ref)
         ref(x, y)[0].backward()
         for p in ref.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+            p.grad = dense(p)
         opt.step()
         opt.zero_grad()
     state = engine.state_dict()
@@ -295,6 +295,22 @@ def test_a_parameter_without_a_gradient_steps_on_zeros() -> None:
     for key, value in ref.state_dict().items():
         assert torch.allclose(state[key].to(value.device), value,
                               rtol=0, atol=PARAM_ATOL), key
+
+
+def test_a_parameter_without_a_gradient_steps_on_zeros() -> None:
+    """Note [Gradients copied in] in handoff.py: gradient buffers come
+    unzeroed, and the layers that got no gradient in a step get zeros at
+    the hand-off, not what the buffer held before; AdamW then decays them
+    (torch's reference is given zeros too: it skips a .grad of None)."""
+    torch.manual_seed(0)
+    batches = [tuple(torch.randn(4, 16, device=TORCH_DEVICE)
+                     for _ in range(2)) for _ in range(6)]
+
+    def use_b(step: int, model: nn.Module) -> None:
+        model.use_b = step % 2 == 0
+    beside_torch(Branches().to(TORCH_DEVICE), batches,
+                 lambda p: torch.zeros_like(p) if p.grad is None else p.grad,
+                 use_b)
 
 
 class SparseBag(nn.Module):
@@ -313,25 +329,11 @@ def test_a_sparse_gradient_is_copied_in_dense() -> None:
     """Note [Gradients copied in]: a sparse gradient lands in the buffer
     densified, as torch.optim.AdamW sees it once made dense."""
     torch.manual_seed(0)
-    m = SparseBag().to(TORCH_DEVICE)
-    ref = twin(m)
-    opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, betas=(0.9, 0.95),
-                            eps=1e-8, weight_decay=0.1)
-    engine = st.initialize(m, config())
-    for _ in range(4):
-        x = torch.randint(0, 256, (8,), device=TORCH_DEVICE)
-        y = torch.randint(0, 4, (8,), device=TORCH_DEVICE)
-        engine.backward(engine(x, y)[0])
-        engine.step()
-        ref(x, y)[0].backward()
-        ref.emb.weight.grad = ref.emb.weight.grad.to_dense()
-        opt.step()
-        opt.zero_grad()
-    state = engine.state_dict()
-    engine.close()
-    for key, value in ref.state_dict().items():
-        assert torch.allclose(state[key].to(value.device), value,
-                              rtol=0, atol=PARAM_ATOL), key
+    batches = [(torch.randint(0, 256, (8,), device=TORCH_DEVICE),
+                torch.randint(0, 4, (8,), device=TORCH_DEVICE))
+               for _ in range(4)]
+    beside_torch(SparseBag().to(TORCH_DEVICE), batches,
+                 lambda p: p.grad.to_dense())
 
 
 def test_close_puts_the_trained_weights_back() -> None:
