@@ -130,8 +130,9 @@ class HandOffs:
                                   for name, _ in group.plan.params]
         else:
             group.grad_targets = group.flat.gradients(group.placeholders[0])
-            for (_, p), target in zip(group.plan.params, group.grad_targets):
-                if coming:
+            if coming:
+                for (_, p), target in zip(group.plan.params,
+                                          group.grad_targets):
                     p.grad = target
 
     def _accumulated(self, p: nn.Parameter) -> None:
@@ -149,11 +150,12 @@ class HandOffs:
                 f"it"))
         target = group.grad_targets[self.rt.index_of[id(p)]]
         grad = p.grad
-        if grad is not None and grad.is_sparse:  # nn.Embedding(sparse=True)
-            target.zero_().add_(grad)
-            p.grad = target
-        elif grad is not None and grad.data_ptr() != target.data_ptr():
-            target.copy_(grad)
+        if grad is not None and (grad.is_sparse or
+                                 grad.data_ptr() != target.data_ptr()):
+            if grad.is_sparse:  # nn.Embedding(sparse=True)
+                target.zero_().add_(grad)
+            else:
+                target.copy_(grad)
             p.grad = target  # what autograd adds to it from now on
         group.final.add(id(p))
         if group.flat is None and len(group.final) == len(group.plan.params):
