@@ -4,8 +4,9 @@
 // fires or the step is skipped (Note [Exact steps under overlap]). Fifty
 // steps stay bit-identical to in-memory AdamW while clipping fires on some
 // steps and not on others and non-finite gradients skip chosen steps, with
-// state on the host and on NVMe, 1 and 4 micro-batches, across a save and a
-// load in the middle; every forward sees the last step's update. And
+// state on the host and on NVMe, 1 and 4 micro-batches, bf16 and fp32
+// compute copies, across a save and a load in the middle; every forward sees
+// the last step's update. And
 // non-finite gradients skip a step, or fail it naming the group.
 #include <gtest/gtest.h>
 
@@ -89,11 +90,15 @@ TEST_P(ClipOverlapTest, FiftyStepsWithClippingAndSkipsAcrossALoadAreExact) {
 
 INSTANTIATE_TEST_SUITE_P(
     Placements, ClipOverlapTest,
-    testing::Values(Config{OptimMode::kOverlap, false, 100, 1, true},
-                    Config{OptimMode::kOverlap, true, 100, 1, true},
-                    Config{OptimMode::kOverlap, false, 200, 4, true},
-                    Config{OptimMode::kOverlap, true, 200, 4, true},
-                    Config{OptimMode::kAfterBackward, true, 100, 1, true}),
+    testing::Values(
+        Config{OptimMode::kOverlap, false, 100, 1, true},
+        Config{OptimMode::kOverlap, true, 100, 1, true},
+        Config{OptimMode::kOverlap, false, 200, 4, true},
+        Config{OptimMode::kOverlap, true, 200, 4, true},
+        Config{OptimMode::kAfterBackward, true, 100, 1, true},
+        Config{OptimMode::kOverlap, true, 100, 1, true, DType::kFloat32},
+        Config{OptimMode::kOverlap, true, 200, 4, true, DType::kFloat32},
+        Config{OptimMode::kOverlap, false, 200, 4, true, DType::kFloat32}),
     Name);
 
 using OverflowTest = PipelineTest;

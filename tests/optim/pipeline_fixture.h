@@ -1,9 +1,9 @@
 // The offloaded optimizer pipeline against an in-memory reference: the same
 // fp32 master weights stepped by cpu_adam directly, bit for bit. The fixture
 // runs a trainer's step (forward fetches, backward hand-offs) over four
-// groups of bf16 tensors, and the reference the same step in memory; its
-// forward checks that every group's compute copy already holds the last
-// step's update when forward reads it.
+// groups of bf16 (or fp32) tensors, and the reference the same step in
+// memory; its forward checks that every group's compute copy already holds
+// the last step's update when forward reads it.
 #ifndef STRATA_TESTS_OPTIM_PIPELINE_FIXTURE_H_
 #define STRATA_TESTS_OPTIM_PIPELINE_FIXTURE_H_
 
@@ -45,6 +45,9 @@ struct Config {
   double clip_norm;
   int micro_batches;
   bool skip_on_overflow = false;
+  // fp32: the compute copy is the master's equal, and a speculative step
+  // steps it in place (Note [The master a speculative step does not read]).
+  DType compute = DType::kBFloat16;
 };
 
 inline std::string Name(const testing::TestParamInfo<Config>& info) {
@@ -52,7 +55,8 @@ inline std::string Name(const testing::TestParamInfo<Config>& info) {
   return std::string(OptimModeName(c.mode)) +
          (c.state_on_nvme ? "_nvme" : "_host") +
          (c.clip_norm > 0 ? "_clip" : "_noclip") + "_mb" +
-         std::to_string(c.micro_batches) + (c.skip_on_overflow ? "_skip" : "");
+         std::to_string(c.micro_batches) + (c.skip_on_overflow ? "_skip" : "") +
+         (c.compute == DType::kFloat32 ? "_fp32" : "");
 }
 
 inline uint16_t RandomBf16(std::mt19937_64& rng, float scale) {
@@ -81,8 +85,11 @@ class PipelineTest : public testing::TestWithParam<Config> {
     options.device = "host";
     options.device_budget = 1 * kMiB;
     // With state on NVMe the host holds about two groups' state of four:
-    // the steps must stream it.
-    options.host_budget = c.state_on_nvme ? kHostBudgetNvme : 4 * kMiB;
+    // the steps must stream it. fp32 compute copies and gradients take 256
+    // KiB more of it.
+    const uint64_t nvme_budget =
+        kHostBudgetNvme + (c.compute == DType::kFloat32 ? 256 << 10 : 0);
+    options.host_budget = c.state_on_nvme ? nvme_budget : 4 * kMiB;
     options.nvme_budget = c.state_on_nvme ? 16 * kMiB : 0;
     options.swap_dir = c.state_on_nvme ? scratch_.path() : "";
     for (Role role :
@@ -97,10 +104,8 @@ class PipelineTest : public testing::TestWithParam<Config> {
       GroupSpec spec;
       spec.name = "layer." + std::to_string(g);
       for (size_t t = 0; t < kTensorSizes.size(); ++t) {
-        spec.tensors.push_back({"t" + std::to_string(t),
-                                {kTensorSizes[t]},
-                                DType::kBFloat16,
-                                kAllRoles});
+        spec.tensors.push_back(
+            {"t" + std::to_string(t), {kTensorSizes[t]}, c.compute, kAllRoles});
       }
       ASSERT_TRUE(engine_->RegisterGroup(spec).ok());
     }
@@ -160,6 +165,14 @@ class PipelineTest : public testing::TestWithParam<Config> {
     return offsets_[g].at(tensor);
   }
 
+  bool Fp32() const { return GetParam().compute == DType::kFloat32; }
+
+  // What group g's compute copy must hold from element `at` on.
+  const void* ComputeRef(int g, uint64_t at) const {
+    const Reference::Group& r = ref_.groups[g];
+    return Fp32() ? static_cast<const void*>(&r.master[at]) : &r.out[at];
+  }
+
   static StepHyper Hyper(int s) {
     StepHyper h;
     h.lr = 1e-2 * (1 + s % 5) / 5;  // a schedule: changes every step
@@ -196,23 +209,31 @@ class PipelineTest : public testing::TestWithParam<Config> {
     auto buffer = optimizer_->AcquireGradients(g);
     ASSERT_TRUE(buffer.ok()) << buffer.status().message();
     std::mt19937_64 rng(s * 1000003 + mb * 101 + g);
-    auto* grads = static_cast<uint16_t*>(buffer->data);
     Reference::Group& r = ref_.groups[g];
     // The loss scale, and a size that changes so clipping fires on some
-    // steps only: the norm is about 40, 81 or 122 per micro-batch.
+    // steps only: the norm is about 40, 81 or 122 per micro-batch. fp32
+    // gradients take the same bf16 values, widened.
     const float scale = (s % 2 ? 1024.0f : 1.0f) * (1 + s % 3) / 2;
+    std::vector<uint16_t> narrow(r.grads.size());
     for (const TensorView& t : buffer->tensors) {
       const uint64_t at = Offset(g, t.name);
-      ASSERT_EQ(static_cast<uint16_t*>(t.data), grads + at);
-      for (uint64_t i = 0; i < t.bytes / 2; ++i) {
-        grads[at + i] = RandomBf16(rng, 0.1f * (g + 1) * scale);
+      ASSERT_EQ(static_cast<char*>(t.data),
+                static_cast<char*>(buffer->data) + at * (Fp32() ? 4 : 2));
+      for (uint64_t i = 0; i < t.bytes / (Fp32() ? 4 : 2); ++i) {
+        narrow[at + i] = RandomBf16(rng, 0.1f * (g + 1) * scale);
       }
     }
-    if (g == poison && mb == 0) grads[Offset(g, "t1") + 3] = 0x7fc0;  // NaN
+    if (g == poison && mb == 0) narrow[Offset(g, "t1") + 3] = 0x7fc0;  // NaN
     std::vector<float> wide(r.grads.size());
-    ASSERT_TRUE(cpu_->Convert(grads, FloatType::kBF16, wide.data(),
+    ASSERT_TRUE(cpu_->Convert(narrow.data(), FloatType::kBF16, wide.data(),
                               FloatType::kF32, wide.size())
                     .ok());
+    for (const TensorView& t : buffer->tensors) {
+      const uint64_t at = Offset(g, t.name);
+      const void* from =
+          Fp32() ? static_cast<const void*>(&wide[at]) : &narrow[at];
+      std::memcpy(t.data, from, t.bytes);
+    }
     for (size_t i = 0; i < wide.size(); ++i) {
       r.grads[i] = mb == 0 ? wide[i] : r.grads[i] + wide[i];
     }
@@ -226,7 +247,7 @@ class PipelineTest : public testing::TestWithParam<Config> {
     if (steps_taken_ > 0) {
       for (const TensorView& t : view->tensors) {
         const uint64_t at = Offset(g, t.name);
-        ASSERT_EQ(std::memcmp(t.data, &ref_.groups[g].out[at], t.bytes), 0)
+        ASSERT_EQ(std::memcmp(t.data, ComputeRef(g, at), t.bytes), 0)
             << "forward of step " << steps_taken_ + 1 << " sees stale "
             << "parameters in layer." << g << "/" << t.name;
       }
@@ -256,8 +277,7 @@ class PipelineTest : public testing::TestWithParam<Config> {
       b.grad_type = FloatType::kF32;
       b.state1 = r.m.data();
       b.state2 = r.v.data();
-      b.params_out = r.out.data();
-      b.out_type = FloatType::kBF16;
+      b.params_out = Fp32() ? nullptr : r.out.data();
       b.n = r.master.size();
       StepOptions o;
       o.algo = OptimAlgo::kAdamW;
@@ -284,8 +304,7 @@ class PipelineTest : public testing::TestWithParam<Config> {
       const Reference::Group& r = ref_.groups[g];
       for (const TensorView& t : view->tensors) {
         const uint64_t at = Offset(g, t.name);
-        const void* expect = t.role == Role::kCompute
-                                 ? static_cast<const void*>(&r.out[at])
+        const void* expect = t.role == Role::kCompute  ? ComputeRef(g, at)
                              : t.role == Role::kMaster ? &r.master[at]
                              : t.role == Role::kState1 ? &r.m[at]
                                                        : &r.v[at];

@@ -140,7 +140,11 @@ INSTANTIATE_TEST_SUITE_P(
                     Config{OptimMode::kAfterBackward, false, 0, 1},
                     Config{OptimMode::kAfterBackward, true, 0, 1},
                     Config{OptimMode::kAfterBackward, false, 200, 4},
-                    Config{OptimMode::kAfterBackward, true, 100, 1}),
+                    Config{OptimMode::kAfterBackward, true, 100, 1},
+                    Config{OptimMode::kOverlap, true, 0, 4, false,
+                           DType::kFloat32},
+                    Config{OptimMode::kAfterBackward, true, 100, 1, false,
+                           DType::kFloat32}),
     Name);
 
 // A host-emulated engine with one group "layer.0" whose tensors have
