@@ -150,7 +150,8 @@ struct OffloadOptimizerOptions {
   // Non-finite gradients: true skips the whole step (fp16 loss scaling);
   // false makes FinishStep() fail naming the group.
   bool skip_on_overflow = false;
-  // CPU optimizer threads; 0: all cores but one (the training thread's).
+  // CPU optimizer threads; 0: all cores this process may run on (its CPU
+  // affinity) but one (the training thread's).
   int threads = 0;
   int grad_buffers = 2;  // device gradient buffers (and host staging)
   int read_ahead = 1;    // groups whose state is fetched ahead of the step

@@ -98,7 +98,8 @@ typedef struct strata_optimizer_options {
   int32_t mode;             /* strata_optim_mode; default OVERLAP */
   int32_t micro_batches;    /* hand-offs per group per step; default 1 */
   int32_t skip_on_overflow; /* 1: non-finite gradients skip the step */
-  int32_t threads;          /* CPU optimizer threads; 0: all cores but one */
+  int32_t threads;          /* CPU optimizer threads; 0: all cores but one
+                               (of those the CPU affinity allows) */
   int32_t grad_buffers;     /* device gradient buffers; default 2 */
   int32_t read_ahead;       /* groups of state fetched ahead; default 1 */
   int32_t speculate;        /* 1 (default): see offload_optimizer.h */

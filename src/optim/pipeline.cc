@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "common/cores.h"
 #include "common/interrupt.h"
 #include "common/text.h"
 #include "common/thread_name.h"
@@ -55,10 +56,7 @@ Status OffloadOptimizer::Impl::Init(Engine* engine,
   parts_ = internal::PartsOf(*engine);
   CpuOptimizerOptions cpu;
   cpu.threads =
-      options.threads > 0
-          ? options.threads
-          : std::max(1,
-                     static_cast<int>(std::thread::hardware_concurrency()) - 1);
+      options.threads > 0 ? options.threads : std::max(1, UsableCores() - 1);
   STRATA_ASSIGN_OR_RETURN(cpu_, CpuOptimizer::Create(cpu));
   STRATA_RETURN_IF_ERROR(InspectGroups());
   written_.resize(groups_.size());

@@ -82,8 +82,10 @@
 // Only two kinds of work need a core of their own: the training thread
 // (which drives the GPU, or is the host-emulated device's compute) and the
 // CPU optimizer. So CPU Adam runs in its own TBB arena of `threads` (all
-// cores but one by default), entered by the pipeline's worker thread, and
-// nothing else computes there. Everything else waits on hardware and
+// cores but one by default: the cores of the CPU affinity, common/cores.h,
+// so that a job confined by taskset or a cgroup does not oversubscribe its
+// share), entered by the pipeline's worker thread, and nothing else
+// computes there. Everything else waits on hardware and
 // needs no core: the aio ring threads sleep in io_uring_enter while the
 // drive DMAs (strata-nvme-bench: under 2% of a core at 3 GB/s), CUDA copy
 // engines are DMA engines, and the write-behind and prefetch threads block

@@ -96,7 +96,7 @@ void AddRunOptions(CLI::App& app, CliOptions& cli, Texts& text) {
                "Also run overlap mode with clipping and skipping off, for "
                "the cost of exactness in the same run");
   app.add_option("--threads", o.optimizer.threads,
-                 "CPU optimizer threads (0: all cores but one)")
+                 "CPU optimizer threads (0: all usable cores but one)")
       ->capture_default_str();
   app.add_flag("--measure", cli.measure,
                "Measure host memory and NVMe bandwidth for the floor (about "
