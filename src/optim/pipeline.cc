@@ -484,18 +484,24 @@ Status OffloadOptimizer::Impl::HandOff(const GradientBuffer& buffer,
         parts_.residency->layout(buffer.group).name, options_.micro_batches));
   }
   Slot& s = slots_[index];
-  STRATA_ASSIGN_OR_RETURN(tier::Event written, parts_.device->Record(after));
-  STRATA_ASSIGN_OR_RETURN(
-      s.d2h, parts_.mover->Start(
-                 Role::kGrad, transport::Place::Memory(Tier::kDevice, s.device),
-                 transport::Place::Memory(Tier::kHost, s.host), g.compute_bytes,
-                 written));
+  const bool first = now.handoffs == 0;
+  const bool final = now.handoffs + 1 == options_.micro_batches;
+  const bool direct = Direct(buffer.group, first, final);
+  STRATA_ASSIGN_OR_RETURN(s.written, parts_.device->Record(after));
+  s.d2h = tier::Event();
+  if (!direct) {
+    STRATA_ASSIGN_OR_RETURN(
+        s.d2h,
+        parts_.mover->Start(Role::kGrad,
+                            transport::Place::Memory(Tier::kDevice, s.device),
+                            transport::Place::Memory(Tier::kHost, s.host),
+                            g.compute_bytes, s.written));
+  }
   s.acquired = false;
   s.pending = true;
   ++now.handoffs;
-  const bool final = now.handoffs == options_.micro_batches;
   if (final) this_order_.push_back(buffer.group);
-  tasks_.push_back({buffer.group, index, now.handoffs == 1, final,
+  tasks_.push_back({buffer.group, index, first, final, direct,
                     ParamsOf(buffer.group, current_)});
   changed_.notify_all();
   return Status();

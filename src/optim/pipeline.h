@@ -185,7 +185,10 @@ class OffloadOptimizer::Impl {
   struct Slot {
     void* device = nullptr;  // device and host are fixed after Init
     void* host = nullptr;
-    tier::Event d2h;  // set by HandOff, waited for by the worker
+    // Set by HandOff, or by the worker for a direct task; waited for by
+    // the worker.
+    tier::Event d2h;
+    tier::Event written;  // a direct task's gradients complete on the device
     int group = -1;
     bool acquired = false;
     std::thread::id acquirer;  // while acquired
@@ -208,6 +211,9 @@ class OffloadOptimizer::Impl {
     int slot = -1;  // gradients to consume; -1: a deferred step
     bool first = false;
     bool final = false;
+    // The worker copies the device's gradients straight into the group's
+    // accumulator (Note [Gradients straight into the accumulator]).
+    bool direct = false;
     StepParams params;
     bool restore = false;  // with slot -1: restore the compute copy only
   };
@@ -266,6 +272,8 @@ class OffloadOptimizer::Impl {
   bool Speculates(int group) const;
   void RecordWritten(int group);
   Status ConsumeGradients(const Task& task);
+  bool Direct(int group, bool first, bool final) const;
+  Status Gather(const Task& task, float* acc);
   void MarkApplied(int group);  // stepped for good under this backward
   // Note [A step's working set] (pipeline_worker.cc).
   Result<store::Residency::Fetched> FetchToHost(

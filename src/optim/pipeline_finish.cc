@@ -101,7 +101,8 @@ void OffloadOptimizer::Impl::QueueDeferred(const StepParams& params,
     const GroupStep& now = this_step_[*it];
     if (now.kept || (restore && !now.speculated)) continue;
     parts_.pending->Mark(*it);
-    tasks_.push_back({*it, -1, false, false, ParamsOf(*it, params), restore});
+    tasks_.push_back(
+        {*it, -1, false, false, false, ParamsOf(*it, params), restore});
   }
   changed_.notify_all();
 }

@@ -1,13 +1,17 @@
 // The optimizer's C ABI hands gradients off behind the caller's stream
 // (strata_optimizer_hand_off's fence): on the host-emulated device with a
 // late-completing stream (testutil::FakeStream), the gradients written by
-// work still queued when the call returns are the ones the step uses.
+// work still queued when the call returns are the ones the step uses: bf16
+// ones copied at the hand-off, and fp32 ones that the worker copies
+// straight into the accumulator (Note [Gradients straight into the
+// accumulator] in src/optim/pipeline_worker.cc: with clipping on).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "strata/strata.h"
@@ -18,6 +22,12 @@ namespace {
 
 constexpr int64_t kElements = 4096;
 constexpr uint16_t kBf16One = 0x3f80;
+constexpr float kOne = 1.0f;
+
+struct Case {
+  int32_t dtype;
+  double clip_norm;  // a bound never reached: clip_coef 1
+};
 constexpr auto kWhile = std::chrono::milliseconds(100);
 
 // A C output struct, zeroed, with its struct_size set.
@@ -31,7 +41,7 @@ T Sized() {
 #define ASSERT_C_OK(call) \
   ASSERT_EQ((call), STRATA_OK) << #call << ": " << strata_last_error()
 
-class OptimFenceTest : public testing::Test {
+class OptimFenceTest : public testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     strata_engine_options o;
@@ -41,8 +51,8 @@ class OptimFenceTest : public testing::Test {
     o.host_budget = 4 << 20;
     ASSERT_C_OK(strata_engine_open(&o, &engine_));
     const int64_t shape[1] = {kElements};
-    strata_tensor_spec w = {
-        "w", shape, 1, STRATA_DTYPE_BFLOAT16, STRATA_ALL_ROLES, 0};
+    strata_tensor_spec w = {"w", shape, 1, GetParam().dtype, STRATA_ALL_ROLES,
+                            0};
     strata_group_spec spec;
     ASSERT_C_OK(strata_group_spec_init(&spec));
     spec.name = "layer.0";
@@ -53,6 +63,7 @@ class OptimFenceTest : public testing::Test {
     strata_optimizer_options opt;
     ASSERT_C_OK(strata_optimizer_options_init(&opt));
     opt.threads = 1;
+    opt.clip_norm = GetParam().clip_norm;
     ASSERT_C_OK(strata_optimizer_create(engine_, &opt, &optimizer_));
   }
   void TearDown() override {
@@ -68,7 +79,7 @@ class OptimFenceTest : public testing::Test {
   strata_optimizer* optimizer_ = nullptr;
 };
 
-TEST_F(OptimFenceTest, HandOffWaitsForTheStreamThatWritesTheGradients) {
+TEST_P(OptimFenceTest, HandOffWaitsForTheStreamThatWritesTheGradients) {
   strata_step_hyper hyper;
   ASSERT_C_OK(strata_step_hyper_init(&hyper));
   ASSERT_C_OK(strata_optimizer_begin_step(optimizer_, &hyper));
@@ -76,10 +87,16 @@ TEST_F(OptimFenceTest, HandOffWaitsForTheStreamThatWritesTheGradients) {
   ASSERT_C_OK(strata_optimizer_acquire_gradients(optimizer_, 0, &grads));
   auto info = Sized<strata_gradients_info>();
   ASSERT_C_OK(strata_gradients_get_info(grads, &info));
-  auto* g = static_cast<uint16_t*>(info.data);
   testutil::FakeStream stream;  // the "backward kernel", not run yet
-  stream.Queue([g] {
-    for (int64_t i = 0; i < kElements; ++i) g[i] = kBf16One;
+  const bool fp32 = GetParam().dtype == STRATA_DTYPE_FLOAT32;
+  stream.Queue([g = info.data, fp32] {
+    for (int64_t i = 0; i < kElements; ++i) {
+      if (fp32) {
+        std::memcpy(static_cast<float*>(g) + i, &kOne, sizeof(kOne));
+      } else {
+        static_cast<uint16_t*>(g)[i] = kBf16One;
+      }
+    }
   });
   ASSERT_C_OK(strata_optimizer_hand_off(optimizer_, grads, &stream, nullptr));
   std::this_thread::sleep_for(kWhile);  // time for a copy that ran too early
@@ -102,7 +119,7 @@ TEST_F(OptimFenceTest, HandOffWaitsForTheStreamThatWritesTheGradients) {
 
 // A fence the host-emulated device cannot use (an event) is refused and
 // ends the handle; the step then fails naming the missing hand-off.
-TEST_F(OptimFenceTest, AnEventOnTheHostDeviceIsRefused) {
+TEST_P(OptimFenceTest, AnEventOnTheHostDeviceIsRefused) {
   strata_step_hyper hyper;
   ASSERT_C_OK(strata_step_hyper_init(&hyper));
   ASSERT_C_OK(strata_optimizer_begin_step(optimizer_, &hyper));
@@ -117,6 +134,16 @@ TEST_F(OptimFenceTest, AnEventOnTheHostDeviceIsRefused) {
   auto report = Sized<strata_step_report>();
   EXPECT_NE(strata_optimizer_finish_step(optimizer_, &report), STRATA_OK);
 }
+
+INSTANTIATE_TEST_SUITE_P(Gradients, OptimFenceTest,
+                         testing::Values(Case{STRATA_DTYPE_BFLOAT16, 0},
+                                         Case{STRATA_DTYPE_FLOAT32, 1e6}),
+                         [](const testing::TestParamInfo<Case>& info) {
+                           return std::string(
+                               info.param.dtype == STRATA_DTYPE_FLOAT32
+                                   ? "fp32_straight_into_the_accumulator"
+                                   : "bf16_through_the_staging");
+                         });
 
 }  // namespace
 }  // namespace strata
