@@ -241,39 +241,59 @@ Status OffloadOptimizer::Impl::MakeDeviceRoom(uint64_t bytes) {
   return parts_.residency->EvictCached(Tier::kDevice);
 }
 
-// The host holds the staging ring, and for the step one group's roles that
-// live elsewhere, beside what the host tier is home to (already taken from
-// its budget at registration); all in the pool's size classes, as they are
+// The host holds the staging ring (`staging` bytes a buffer; none when
+// every hand-off is direct), and for the step one group's roles that live
+// elsewhere, beside what the host tier is home to (already taken from its
+// budget at registration); all in the pool's size classes, as they are
 // allocated.
-Status OffloadOptimizer::Impl::MakeHostRoom(uint64_t bytes) {
-  const uint64_t slot = tier::PinnedPool::SizeClass(bytes);
+Status OffloadOptimizer::Impl::MakeHostRoom(uint64_t staging) {
+  const uint64_t slot = staging == 0 ? 0 : tier::PinnedPool::SizeClass(staging);
   const uint64_t ring = slot * options_.grad_buffers;
   uint64_t working = 0;
   for (const Group& g : groups_) working = std::max(working, g.host_working);
   STRATA_RETURN_IF_ERROR(parts_.residency->EvictCached(Tier::kHost));
   const uint64_t host_free = parts_.host->free_bytes();
   if (ring + working <= host_free) return Status();
+  const std::string ring_text =
+      ring == 0 ? std::string("no gradient staging (every hand-off is direct)")
+                : fmt::format("{} gradient staging buffers of {}",
+                              options_.grad_buffers, HumanBytes(slot));
   return Status::ResourceExhausted(
       fmt::format("the host budget has {} left beside the roles homed "
-                  "there, and the optimizer needs {}: {} gradient staging "
-                  "buffers of {} and {} for one group's step (its roles "
-                  "homed off the host); raise the host budget by {}, "
-                  "lower grad_buffers, or home fewer roles on the host",
-                  HumanBytes(host_free), HumanBytes(ring + working),
-                  options_.grad_buffers, HumanBytes(slot), HumanBytes(working),
-                  HumanBytes(ring + working - host_free)));
+                  "there, and the optimizer needs {}: {} and {} for one "
+                  "group's step (its roles homed off the host); raise the "
+                  "host budget by {}, lower grad_buffers, or home fewer "
+                  "roles on the host",
+                  HumanBytes(host_free), HumanBytes(ring + working), ring_text,
+                  HumanBytes(working), HumanBytes(ring + working - host_free)));
+}
+
+// The bytes of host staging a buffer needs: the largest group whose
+// hand-offs are not all direct (Note [Gradients straight into the
+// accumulator] in pipeline_worker.cc).
+uint64_t OffloadOptimizer::Impl::StagingBytes() const {
+  uint64_t bytes = 0;
+  for (int id = 0; id < static_cast<int>(groups_.size()); ++id) {
+    const bool staged = options_.micro_batches > 1 || !Direct(id, true, true);
+    if (groups_[id].trainable && staged) {
+      bytes = std::max(bytes, groups_[id].compute_bytes);
+    }
+  }
+  return bytes;
 }
 
 Status OffloadOptimizer::Impl::AllocateSlots() {
   uint64_t bytes = 0;
   for (const Group& g : groups_) bytes = std::max(bytes, g.compute_bytes);
+  const uint64_t staging = StagingBytes();
   STRATA_RETURN_IF_ERROR(MakeDeviceRoom(bytes));
-  STRATA_RETURN_IF_ERROR(MakeHostRoom(bytes));
+  STRATA_RETURN_IF_ERROR(MakeHostRoom(staging));
   slots_.resize(options_.grad_buffers);
   for (Slot& s : slots_) {
     Result<void*> device = parts_.device->Allocate(bytes);
-    Result<void*> host = device.ok() ? parts_.host->Allocate(bytes)
-                                     : Result<void*>(device.status());
+    Result<void*> host = !device.ok()   ? Result<void*>(device.status())
+                         : staging == 0 ? Result<void*>(nullptr)
+                                        : parts_.host->Allocate(staging);
     if (device.ok()) s.device = *device;
     if (host.ok()) s.host = *host;
     if (!host.ok()) {

@@ -184,7 +184,7 @@ class OffloadOptimizer::Impl {
   };
   struct Slot {
     void* device = nullptr;  // device and host are fixed after Init
-    void* host = nullptr;
+    void* host = nullptr;    // null when every hand-off is direct
     // Set by HandOff, or by the worker for a direct task; waited for by
     // the worker.
     tier::Event d2h;
@@ -247,7 +247,8 @@ class OffloadOptimizer::Impl {
   // Second NVMe extents for the state of groups that speculate.
   Status AddSpares();
   Status MakeDeviceRoom(uint64_t bytes);  // for the gradient buffers
-  Status MakeHostRoom(uint64_t bytes);
+  Status MakeHostRoom(uint64_t staging);
+  uint64_t StagingBytes() const;
   Status AllocateSlots();
   Status CheckSelfWait(int group) const;  // under mu_
   // The buffer of `group` in the slot at `device`, and its fill.

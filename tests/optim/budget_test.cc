@@ -168,6 +168,35 @@ INSTANTIATE_TEST_SUITE_P(
                     Model{DType::kBFloat16, 3, 33333, true},
                     Model{DType::kFloat32, 5, 5000, true}));
 
+// fp32 groups whose gradients go straight into their accumulators (one
+// micro-batch, clipping on: Note [Gradients straight into the accumulator]
+// in src/optim/pipeline_worker.cc) take no host staging: the smallest host
+// budget Create accepts is a ring of staging buffers below that of two
+// micro-batches, which stage every hand-off but the first, and it runs.
+TEST(StagingTest, DirectHandOffsTakeNoHostStaging) {
+  constexpr int kBuffers = 3;
+  constexpr int64_t kN = 20000;  // elements of each group's tensor
+  testutil::ScratchDir dir;
+  auto open = [&](int micro_batches) {
+    return [&, micro_batches](uint64_t host_budget) {
+      std::vector<GroupSpec> specs(2);
+      for (int g = 0; g < 2; ++g) {
+        specs[g].name = "layer." + std::to_string(g);
+        specs[g].tensors = {{"w", {kN}, DType::kFloat32, kAllRoles}};
+      }
+      return Build(StateOn(Tier::kNvme, host_budget, 8 << 20, dir.path()),
+                   specs,
+                   {.micro_batches = micro_batches,
+                    .clip_norm = 1.0,
+                    .grad_buffers = kBuffers});
+    };
+  };
+  const uint64_t direct = SmallestAccepted(open(1), kPage, 16 << 20);
+  const uint64_t staged = SmallestAccepted(open(2), kPage, 16 << 20);
+  EXPECT_GE(staged, direct + kBuffers * kN * sizeof(float));
+  ExpectTheSmallestAcceptedRuns(open(1), kPage, 16 << 20, "host budget");
+}
+
 // The same for the device budget, with compute copies homed on the device
 // but one, fetched there: the gradient buffers live beside those homes and
 // that fetch. (Create used to check them against the whole budget.)

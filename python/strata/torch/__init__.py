@@ -300,7 +300,10 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
     """Budgets the config leaves out, from the model's sizes: the device
     holds every compute copy and the gradient buffers (set device_budget
     to stream a model larger than the GPU); the host holds what is homed
-    there and the staging of the largest groups, or, with the gradients
+    there and the staging of the largest groups (none for fp32 gradients
+    of one micro-batch, which go straight into their accumulators: Note
+    [Gradients straight into the accumulator] in
+    src/optim/pipeline_worker.cc), or, with the gradients
     homed on NVMe, every group's gradients (a step keeps them until its
     global checks say whether it stands; written down meanwhile, they
     would be bytes written for nothing) beside the largest group's other
@@ -320,8 +323,10 @@ def _engine_options(cfg: Config, plans: list[GroupPlan],
     homed[cfg.param_tier] += compute
     homed[cfg.state_tier] += state
     device = compute + (cfg.grad_buffers + 2) * largest_compute + 64 * _MIB
+    staged = dtype != torch.float32 or cfg.accumulation > 1
     host = (homed["host"] + max(4 * largest, kept + beside)
-            + cfg.grad_buffers * largest_compute + 64 * _MIB)
+            + (cfg.grad_buffers * largest_compute if staged else 0)
+            + 64 * _MIB)
     copies = 2 if cfg.speculates else 1
     # Each swap file may end with up to a chunk it could not place.
     slack = _SWAP_FILES * max((4 * _numel(p, ranks) for p in plans),
