@@ -175,7 +175,10 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
 // once its hold has placed the accumulator, has the device copy them
 // straight into it. The device copy starts later than at HandOff, but a
 // DMA on a GPU runs at PCIe speed where the memcpy ran at one core's, and
-// the slot goes back to the trainer when the copy ends, as before.
+// the slot goes back to the trainer when the copy ends, as before. When
+// every hand-off is direct (fp32 groups, one micro-batch, steps that wait
+// for the global checks: strata.torch's default), Create allocates no
+// staging at all (StagingBytes).
 bool OffloadOptimizer::Impl::Direct(int group, bool first, bool final) const {
   const bool accumulates = !final || Deferred();  // else: from the staging
   return first && accumulates && groups_[group].compute == FloatType::kF32;
