@@ -188,7 +188,8 @@ class OffloadOptimizer::Impl {
     // Set by HandOff, or by the worker for a direct task; waited for by
     // the worker.
     tier::Event d2h;
-    tier::Event written;  // a direct task's gradients complete on the device
+    tier::Event written;  // set by HandOff: the gradients complete on the
+                          // device, which every copy of them waits for
     int group = -1;
     bool acquired = false;
     std::thread::id acquirer;  // while acquired
