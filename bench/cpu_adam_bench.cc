@@ -29,6 +29,12 @@
 //                             then the fused step above with the clip
 //                             coefficient (SumSquares has already shown the
 //                             gradients finite, so one pass is safe).
+//   ZeroStep/<fp32|q8_fp32>/n  the same over fp32 grads (fp32 or 8-bit
+//                             state), beside <...>_norm_in_pass: the step
+//                             taking the norm in its own pass instead
+//                             (StepHooks::piece_sums, as a speculative step
+//                             of the pipeline does); its roofline reads the
+//                             gradients once.
 //   SumSquares/bf16/n, Convert/bf16_to_f32/n, Convert/f32_to_bf16/n  the
 //                             single-stream passes a pipeline step also
 //                             runs; their rooflines are a plain read and
@@ -71,6 +77,7 @@ enum class Prepass {
   kNone,  // the step alone, in its one-pass kStopAtNonFinite mode
   kScan,  // the default kSkipStep mode: its all-or-nothing inf/NaN scan
   kNorm,  // SumSquares (the global norm), then the step with a clip coefficient
+  kInPass,  // the norm taken in the step's pass (StepHooks::piece_sums)
 };
 
 struct Variant {
@@ -198,7 +205,7 @@ uint64_t ReadStream(const uint64_t* w, size_t begin, size_t end) {
 template <bool kPrefetch>
 double RooflineOnce(tbb::task_arena& arena, const Step& s, const Variant& v) {
   auto t0 = std::chrono::steady_clock::now();
-  if (v.prepass != Prepass::kNone) {
+  if (v.prepass == Prepass::kScan || v.prepass == Prepass::kNorm) {
     const size_t bytes = FloatTypeSize(v.grad_type);
     std::vector<uint64_t> ors(arena.max_concurrency());
     Parallel(arena, s.n, [&](size_t b, size_t e) {
@@ -256,7 +263,14 @@ Result<StepReport> OurStep(CpuOptimizer& opt, const Step& s, const Variant& v,
   }
   b.params_out = v.params_out ? s.out : nullptr;
   b.n = s.n;
-  return opt.Step(o, b);
+  std::vector<double> sums((s.n + kStepPiece - 1) / kStepPiece);
+  CpuOptimizer::StepHooks hooks;
+  if (v.prepass == Prepass::kInPass) hooks.piece_sums = sums.data();
+  Result<StepReport> r = opt.Step(o, b, hooks);
+  if (r.ok() && !SumPieces(sums.data(), sums.size()).finite) {
+    return Status::Internal("the sums of squares are not finite");
+  }
+  return r;
 }
 
 // Correctness before timing: the chosen path and the scalar reference take
@@ -486,6 +500,13 @@ int main(int argc, char** argv) {
        {"bf16grad_bf16out_skipstep", FloatType::kBF16, true, Prepass::kScan});
   step("ZeroStep",
        {"bf16grad_bf16out", FloatType::kBF16, true, Prepass::kNorm});
+  const auto q8 = strata::StateFormat::kQ8;
+  step("ZeroStep", {"fp32", FloatType::kF32, false, Prepass::kNorm});
+  step("ZeroStep",
+       {"fp32_norm_in_pass", FloatType::kF32, false, Prepass::kInPass});
+  step("ZeroStep", {"q8_fp32", FloatType::kF32, false, Prepass::kNorm, q8});
+  step("ZeroStep",
+       {"q8_fp32_norm_in_pass", FloatType::kF32, false, Prepass::kInPass, q8});
   Register("SumSquares/bf16", BM_Pass, Pass::kSumSquaresBf16);
   Register("Convert/bf16_to_f32", BM_Pass, Pass::kBf16ToF32);
   Register("Convert/f32_to_bf16", BM_Pass, Pass::kF32ToBf16);

@@ -140,13 +140,10 @@ struct Avx2 {
     __m256d d = _mm256_cvtps_pd(x);
     acc = _mm256_add_pd(acc, _mm256_mul_pd(d, d));
   }
-  template <class G>
-  static void AddSquares16(DAcc& acc, const G* g) {
-    for (int h = 0; h < 2; ++h) {
-      F v = Load(g + 8 * h);
-      AddSquares4(acc.lane[2 * h], _mm256_castps256_ps128(v));
-      AddSquares4(acc.lane[2 * h + 1], _mm256_extractf128_ps(v, 1));
-    }
+  static void AddSquares(DAcc& acc, F v, size_t lane) {
+    const size_t h = lane / 8;
+    AddSquares4(acc.lane[2 * h], _mm256_castps256_ps128(v));
+    AddSquares4(acc.lane[2 * h + 1], _mm256_extractf128_ps(v, 1));
   }
   static void StoreLanes(const DAcc& acc, double* lanes) {
     for (int q = 0; q < 4; ++q) _mm256_storeu_pd(lanes + 4 * q, acc.lane[q]);

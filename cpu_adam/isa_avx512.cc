@@ -135,9 +135,7 @@ struct Avx512 {
     __m512d d = _mm512_cvtps_pd(x);
     acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
   }
-  template <class G>
-  static void AddSquares16(DAcc& acc, const G* g) {
-    F v = Load(g);
+  static void AddSquares(DAcc& acc, F v, size_t /*lane: always 0*/) {
     AddSquares8(acc.lane[0], _mm512_castps512_ps256(v));
     AddSquares8(acc.lane[1], _mm256_castpd_ps(_mm512_extractf64x4_pd(
                                  _mm512_castps_pd(v), 1)));

@@ -86,12 +86,9 @@ struct Scalar {
   static F Lut8(Table t, I r) { return t[r]; }
   static F LoadCodes(const uint8_t* q) { return *q; }
   static void StoreCodes(uint8_t* q, F c) { *q = static_cast<uint8_t>(c); }
-  template <class G>
-  static void AddSquares16(DAcc& acc, const G* g) {
-    for (int l = 0; l < 16; ++l) {
-      double x = Load(g + l);
-      acc[l] += x * x;
-    }
+  static void AddSquares(DAcc& acc, F v, size_t lane) {
+    const double x = v;
+    acc[lane] += x * x;
   }
   static void StoreLanes(const DAcc& acc, double* lanes) {
     std::memcpy(lanes, acc, sizeof(DAcc));

@@ -16,7 +16,8 @@
 //
 // A V provides: W, F (a vector of W floats), DAcc (16 double lanes), Set1,
 // Load/Store for float, Bf16 and F16, Add, Mul, Div, Sqrt, Sign,
-// AnyNonFinite, Prefetch, AddSquares16 and StoreLanes; for 8-bit state
+// AnyNonFinite, Prefetch, AddSquares (the squares of a vector into lanes
+// `lane`.., a multiple of W below 16) and StoreLanes; for 8-bit state
 // Abs, Sub, Max (no NaN reaches it), MaxLanes, Trunc, CopySign, BitsToF
 // (the bit pattern read as an int32, converted), a mask type M with Ge and
 // Select, int32 lanes I with SetI, TruncI, CountIf (+1 where a mask is
@@ -34,6 +35,7 @@
 #include <type_traits>
 
 #include "cpu_adam/kernels.h"
+#include "cpu_adam/qcodec.h"
 
 namespace strata::cpu_adam {
 namespace {
@@ -65,6 +67,52 @@ inline size_t HeadCount(const float* p) {
   uintptr_t mis = reinterpret_cast<uintptr_t>(p) % kVecBytes;
   if (mis % sizeof(float) != 0) return 0;
   return ((kVecBytes - mis) % kVecBytes) / sizeof(float);
+}
+
+// Sums of squares in the fixed order of SumSquaresResult: lane (i - begin)
+// % 16 of a DAcc adds element i's square in double, in element order, and
+// the lanes are added 0..15 at the end. A step adds its gradients' squares
+// vector by vector as it loads them (StepPtrs::sum), in the same order.
+template <class V, class G>
+inline void AddSquares16(typename V::DAcc& acc, const G* g) {
+  for (size_t l = 0; l < 16; l += V::W) V::AddSquares(acc, V::Load(g + l), l);
+}
+
+template <class V>
+inline double SumOfLanes(const typename V::DAcc& acc) {
+  double lanes[16];
+  V::StoreLanes(acc, lanes);
+  double sum = 0.0;
+  for (double lane : lanes) sum += lane;
+  return sum;
+}
+
+template <class V, class G>
+double SumSquares(const void* grads, size_t begin, size_t end) {
+  const G* g = static_cast<const G*>(grads);
+  typename V::DAcc acc{};
+  size_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    PrefetchAhead<V>(g + i);
+    AddSquares16<V>(acc, g + i);
+  }
+  if (i < end) {
+    G tmp[16] = {};
+    std::memcpy(tmp, g + i, (end - i) * sizeof(G));
+    AddSquares16<V>(acc, tmp);
+  }
+  return SumOfLanes<V>(acc);
+}
+
+// The squares of cnt (<= W) gradients at g into lanes `lane`.., through a
+// zero-padded copy when cnt < W (a zero adds nothing).
+template <class V, class G>
+inline void AddSquaresOf(typename V::DAcc& acc, const G* g, size_t cnt,
+                         size_t lane) {
+  if (cnt == V::W) return V::AddSquares(acc, V::Load(g), lane);
+  G tmp[V::W] = {};
+  std::memcpy(tmp, g, cnt * sizeof(G));
+  V::AddSquares(acc, V::Load(tmp), lane);
 }
 
 template <class V, OptimAlgo A>
@@ -208,6 +256,10 @@ struct StepKernel {
       if (!Partial(k, x, i, head)) return i;
       i += head;
     }
+    // The squares in the pass where whole vectors start at begin, as their
+    // lanes do; after it otherwise (params not aligned to a vector).
+    const bool squares = x.sum != nullptr && head == 0;
+    typename V::DAcc acc{};
     for (; i + W <= end; i += W) {
       PrefetchAhead<V>(p + i);
       PrefetchAhead<V>(g + i);
@@ -215,73 +267,20 @@ struct StepKernel {
       if constexpr (kHasState2<A>) PrefetchAhead<V>(s2 + i);
       S* s2i = kHasState2<A> ? s2 + i : nullptr;
       O* outi = std::is_same_v<O, NoOut> ? nullptr : out + i;
+      if (squares) V::AddSquares(acc, V::Load(g + i), (i - begin) % 16);
       if (!UpdateVector<V, A, G, S, O>(k, i, p + i, g + i, s1 + i, s2i, outi)) {
         return i;
       }
     }
-    if (i < end && !Partial(k, x, i, end - i)) return i;
+    if (i < end) {
+      if (squares) AddSquaresOf<V>(acc, g + i, end - i, (i - begin) % 16);
+      if (!Partial(k, x, i, end - i)) return i;
+    }
+    if (x.sum != nullptr) {
+      *x.sum = squares ? SumOfLanes<V>(acc) : SumSquares<V, G>(g, begin, end);
+    }
     return end;
   }
-};
-
-// The codes of a QMap (cpu_adam/qmap.h) for W values at a time, in the
-// fp32 expressions qmap.h defines; the region r of a value selects its
-// decade's constants from registers (Lut8), not from memory. Copied by
-// value into each loop: the codes' stores (bytes) could alias a member
-// read through a reference, which would then be loaded again each vector.
-template <class V, bool kSigned>
-struct QCodec {
-  using F = typename V::F;
-  using I = typename V::I;
-  using T = typename V::Table;
-
-  explicit QCodec(const QMap& q)
-      : a(V::MakeTable(q.a)),
-        b(V::MakeTable(q.b)),
-        inv_a(V::MakeTable(q.inv_a)),
-        base(V::MakeTable(q.base)),
-        next_edge(V::MakeTable(q.next_edge)),
-        one_threshold(V::Set1(q.one_threshold)),
-        one_index(V::Set1(q.one_index)),
-        log_scale(V::Set1(q.log_scale)),
-        log_offset(V::Set1(q.log_offset)) {}
-
-  // Values relative to their block's scale (finite, |x| <= 1) to codes (as
-  // floats): the region's first guess from the bits (QMap::log_scale), one
-  // compare with the next region's edge, then the bucket.
-  F Quantize(F x) const {
-    const F xa = V::Abs(x);
-    const F guess = V::Add(V::Mul(V::BitsToF(xa), log_scale), log_offset);
-    I r = V::MaxI(V::MinI(V::TruncI(guess), V::SetI(7)), V::SetI(0));
-    r = V::CountIf(r, V::Ge(xa, V::Lut8(next_edge, r)));
-    const F j = V::Trunc(V::Mul(V::Sub(xa, V::Lut8(b, r)), V::Lut8(inv_a, r)));
-    const F mag = V::Select(V::Ge(xa, one_threshold), one_index,
-                            V::Add(V::Lut8(base, r), j));
-    if constexpr (!kSigned) return mag;
-    // 127 + mag, or 127 - min(mag, 127) for a negative value.
-    return V::Max(V::Add(V::Set1(127.0f), V::CopySign(mag, x)), V::Set1(0.0f));
-  }
-
-  // Codes (as floats) to values relative to their block's scale. The
-  // region of a magnitude index is a power of two's exponent: decade d
-  // starts at index 2^(d+1) - 1 (unsigned) or 2^d (signed).
-  F Dequantize(F code) const {
-    const F d = kSigned ? V::Sub(code, V::Set1(127.0f)) : code;
-    const F mag = kSigned ? V::Abs(d) : code;
-    const I r = V::MinI(
-        kSigned ? V::AddI(V::Exponent(V::Add(mag, V::Set1(0.5f))), V::SetI(1))
-                : V::Exponent(V::Add(mag, V::Set1(1.0f))),
-        V::SetI(7));
-    F v = V::Add(V::Mul(V::Add(V::Sub(mag, V::Lut8(base, r)), V::Set1(0.5f)),
-                        V::Lut8(a, r)),
-                 V::Lut8(b, r));
-    v = V::Select(V::Ge(mag, one_index), V::Set1(1.0f), v);
-    if constexpr (!kSigned) return v;
-    return V::CopySign(v, d);
-  }
-
-  T a, b, inv_a, base, next_edge;
-  F one_threshold, one_index, log_scale, log_offset;
 };
 
 // Note [8-bit state] in strata/cpu_adam.h, one block at a time, in two
@@ -311,6 +310,7 @@ struct Q8StepKernel {
     QCodec<V, true> m_codec;
     QCodec<V, false> v_codec;
     F m_scale{}, v_scale{}, m_max{}, v_max{};
+    typename V::DAcc squares{};  // of the gradients, when StepPtrs::sum asks
   };
 
   // W elements at offset j of the block, from params p, gradients g and
@@ -346,9 +346,14 @@ struct Q8StepKernel {
     for (size_t j = 0; j < full; j += W) {
       PrefetchAhead<V>(g + j);
       PrefetchAhead<V>(p + j);
+      // Blocks start at multiples of 16 from the call's begin.
+      if (x.sum != nullptr) V::AddSquares(ps.squares, V::Load(g + j), j % 16);
       if (!UpdateOne(k, ps, p + j, g + j, q1 + j, q2 + j, j, s)) return false;
     }
     if (full == cnt) return true;
+    if (x.sum != nullptr) {
+      AddSquaresOf<V>(ps.squares, g + full, cnt - full, full % 16);
+    }
     float pt[W] = {};
     G gt[W] = {};
     uint8_t q1t[W], q2t[W] = {};
@@ -429,6 +434,7 @@ struct Q8StepKernel {
       x.scale1[b] = m_scale;
       x.scale2[b] = v_scale;
     }
+    if (x.sum != nullptr) *x.sum = SumOfLanes<V>(ps.squares);
     return end;
   }
 };
@@ -458,27 +464,6 @@ bool NonFinite(const void* grads, float grad_mul, size_t begin, size_t end) {
                      bad = bad || V::AnyNonFinite(V::Mul(v, k));
                    });
   return bad;
-}
-
-template <class V, class G>
-double SumSquares(const void* grads, size_t begin, size_t end) {
-  const G* g = static_cast<const G*>(grads);
-  typename V::DAcc acc{};
-  size_t i = begin;
-  for (; i + 16 <= end; i += 16) {
-    PrefetchAhead<V>(g + i);
-    V::AddSquares16(acc, g + i);
-  }
-  if (i < end) {
-    G tmp[16] = {};
-    std::memcpy(tmp, g + i, (end - i) * sizeof(G));
-    V::AddSquares16(acc, tmp);
-  }
-  double lanes[16];
-  V::StoreLanes(acc, lanes);
-  double sum = 0.0;
-  for (double lane : lanes) sum += lane;
-  return sum;
 }
 
 template <class V, class T>

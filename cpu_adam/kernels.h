@@ -40,6 +40,10 @@ struct StepPtrs {
   void* out;
   float* scale1;  // kQ8 state: block b's scale at index b
   float* scale2;
+  // Null, or where a call that steps all of [begin, end) stores the sum of
+  // squares of those gradients, as stored (before grad_mul), bit for bit
+  // SumSquaresFn's over the same range. A call that stops leaves it.
+  double* sum;
 };
 
 inline constexpr int kNumAlgos = 4;

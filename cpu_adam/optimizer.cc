@@ -44,8 +44,9 @@ using cpu_adam::StepConsts;
 // workers would cost more than it saves.
 constexpr size_t kPageBytes = 4096;
 constexpr size_t kMinParallel = size_t{1} << 16;
-// SumSquares sums fixed blocks so its order does not depend on the split.
-constexpr size_t kNormBlock = size_t{1} << 16;
+// SumSquares sums fixed blocks so its order does not depend on the split:
+// a step's pieces, whose sums Step takes in its pass (StepHooks::piece_sums).
+constexpr size_t kNormBlock = kStepPiece;
 constexpr int kMaxThreads = 4096;
 
 // Note [TSan and TBB]
@@ -433,15 +434,19 @@ Result<StepReport> CpuOptimizer::Step(const StepOptions& options,
                                                    : 3;
   cpu_adam::StepFn fn = k.step[static_cast<int>(options.algo)][g]
                               [static_cast<int>(b.state_format)][out];
-  const cpu_adam::StepPtrs ptrs{b.params,      b.grads,      b.state1,
-                                b.state2,      b.params_out, b.state1_scale,
-                                b.state2_scale};
+  const cpu_adam::StepPtrs ptrs{b.params,       b.grads,      b.state1,
+                                b.state2,       b.params_out, b.state1_scale,
+                                b.state2_scale, nullptr};
   std::atomic<bool> stop{false};
   impl_->Run(bounds, [&](int, size_t begin, size_t end) {
     for (size_t i = begin; i < end; i += kStepPiece) {
       if (stop.load(std::memory_order_relaxed)) return;
       size_t j = end - i < kStepPiece ? end : i + kStepPiece;
-      if ((hooks.check && !hooks.check(i, j)) || fn(c, ptrs, i, j) != j) {
+      cpu_adam::StepPtrs x = ptrs;
+      if (hooks.piece_sums != nullptr) {
+        x.sum = hooks.piece_sums + i / kStepPiece;
+      }
+      if ((hooks.check && !hooks.check(i, j)) || fn(c, x, i, j) != j) {
         stop = true;
         return;
       }
@@ -479,7 +484,12 @@ Result<SumSquaresResult> CpuOptimizer::SumSquares(const void* grads,
       sums[blk] = fn(grads, begin, end);
     }
   });
-  for (double s : sums) result.sum += s;
+  return SumPieces(sums.data(), sums.size());
+}
+
+SumSquaresResult SumPieces(const double* sums, size_t pieces) {
+  SumSquaresResult result;
+  for (size_t k = 0; k < pieces; ++k) result.sum += sums[k];
   result.finite = std::isfinite(result.sum);
   return result;
 }

@@ -192,13 +192,17 @@ struct StepOptions {
 };
 
 // Sum of squares of a gradient buffer, for global-norm clipping. Squares are
-// exact in double and summed in a fixed order (16 lanes per 64 Ki-element
-// block, then blocks in order), so the result is bit-identical on every ISA
-// and thread count. finite is false when the buffer holds inf or NaN.
+// exact in double and summed in a fixed order (16 lanes per piece of
+// kStepPiece elements, then the pieces in order: SumPieces), so the result
+// is bit-identical on every ISA and thread count. finite is false when the
+// buffer holds inf or NaN.
 struct SumSquaresResult {
   double sum = 0.0;
   bool finite = true;
 };
+
+// The sum of squares of a buffer from its pieces' sums, in order.
+STRATA_EXPORT SumSquaresResult SumPieces(const double* sums, size_t pieces);
 
 struct CpuOptimizerOptions {
   // kAuto: the best path the CPU supports, unless STRATA_CPU_ISA=scalar|avx2|
@@ -233,12 +237,19 @@ class STRATA_EXPORT CpuOptimizer {
   // - `observer(begin, end)` after it was stepped. The pieces of a step
   //   that completes tile [0, n), each once; those of a kPartial or
   //   kSkipped one do not.
-  // Either may be null.
+  // - `piece_sums`, when not null, has room for a double per piece: piece
+  //   k's gradients' sum of squares (as stored, before GradPrep) goes to
+  //   [k] once it is stepped, taken as the pass loads them, so a step that
+  //   completes needs no SumSquares pass of its own:
+  //   SumPieces(piece_sums, pieces) is SumSquares(grads, type, n), bit for
+  //   bit. A piece not stepped keeps its value.
+  // Any may be null.
   using PieceCheck = std::function<bool(size_t begin, size_t end)>;
   using StepObserver = std::function<void(size_t begin, size_t end)>;
   struct StepHooks {
     PieceCheck check;
     StepObserver observer;
+    double* piece_sums = nullptr;
   };
   Result<StepReport> Step(const StepOptions& options,
                           const OptimBuffers& buffers, const StepHooks& hooks);
