@@ -303,10 +303,16 @@ class OffloadOptimizer::Impl {
   Status Release(StepHold& hold);
   // `digest` hashes what the step writes (Note [Checksums in the
   // optimizer's pass] in src/optim/step_digest.h), `check` verifies what
-  // it reads (src/optim/step_check.h).
+  // it reads (src/optim/step_check.h); `norm`, when not null, gets the
+  // gradients' sum of squares of a step that applies (Note [The norm in the
+  // step's pass], pipeline_pass.cc).
   Result<StepReport> Step(int group, const StepOptions& step,
                           const OptimBuffers& whole, PassRoles roles,
-                          optim::StepDigest* digest, optim::StepCheck* check);
+                          optim::StepDigest* digest, optim::StepCheck* check,
+                          SumSquaresResult* norm);
+  // The group's gradients' sum of squares, call by call (the same Note).
+  Result<SumSquaresResult> SumSquares(int group, const void* grads,
+                                      FloatType type);
   // What the step's pass verifies of `fetched`, the hold of its chunks.
   std::unique_ptr<optim::StepCheck> CheckOf(
       int group, const store::Residency::Fetched& fetched) const;
@@ -314,8 +320,16 @@ class OffloadOptimizer::Impl {
   std::vector<optim::StepDigest::Chunk> DigestedChunks(int group,
                                                        const OptimBuffers& b,
                                                        PassRoles roles) const;
+  StepOptions OptionsOf(const StepParams& params) const;
+  // `norm`: as Step's; a speculative step that stopped at a non-finite
+  // gradient returns OK with the norm not finite.
   Status StepGroup(int group, StepHold& hold, const void* grads,
-                   FloatType grad_type, const StepParams& params);
+                   FloatType grad_type, const StepParams& params,
+                   SumSquaresResult* norm = nullptr);
+  // The last micro-batch's norm, and the step where the hand-off steps.
+  Status NormAndStep(const Task& task, StepHold& hold, float* acc, bool steps,
+                     bool speculate);
+  void RecordNorm(int group, const SumSquaresResult& r);
   // Prefetches the state of the groups that step after `group` (-1: the
   // first): the deferred steps queued, else in the last step's order.
   void ReadAhead(int group);

@@ -25,6 +25,20 @@ Status CopyAs(CpuOptimizer& cpu, const void* src, FloatType src_type, void* dst,
   return cpu.Convert(src, src_type, dst, dst_type, n);
 }
 
+// A step that stopped though its gradients are finite.
+Status OverflowError(const store::GroupLayout& layout) {
+  if (!layout.packed_state) {
+    return Status::Internal(fmt::format(
+        "group '{}': the step overflowed after its gradients checked finite",
+        layout.name));
+  }
+  return Status::FailedPrecondition(fmt::format(
+      "group '{}': a finite gradient made its int8 optimizer state overflow "
+      "(from about |g| > 1e20, v exceeds the fp32 range); clip the gradients "
+      "(clip_norm) or keep the state in bf16 or fp32 (state_dtype)",
+      layout.name));
+}
+
 }  // namespace
 
 void OffloadOptimizer::Impl::WorkerLoop() {
@@ -110,19 +124,14 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
     s.pending = false;
     changed_.notify_all();
   };
-  auto record = [&](const SumSquaresResult& r) {
-    std::lock_guard<std::mutex> lk(mu_);
-    this_step_[task.group].sum_squares = r.sum;
-    this_step_[task.group].finite = r.finite;
-  };
   if (!status.ok()) {
     free_slot();
     return status;
   }
   if (task.first && task.final && !Deferred()) {
     // One micro-batch: the staged gradients feed the step directly.
-    Result<SumSquaresResult> sum = cpu_->SumSquares(s.host, g.compute, g.n);
-    if (sum.ok()) record(*sum);
+    Result<SumSquaresResult> sum = SumSquares(task.group, s.host, g.compute);
+    if (sum.ok()) RecordNorm(task.group, *sum);
     if (sum.ok() && sum->finite) {
       Result<StepHold> hold = HoldForStep(task.group, {}, false);
       status = hold.ok() ? StepGroup(task.group, *hold, s.host, g.compute,
@@ -150,17 +159,40 @@ Status OffloadOptimizer::Impl::ConsumeGradients(const Task& task) {
   status = Gather(task, acc);
   free_slot();
   if (status.ok() && task.final) {
-    Result<SumSquaresResult> sum = cpu_->SumSquares(acc, FloatType::kF32, g.n);
-    if (sum.ok()) record(*sum);
-    status = sum.status();
-    if (status.ok() && sum->finite && steps) {
-      status = StepGroup(task.group, *hold, acc, FloatType::kF32, task.params);
-      if (status.ok() && !speculate) MarkApplied(task.group);
-    }
+    status = NormAndStep(task, *hold, acc, steps, speculate);
   }
   if (!hold->fetched.pin.held()) return status;  // StepGroup released it
   Status released = Release(*hold);
   return status.ok() ? released : status;
+}
+
+// The last micro-batch's: the group's norm, and its step where this hand-off
+// steps it. A speculative step takes the norm in its pass (Note [The norm in
+// the step's pass], pipeline_pass.cc).
+Status OffloadOptimizer::Impl::NormAndStep(const Task& task, StepHold& hold,
+                                           float* acc, bool steps,
+                                           bool speculate) {
+  if (speculate) {
+    SumSquaresResult sum;
+    Status status =
+        StepGroup(task.group, hold, acc, FloatType::kF32, task.params, &sum);
+    if (status.ok()) RecordNorm(task.group, sum);
+    return status;
+  }
+  STRATA_ASSIGN_OR_RETURN(SumSquaresResult sum,
+                          SumSquares(task.group, acc, FloatType::kF32));
+  RecordNorm(task.group, sum);
+  if (!sum.finite || !steps) return Status();
+  Status status =
+      StepGroup(task.group, hold, acc, FloatType::kF32, task.params);
+  if (status.ok()) MarkApplied(task.group);
+  return status;
+}
+
+void OffloadOptimizer::Impl::RecordNorm(int group, const SumSquaresResult& r) {
+  std::lock_guard<std::mutex> lk(mu_);
+  this_step_[group].sum_squares = r.sum;
+  this_step_[group].finite = r.finite;
 }
 
 // Note [Gradients straight into the accumulator]
@@ -278,10 +310,22 @@ Result<OffloadOptimizer::Impl::StepHold> OffloadOptimizer::Impl::HoldForStep(
   return hold;
 }
 
+StepOptions OffloadOptimizer::Impl::OptionsOf(const StepParams& params) const {
+  StepOptions step;
+  step.algo = options_.algo;
+  const StepHyper& h = params.hyper;
+  step.hyper = {h.lr,           h.beta1,    h.beta2,    h.eps,
+                h.weight_decay, h.lr_decay, params.step};
+  step.prep = {static_cast<float>(1.0 / h.loss_scale), params.clip_coef};
+  step.overflow = OverflowPolicy::kStopAtNonFinite;
+  return step;
+}
+
 // Steps the group over the chunks `hold` holds, then releases it.
 Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
                                          const void* grads, FloatType grad_type,
-                                         const StepParams& params) {
+                                         const StepParams& params,
+                                         SumSquaresResult* norm) {
   const Group& g = groups_[group];
   const store::Residency& residency = *parts_.residency;
   auto chunk = [&](Role role) -> void* { return hold.fetched.base[role]; };
@@ -298,16 +342,9 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   b.params_out = g.in_place ? nullptr : chunk(hold.roles.out);
   b.out_type = g.compute;  // fp32 where the out is the master
   b.n = g.n;
-  StepOptions step;
-  step.algo = options_.algo;
-  const StepHyper& h = params.hyper;
-  step.hyper = {h.lr,           h.beta1,    h.beta2,    h.eps,
-                h.weight_decay, h.lr_decay, params.step};
-  step.prep = {static_cast<float>(1.0 / h.loss_scale), params.clip_coef};
-  step.overflow = OverflowPolicy::kStopAtNonFinite;
   optim::StepDigest digest(DigestedChunks(group, b, hold.roles));
-  Result<StepReport> report =
-      Step(group, step, b, hold.roles, &digest, hold.check.get());
+  Result<StepReport> report = Step(group, OptionsOf(params), b, hold.roles,
+                                   &digest, hold.check.get(), norm);
   if (report.ok() && !report->overflow()) {
     for (auto& [role, d] : digest.Finish()) {
       parts_.residency->AttachDigest(hold.fetched.hold, role, std::move(d));
@@ -326,19 +363,11 @@ Status OffloadOptimizer::Impl::StepGroup(int group, StepHold& hold,
   if (hold.check && hold.check->failed()) return released;  // bad reads
   if (!report.ok()) return report.status();
   if (report->overflow()) {
-    const store::GroupLayout& layout = residency.layout(group);
-    if (!layout.packed_state) {
-      return Status::Internal(fmt::format(
-          "group '{}': the step overflowed after its gradients checked "
-          "finite",
-          layout.name));
+    if (norm != nullptr) {  // Note [The norm in the step's pass]
+      STRATA_ASSIGN_OR_RETURN(*norm, SumSquares(group, grads, grad_type));
+      if (!norm->finite) return released;
     }
-    return Status::FailedPrecondition(fmt::format(
-        "group '{}': a finite gradient made its int8 optimizer state "
-        "overflow (from about |g| > 1e20, v exceeds the fp32 range); clip "
-        "the gradients (clip_norm) or keep the state in bf16 or fp32 "
-        "(state_dtype)",
-        layout.name));
+    return OverflowError(residency.layout(group));
   }
   std::lock_guard<std::mutex> lk(mu_);
   step_seconds_ += Seconds(end - hold.start);
