@@ -263,9 +263,10 @@ Result<StepReport> OurStep(CpuOptimizer& opt, const Step& s, const Variant& v,
   }
   b.params_out = v.params_out ? s.out : nullptr;
   b.n = s.n;
+  if (v.prepass != Prepass::kInPass) return opt.Step(o, b);
   std::vector<double> sums((s.n + kStepPiece - 1) / kStepPiece);
   CpuOptimizer::StepHooks hooks;
-  if (v.prepass == Prepass::kInPass) hooks.piece_sums = sums.data();
+  hooks.piece_sums = sums.data();
   Result<StepReport> r = opt.Step(o, b, hooks);
   if (r.ok() && !SumPieces(sums.data(), sums.size()).finite) {
     return Status::Internal("the sums of squares are not finite");

@@ -351,9 +351,6 @@ struct Q8StepKernel {
       if (!UpdateOne(k, ps, p + j, g + j, q1 + j, q2 + j, j, s)) return false;
     }
     if (full == cnt) return true;
-    if (x.sum != nullptr) {
-      AddSquaresOf<V>(ps.squares, g + full, cnt - full, full % 16);
-    }
     float pt[W] = {};
     G gt[W] = {};
     uint8_t q1t[W], q2t[W] = {};
@@ -362,6 +359,7 @@ struct Q8StepKernel {
     std::memcpy(gt, g + full, (cnt - full) * sizeof(G));
     std::memcpy(q1t, q1 + full, cnt - full);
     std::memcpy(q2t, q2 + full, cnt - full);
+    if (x.sum != nullptr) V::AddSquares(ps.squares, V::Load(gt), full % 16);
     return UpdateOne(k, ps, pt, gt, q1t, q2t, full, s);
   }
 

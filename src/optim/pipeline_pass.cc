@@ -20,7 +20,10 @@ struct Call {
   OptimBuffers b;
 };
 
+// `bytes` past `base`; null for a buffer not given (SumSquares gives only
+// the gradients).
 char* At(const void* base, uint64_t bytes) {
+  if (base == nullptr) return nullptr;
   return static_cast<char*>(const_cast<void*>(base)) + bytes;
 }
 
@@ -39,21 +42,18 @@ std::vector<Call> CallsOf(const store::GroupLayout& layout,
   std::vector<Call> calls;
   for (const store::TensorLayout& t : layout.tensors) {
     OptimBuffers b = whole;
-    b.params = whole.params + t.element;
+    b.params =
+        reinterpret_cast<float*>(At(whole.params, t.element * sizeof(float)));
     b.grads = At(whole.grads, t.element * grad_width);
     b.state1 = At(whole.state1, t.offset[Role::kState1]);
-    b.state2 = whole.state2 == nullptr
-                   ? nullptr
-                   : At(whole.state2, t.offset[Role::kState2]);
+    b.state2 = At(whole.state2, t.offset[Role::kState2]);
     b.state_format = t.state;
     if (t.state == StateFormat::kQ8) {
       const uint64_t codes = Q8Blocks(t.elements) * kQ8Block;
       b.state1_scale = reinterpret_cast<float*>(At(b.state1, codes));
       b.state2_scale = reinterpret_cast<float*>(At(b.state2, codes));
     }
-    if (whole.params_out != nullptr) {
-      b.params_out = At(whole.params_out, t.element * out_width);
-    }
+    b.params_out = At(whole.params_out, t.element * out_width);
     b.n = t.elements;
     calls.push_back({&t, b});
   }
