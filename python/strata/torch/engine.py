@@ -208,16 +208,27 @@ class StrataEngine:
             self._abandon(where, error, abandon_step)
             raise
 
+    def abandon_step(self) -> bool:
+        """Drops the optimizer step in progress as an error in a pass does
+        (Note [Recovery]): for an exception, Ctrl-C above all, raised in
+        the caller's own code between forward, backward and step, where
+        the engine cannot see it. The step's micro-batches are dropped and
+        nothing changes, so save_checkpoint works after it; a step that
+        had already settled stands and is counted. Returns whether a step
+        was open; between steps it does nothing. Across ranks it ends the
+        job, as any error in a pass does."""
+        self._check_open()
+        if self.rt.phase is Phase.IDLE:
+            return False
+        self._drop("abandon_step()", abort=True)
+        return True
+
     def _abandon(self, where: str, error: BaseException,
                  abandon_step: bool) -> None:
         """Note [Recovery]."""
-        if self.rt.ranks.sharded():
-            self.rt.ranks.give_up(f"left {where} after an error")
         in_step = abandon_step and self.rt.phase is not Phase.IDLE
         try:
-            self.rt.reset()
-            if in_step:
-                self._abort_step()
+            self._drop(f"{where} after an error", abort=in_step)
         except BaseException as cleanup:  # the first error is the news
             note = getattr(error, "add_note", None)
             if note:
@@ -229,6 +240,13 @@ class StrataEngine:
                 f"strata.torch: the optimizer step in progress was abandoned "
                 f"after an error in {where}: its micro-batches are dropped, "
                 f"and the next forward starts a new step", stacklevel=4)
+
+    def _drop(self, left: str, abort: bool) -> None:
+        if self.rt.ranks.sharded():
+            self.rt.ranks.give_up(f"left {left}")
+        self.rt.reset()
+        if abort:
+            self._abort_step()
 
     def _abort_step(self) -> None:
         assert self.rt.optimizer is not None

@@ -7,12 +7,17 @@ The first SIGINT only asks the loop to stop: the step in progress runs to
 its end, as any other, and the checkpoint saved then is the state an
 uninterrupted run has after that step, so --resume goes on
 bit-identically. A second SIGINT abandons the step: KeyboardInterrupt
-comes out of the engine's pass, which recovers (Note [Recovery] in
-strata/torch/engine.py: the step changed nothing), the data generator and
-torch's RNG states go back to where they were before the step, and that
-is what is saved. Further SIGINTs outside a step (while the checkpoint is
-written) are only noted: a checkpoint half written would be worse. The
-command exits 130, as a shell does for a Ctrl-C."""
+comes out of wherever the loop is, in the engine's pass (which recovers,
+Note [Recovery] in strata/torch/engine.py) or in the loop's own code
+between the engine's calls (the loss, the batches), where
+engine.abandon_step() drops the step; either way the step changed
+nothing, the data generator and torch's RNG states go back to where they
+were before it, and that is what is saved. Once the step is counted
+(engine.global_steps moved) SIGINT no longer raises; a step that settled
+before the interrupt reached the engine stands, is logged, and its state
+saved. Further SIGINTs outside a step (while the checkpoint is written)
+are only noted: a checkpoint half written would be worse. The command
+exits 130, as a shell does for a Ctrl-C."""
 from __future__ import annotations
 
 import json
@@ -60,9 +65,12 @@ class Run:
 class Stop:
     """SIGINT while the loop runs: Note [Ctrl-C in strata-train]."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: StrataEngine) -> None:
+        self.engine = engine
         self.requested = False
-        self.in_step = False  # a second SIGINT abandons the step
+        # engine.global_steps when the step in progress began (None
+        # between steps): a second SIGINT abandons the step until counted
+        self.counted: Optional[int] = None
 
     def __enter__(self) -> "Stop":
         self._previous = signal.signal(signal.SIGINT, self._handle)
@@ -77,7 +85,7 @@ class Stop:
             tqdm.write("strata-train: Ctrl-C: the step in progress ends, "
                        "then a checkpoint is saved (Ctrl-C again abandons "
                        "the step)")
-        elif self.in_step:
+        elif self.counted == self.engine.global_steps:
             raise KeyboardInterrupt
         else:
             tqdm.write("strata-train: saving the checkpoint; it ends soon")
@@ -88,18 +96,21 @@ def train(engine: StrataEngine, batches: Batches, run: Run) -> int:
     returns the exit status (0, or 130 after Ctrl-C)."""
     bar = tqdm(total=run.steps, initial=engine.global_steps, unit="step",
                dynamic_ncols=True)
-    with Stop() as stop, run.log.open("a") as log:
+    with Stop(engine) as stop, run.log.open("a") as log:
         while engine.global_steps < run.steps and not stop.requested:
-            before = _snapshot(batches)
-            stop.in_step = True
+            before, tally = _snapshot(batches), Tally.now(engine)
+            counted = stop.counted = engine.global_steps
             try:
-                record = step(engine, batches, run)
+                step(engine, batches, tally)
             except KeyboardInterrupt:
-                _restore(batches, before)
-                stop.requested = True
-                break
+                stop.counted, stop.requested = None, True  # no more raises
+                engine.abandon_step()
+                if engine.global_steps == counted:
+                    _restore(batches, before)
+                    break
             finally:
-                stop.in_step = False
+                stop.counted = None
+            record = tally.record(engine, batches, run)
             log.write(json.dumps(record) + "\n")
             log.flush()
             bar.update(1)
@@ -122,34 +133,53 @@ def train(engine: StrataEngine, batches: Batches, run: Run) -> int:
     return 0
 
 
-def step(engine: StrataEngine, batches: Batches, run: Run
-         ) -> dict[str, Any]:
-    """One optimizer step (gradient_accumulation_steps micro-batches) and
-    its log record. The loss is the mean next-token cross entropy in fp32
-    over the micro-batches."""
-    lr = engine.get_lr()[0]
-    accumulation = engine.gradient_accumulation_steps()
-    before = engine.store.stats()
-    start = time.perf_counter()
-    total, fwd_bwd = 0.0, 0.0
-    for _ in range(accumulation):
+@dataclass
+class Tally:
+    """One step's progress so far, kept by step() outside it: a step that
+    settled as Ctrl-C came is logged all the same."""
+    lr: float
+    stats: dict[str, Any]
+    start: float
+    loss: float = 0.0  # the sum over the micro-batches
+    fwd_bwd: float = 0.0
+
+    @staticmethod
+    def now(engine: StrataEngine) -> "Tally":
+        return Tally(engine.get_lr()[0], engine.store.stats(),
+                     time.perf_counter())
+
+    def record(self, engine: StrataEngine, batches: Batches, run: Run
+               ) -> dict[str, Any]:
+        """The step's log record, after engine.step() ended it. The loss
+        is the mean next-token cross entropy in fp32 over the
+        micro-batches."""
+        seconds = time.perf_counter() - self.start
+        stepped = engine.last_report
+        assert stepped is not None  # the last micro-batch ends the step
+        accumulation = engine.gradient_accumulation_steps()
+        tokens = accumulation * batches.micro_batch * run.seq_len
+        return {"step": engine.global_steps,
+                "loss": self.loss / accumulation, "lr": self.lr,
+                "grad_norm": stepped.grad_norm, "skipped": stepped.skipped,
+                "tokens": tokens, **_rates(tokens / seconds, run),
+                "step_s": seconds,
+                **_breakdown(self.fwd_bwd, stepped, self.stats,
+                             engine.store.stats())}
+
+
+def step(engine: StrataEngine, batches: Batches, tally: Tally) -> None:
+    """One optimizer step (gradient_accumulation_steps micro-batches),
+    counted in `tally` as it goes."""
+    for _ in range(engine.gradient_accumulation_steps()):
         x, y = batches.next()
         began = time.perf_counter()
         logits = engine(input_ids=x.to(engine.device)).logits
         loss = F.cross_entropy(logits.flatten(0, 1).float(),
                                y.to(engine.device).flatten())
         engine.backward(loss)
-        fwd_bwd += time.perf_counter() - began
-        total += loss.item()
-        stepped = engine.step()
-    seconds = time.perf_counter() - start
-    assert stepped is not None  # the last micro-batch ends the step
-    tokens = accumulation * batches.micro_batch * run.seq_len
-    return {"step": engine.global_steps, "loss": total / accumulation,
-            "lr": lr, "grad_norm": stepped.grad_norm,
-            "skipped": stepped.skipped, "tokens": tokens,
-            **_rates(tokens / seconds, run), "step_s": seconds,
-            **_breakdown(fwd_bwd, stepped, before, engine.store.stats())}
+        tally.fwd_bwd += time.perf_counter() - began
+        tally.loss += loss.item()
+        engine.step()
 
 
 def _rates(tokens_per_s: float, run: Run) -> dict[str, Any]:

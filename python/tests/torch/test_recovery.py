@@ -97,12 +97,14 @@ class Failing(torch.nn.Module):
         return out
 
 
-@pytest.mark.parametrize("where", ["forward", "backward", "step"])
+@pytest.mark.parametrize("where", ["forward", "backward", "step", "caller"])
 @pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()])
 def test_every_error_in_a_pass_leaves_the_engine_usable(
         scratch: Path, where: str, error: BaseException) -> None:
     """After the error the step is dropped: the run goes on as if the
-    failed micro-batches never came, and save, load and close work."""
+    failed micro-batches never came, and save, load and close work. An
+    error in the caller's own code between backward and step needs
+    engine.abandon_step(), which does nothing between steps."""
     cfg = config(gradient_accumulation_steps=2,
                  train_micro_batch_size_per_gpu=4)
     m = Failing()
@@ -124,13 +126,17 @@ def test_every_error_in_a_pass_leaves_the_engine_usable(
                 engine.backward(loss)
             finally:
                 del engine.rt.optimizer.acquire_gradients
-        else:
+        elif where == "step":
             engine.backward(engine(*micro[1]).loss)
             engine.rt.optimizer.finish_step = _raising(error)
             try:
                 engine.step()
             finally:
                 del engine.rt.optimizer.finish_step
+        else:
+            engine.backward(engine(*micro[1]).loss)
+            raise error
+    assert engine.abandon_step() == (where == "caller")
     saved = engine.save_checkpoint(str(scratch), tag=7)
     assert saved and (scratch / "7").is_dir()
     rest = train_strata(m, cfg, steps[1:], engine=engine, close=False)

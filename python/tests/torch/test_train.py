@@ -13,6 +13,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -215,6 +216,19 @@ def finish(process: subprocess.Popen) -> tuple[int, str]:
     return process.returncode, stdout + stderr
 
 
+def assert_resumes_straight(scratch: Path, out: Path, text: Path, ds: Path,
+                            stopped: int) -> None:
+    """The run in `out`, stopped after step `stopped` and saved there,
+    resumed for two more steps logs the losses of a run never stopped."""
+    assert (out / "ckpt" / "latest").read_text() == f"global_step{stopped}"
+    assert main(args(out, text, ds, "--steps", str(stopped + 2),
+                     "--resume")) == 0
+    straight = scratch / "straight"
+    assert main(args(straight, text, ds, "--steps", str(stopped + 2))) == 0
+    assert [r["loss"] for r in log(out)] == \
+        [r["loss"] for r in log(straight)]
+
+
 @pytest.mark.parametrize("signals", [1, 2])
 def test_ctrl_c_saves_and_resume_goes_on(scratch: Path, text: Path,
                                          ds: Path, signals: int) -> None:
@@ -236,13 +250,56 @@ def test_ctrl_c_saves_and_resume_goes_on(scratch: Path, text: Path,
     assert status == 130, printed
     stopped = len(log(out))
     assert f"stopped at step {stopped}" in printed
-    assert (out / "ckpt" / "latest").read_text() == f"global_step{stopped}"
-    assert main(args(out, text, ds, "--steps", str(stopped + 2),
-                     "--resume")) == 0
-    straight = scratch / "straight"
-    assert main(args(straight, text, ds, "--steps", str(stopped + 2))) == 0
-    assert [r["loss"] for r in log(out)] == \
-        [r["loss"] for r in log(straight)]
+    assert_resumes_straight(scratch, out, text, ds, stopped)
+
+
+@pytest.mark.parametrize("where", ["loss", "settled"])
+def test_ctrl_c_anywhere_in_a_step_stops_cleanly(
+        scratch: Path, text: Path, ds: Path, where: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The KeyboardInterrupt of a second Ctrl-C lands wherever the loop is:
+    in its own code between forward and backward (the loss: the engine
+    cannot see it), or after the step settled in engine.step(). Exit 130,
+    the checkpoint is of the last step counted, and --resume matches a run
+    never interrupted."""
+    from strata.torch import StrataEngine
+    from strata.train import loop
+    calls = [0]
+
+    def third(call: Any) -> Any:  # the third call raises as it returns
+        def wrapped(*a: Any, **k: Any) -> Any:
+            out = call(*a, **k)
+            calls[0] += 1
+            if calls[0] == 3:
+                raise KeyboardInterrupt
+            return out
+        return wrapped
+    if where == "loss":
+        monkeypatch.setattr(loop, "F", SimpleNamespace(
+            cross_entropy=third(loop.F.cross_entropy)))
+    else:
+        monkeypatch.setattr(StrataEngine, "step", third(StrataEngine.step))
+    out = scratch / "interrupted"
+    assert main(args(out, text, ds, "--steps", "10")) == 130
+    monkeypatch.undo()
+    stopped = 2 if where == "loss" else 3
+    assert [r["step"] for r in log(out)] == list(range(1, stopped + 1))
+    assert_resumes_straight(scratch, out, text, ds, stopped)
+
+
+def test_a_second_ctrl_c_abandons_only_a_step_not_yet_counted() -> None:
+    from strata.train import loop
+    engine = SimpleNamespace(global_steps=5)
+    stop = loop.Stop(engine)  # type: ignore[arg-type]
+    stop._handle(signal.SIGINT, None)
+    assert stop.requested  # the first only asks
+    stop.counted = 5
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGINT, None)
+    engine.global_steps = 6  # counted: the step stands
+    stop._handle(signal.SIGINT, None)
+    stop.counted = None  # between steps: the checkpoint is being written
+    stop._handle(signal.SIGINT, None)
 
 
 def test_no_save_writes_no_checkpoint(scratch: Path, text: Path,
