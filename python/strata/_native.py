@@ -8,12 +8,14 @@ python/tests/test_abi.py checks every struct here against the header's
 sizes and offsets (tests/capi/abi_layout.c prints them)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes as C
 import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from types import FrameType
+from typing import Any, Callable, Iterator, Optional
 
 from strata._cint import IntRange, Struct, c_int, int_range
 
@@ -276,6 +278,18 @@ BLOCKING = frozenset({
     "strata_optimizer_abort_step", "strata_optimizer_begin_step",
     "strata_optimizer_begin_step_groups",
     "strata_optimizer_save", "strata_optimizer_load"})
+# Note [Ctrl-C as a step finishes]
+# A KeyboardInterrupt raised after a blocking call succeeded, on its way
+# back up through Python, would tell the caller that the call failed when
+# it did not: after strata_optimizer_finish_step, a step that stands in
+# strata but not in strata.torch's count, its LR schedule or the caller's
+# data (abort_step between steps does nothing). Inside interrupts_held()
+# SIGINT's handler only records the signal. One that comes during a
+# blocking call still ends its wait (the wakeup fd is written whatever the
+# handler) and is handed to the real handler then, as is one recorded just
+# before such a call; one recorded after a call succeeded is handed over
+# when the block ends, once the caller's bookkeeping is done.
+Handler = Callable[[int, Optional[FrameType]], Any]
 _check_signals = C.pythonapi.PyErr_CheckSignals
 _check_signals.restype = C.c_int
 _check_signals.argtypes = []
@@ -302,6 +316,9 @@ class Library:
         self._wake_read, self._wake_write = os.pipe2(
             os.O_NONBLOCK | os.O_CLOEXEC)
         self._armed = False  # the main thread's waits look at the pipe
+        # Inside interrupts_held(): SIGINT's real handler and the frames
+        # of the signals recorded (Note [Ctrl-C as a step finishes]).
+        self._held: Optional[tuple[Handler, list[Optional[FrameType]]]] = None
 
     def status_name(self, code: int) -> str:
         return self._lib.strata_status_name(code).decode()
@@ -312,13 +329,51 @@ class Library:
             args = self._checked(name, args)
         blocking = name in BLOCKING and \
             threading.current_thread() is threading.main_thread()
+        if blocking:
+            self._hand_over()
         code = self._watched(function, args) if blocking else function(*args)
         while code == CANCELLED and blocking:
             _check_signals()  # raises what a handler raises
+            self._hand_over()
             code = self._watched(function, args)
         if code != 0:
             raise StrataError(code, self.status_name(code),
                               self._lib.strata_last_error().decode())
+
+    @contextlib.contextmanager
+    def interrupts_held(self) -> Iterator[None]:
+        """SIGINT held back from the code inside, but not from its blocking
+        calls' waits (Note [Ctrl-C as a step finishes]). On the main
+        thread, with a Python handler for SIGINT; else it does nothing."""
+        previous = signal.getsignal(signal.SIGINT)
+        if self._held is not None or not callable(previous) or \
+                threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self._held = (previous, [])
+        signal.signal(signal.SIGINT, self._record)
+        try:
+            yield
+        finally:
+            try:  # a signal pending here goes to `previous` at once
+                signal.signal(signal.SIGINT, previous)
+                self._hand_over()
+            finally:
+                self._held = None
+
+    def _record(self, signum: int, frame: Optional[FrameType]) -> None:
+        assert self._held is not None
+        self._held[1].append(frame)
+
+    def _hand_over(self) -> None:
+        """The SIGINTs recorded so far to the real handler, which may
+        raise."""
+        if self._held is None:
+            return
+        handler, frames = self._held
+        taken, frames[:] = list(frames), []
+        for frame in taken:
+            handler(signal.SIGINT, frame)
 
     def _checked(self, name: str,
                  args: tuple[Any, ...]) -> tuple[Any, ...]:

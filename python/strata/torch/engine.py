@@ -146,12 +146,13 @@ class StrataEngine:
         if not boundary:
             return None
         assert self.rt.optimizer is not None
-        with self._recovering("engine.step()", abandon_step=True):
-            report = self.rt.finish_step()
-            self.store.end_step()
-        self.rt.phase = Phase.IDLE
-        self.rt.end_step()
-        self._after_step(report, lr_kwargs or {})
+        with contextlib.ExitStack() as held:  # the count, then any Ctrl-C
+            with self._recovering("engine.step()", abandon_step=True):
+                report = self.rt.finish_step(held)
+                self.store.end_step()
+            self.rt.phase = Phase.IDLE
+            self.rt.end_step()
+            self._after_step(report, lr_kwargs or {})
         return report
 
     def _begin_step(self) -> None:
@@ -457,7 +458,9 @@ class StrataEngine:
     def _require_idle(self, what: str) -> None:
         if self.rt.phase is not Phase.IDLE:
             raise _error(f"{what} in the middle of an optimizer step; call "
-                         f"it after engine.step() ends one")
+                         f"it after engine.step() ends one, or drop the "
+                         f"step with engine.abandon_step() (after an "
+                         f"exception between forward and step)")
 
     def _check_open(self) -> None:
         if self._closed:

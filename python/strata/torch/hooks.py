@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 import strata
-from strata._native import StrataError
+from strata._native import StrataError, lib
 from strata.torch.flat import Flat
 from strata.torch.groups import GroupPlan, UnitPlan
 from strata.torch.handoff import HandOffs
@@ -249,16 +249,19 @@ class Runtime:
         self.before = {id(b): a for a, b in zip(units, units[1:])}
         self.order = {}
 
-    def finish_step(self) -> strata.StepReport:
+    def finish_step(self, held: contextlib.ExitStack) -> strata.StepReport:
         """The optimizer's FinishStep, deciding clipping and skipping from
-        every rank's gradient checks."""
+        every rank's gradient checks. From its call on SIGINT is held until
+        `held` ends (Note [Ctrl-C as a step finishes] in strata/_native.py);
+        the ranks' collectives before it stay interruptible."""
         assert self.optimizer is not None
-        if not self.ranks.sharded():
-            return self.optimizer.finish_step()
-        local = self.optimizer.local_checks()
-        order, self.handoffs.order = self.handoffs.order, 0
-        return self.optimizer.finish_step(
-            self.ranks.global_checks(local, order))
+        checks = None
+        if self.ranks.sharded():
+            local = self.optimizer.local_checks()
+            order, self.handoffs.order = self.handoffs.order, 0
+            checks = self.ranks.global_checks(local, order)
+        held.enter_context(lib().interrupts_held())
+        return self.optimizer.finish_step(checks)
 
     @contextlib.contextmanager
     def inside(self) -> Iterator[None]:

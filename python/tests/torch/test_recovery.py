@@ -136,6 +136,10 @@ def test_every_error_in_a_pass_leaves_the_engine_usable(
         else:
             engine.backward(engine(*micro[1]).loss)
             raise error
+    if where == "caller":  # the step is still open, and the error says so
+        with pytest.raises(strata.StrataError,
+                           match=r"drop the step with engine.abandon_step"):
+            engine.save_checkpoint(str(scratch), tag=6)
     assert engine.abandon_step() == (where == "caller")
     saved = engine.save_checkpoint(str(scratch), tag=7)
     assert saved and (scratch / "7").is_dir()
@@ -231,12 +235,27 @@ def test_ctrl_c_while_a_forward_waits_for_an_update(scratch: Path) -> None:
     engine.close()
 
 
-def test_ctrl_c_while_the_step_waits_counts_the_step() -> None:
+def finish_then_sigint(engine: st.StrataEngine) -> None:
+    """The optimizer's finish_step gets a SIGINT as it returns."""
+    optimizer = engine.rt.optimizer
+    assert optimizer is not None
+    finish = optimizer.finish_step
+
+    def call(*args: Any) -> Any:
+        report = finish(*args)
+        signal.raise_signal(signal.SIGINT)  # its handler runs here
+        return report
+    optimizer.finish_step = call  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("when", ["waiting", "finished"])
+def test_ctrl_c_in_engine_step_counts_a_settled_step(when: str) -> None:
     """In after_backward mode engine.step() waits for the groups' updates;
     with one held up, a SIGINT raises KeyboardInterrupt from step(). The
     step had settled, so it stands and counts as one (the scheduler
     advances, as after any step): the run then equals one never
-    interrupted."""
+    interrupted. So too for a SIGINT as the optimizer's finish returns
+    (Note [Ctrl-C as a step finishes]): it is raised after the count."""
     cfg = config(strata={"mode": "after_backward"}, scheduler={
         "type": "WarmupLR", "params": {"warmup_max_lr": 3e-3,
                                        "warmup_num_steps": 4,
@@ -248,9 +267,16 @@ def test_ctrl_c_while_the_step_waits_counts_the_step() -> None:
                          close=False)
     x, y = steps[1]
     engine.backward(engine(x, y).loss)
-    with state_held_elsewhere(engine):
-        interrupted(engine.step)
+    if when == "waiting":
+        with state_held_elsewhere(engine):
+            interrupted(engine.step)
+    else:
+        finish_then_sigint(engine)
+        with pytest.raises(KeyboardInterrupt):
+            engine.step()
+        del engine.rt.optimizer.finish_step  # type: ignore[union-attr]
     assert engine.global_steps == 2
+    assert not engine.abandon_step()
     rest = train_strata(engine.module, cfg, steps[2:], engine=engine)
     assert first.losses + rest.losses == [reference.losses[i]
                                           for i in (0, 2, 3)]
