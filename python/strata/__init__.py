@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import ctypes as C
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import (Any, ContextManager, Iterable, Optional, Sequence,
+                    Union)
 
 from strata import _native
 from strata._cint import int_array
@@ -38,7 +39,8 @@ from strata._native import StrataError, lib, sized
 __all__ = ["Engine", "View", "Optimizer", "Gradients", "StepReport",
            "StepChecks", "AbortReport",
            "StrataError", "Exported", "TIERS", "ROLES", "DTYPES", "info",
-           "version", "verify_checkpoint", "__version__"]
+           "version", "verify_checkpoint", "interrupts_held",
+           "__version__"]
 
 TIERS = {"device": 0, "host": 1, "nvme": 2}
 ROLES = {"compute": 0, "master": 1, "state1": 2, "state2": 3, "grad": 4}
@@ -59,6 +61,18 @@ def version() -> str:
 
 
 __version__ = "0.1.0"
+
+
+def interrupts_held() -> ContextManager[None]:
+    """SIGINT held back from the code inside until the block ends, except
+    in the waits of strata's blocking calls: a Ctrl-C there still ends the
+    wait and raises from the call, having changed nothing. Wrap
+    Optimizer.finish_step() and your bookkeeping of the step (its count,
+    the learning rate schedule) in it, so that a Ctrl-C as the step
+    finishes is raised after you counted it, not as if the step had failed
+    (Note [Ctrl-C as a step finishes] in strata/_native.py). On the main
+    thread with a Python SIGINT handler; elsewhere it does nothing."""
+    return lib().interrupts_held()
 
 
 def verify_checkpoint(path: str) -> None:

@@ -76,17 +76,26 @@ def test_a_fetch_waiting_for_another_threads_view(
         assert view.tensors[0].name == "w"
 
 
+def second_step_held_up(engine: strata.Engine, opt: strata.Optimizer
+                        ) -> WriteViewHolder:
+    """One step, then a second whose groups are handed off: the worker's
+    step of group 0 waits for the write view of its master the holder
+    returned keeps."""
+    step(opt)
+    holder = WriteViewHolder(engine, 0, "device", "master")
+    opt.begin_step(lr=1e-3)
+    for g in (1, 0):
+        opt.hand_off(opt.acquire_gradients(g))
+    return holder
+
+
 def test_a_finish_step_waiting_for_the_cpu_optimizer(
         two_groups: strata.Engine, scratch: Path) -> None:
     """The worker's step of group 0 waits for a write view of its master;
     finish_step waits for the worker."""
     engine = two_groups
     with strata.Optimizer(engine, threads=1) as opt:
-        step(opt)
-        holder = WriteViewHolder(engine, 0, "device", "master")
-        opt.begin_step(lr=1e-3)
-        for g in (1, 0):
-            opt.hand_off(opt.acquire_gradients(g))
+        holder = second_step_held_up(engine, opt)
         interrupted(opt.finish_step)
         holder.let_go()
         report = opt.finish_step()
@@ -97,6 +106,27 @@ def test_a_finish_step_waiting_for_the_cpu_optimizer(
         assert not np.array_equal(master(engine, 0), before)
         opt.load(str(scratch / "ckpt"))
         assert np.array_equal(master(engine, 0), before)
+
+
+def test_held_interrupts_end_waits_and_come_after_the_bookkeeping(
+        two_groups: strata.Engine) -> None:
+    """strata.interrupts_held(): a SIGINT while finish_step waits inside it
+    still ends the wait and raises from the call; one as finish_step
+    returns is raised when the block ends, after the caller counted the
+    step."""
+    engine = two_groups
+    with strata.Optimizer(engine, threads=1) as opt:
+        holder = second_step_held_up(engine, opt)
+        with strata.interrupts_held():
+            interrupted(opt.finish_step)
+        holder.let_go()
+        counted: list[int] = []
+        with pytest.raises(KeyboardInterrupt):
+            with strata.interrupts_held():
+                report = opt.finish_step()
+                signal.raise_signal(signal.SIGINT)
+                counted.append(report.step)
+        assert counted == [2] and opt.step == 2
 
 
 def test_a_handler_that_does_not_raise_lets_every_wait_go_on(
